@@ -1,0 +1,34 @@
+"""fpsim: a bit-accurate software model of low-precision training formats.
+
+The public API of the element layer::
+
+    encode(x, fmt, rounding="rne", saturate=True, rbits=None, seed=None) -> codes
+    decode(codes, fmt) -> float32
+    get_format(name) -> FormatSpec;  FORMATS;  Rounding
+    pack_fp4 / unpack_fp4;  to_ml_dtypes / from_ml_dtypes;  random_bits
+
+Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in SPEC.md.
+"""
+
+from .codecs import Rounding, decode, encode
+from .formats import ALIASES, FORMATS, FormatSpec, NanStyle, get_format
+from .packing import from_ml_dtypes, pack_fp4, to_ml_dtypes, unpack_fp4
+from .random import random_bits
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALIASES",
+    "FORMATS",
+    "FormatSpec",
+    "NanStyle",
+    "Rounding",
+    "decode",
+    "encode",
+    "from_ml_dtypes",
+    "get_format",
+    "pack_fp4",
+    "random_bits",
+    "to_ml_dtypes",
+    "unpack_fp4",
+]

@@ -1,0 +1,49 @@
+"""Input validation shared by the public API: one place decides what an array may be."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import FormatSpec
+
+_FLOAT_KINDS = "fbiu"  # float, bool, signed, unsigned: convertible to float32 by value
+
+
+def as_float32(x: np.typing.ArrayLike) -> np.ndarray:
+    """Return ``x`` as a C-contiguous float32 array (a view when it already is one).
+
+    float64 / float16 / bfloat16 / float8 inputs are converted by value, with
+    round-to-nearest-even where float32 cannot hold them (numpy's and
+    ml_dtypes' casts).  Complex, object, string and structured data raise
+    ``TypeError``: silently dropping an imaginary part or parsing strings is
+    never what a numerics user wants.
+    """
+    arr = np.asarray(x)
+    kind = arr.dtype.kind
+    if kind == "V" and arr.dtype.names is None and arr.dtype.itemsize <= 4:
+        pass  # ml_dtypes floats (bfloat16, float8_*, float4_*) report kind 'V'
+    elif kind not in _FLOAT_KINDS:
+        raise TypeError(f"expected real numbers, got an array of dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def as_codes(codes: np.typing.ArrayLike, spec: FormatSpec) -> np.ndarray:
+    """Return codes as a C-contiguous unsigned array of ``spec.code_dtype``.
+
+    Accepts integer arrays (range-checked by the decoder), or arrays whose
+    dtype *is* the format's ml_dtypes / numpy dtype, which are read as bits.
+    """
+    arr = np.asarray(codes)
+    if arr.dtype.kind not in "iu":
+        try:
+            same = arr.dtype == spec.ml_dtype
+        except (ImportError, AttributeError):
+            same = False
+        if not same:
+            raise TypeError(f"expected integer codes of {spec.name}, got dtype {arr.dtype}")
+        arr = arr.view(f"u{arr.dtype.itemsize}")
+    if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
+        raise ValueError(f"negative code in codes of {spec.name}")
+    if arr.dtype.itemsize > spec.code_dtype.itemsize and arr.size and int(arr.max()) >> spec.bits:
+        raise ValueError(f"code(s) outside the {spec.bits}-bit range of {spec.name}")
+    return np.ascontiguousarray(arr, dtype=spec.code_dtype)

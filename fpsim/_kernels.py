@@ -1,0 +1,299 @@
+"""Numba kernels of the element codecs: one generic encoder, driven by a spec's integers.
+
+Everything here works on float32 *bit patterns* (uint32) and integer codes.
+The spec arrives as the tuple of :meth:`fpsim.formats.FormatSpec.kernel_params`::
+
+    (bits, mbits, signed, has_inf, has_nan, subnormals, max_code, emin_b, nan_code, inf_code)
+
+``emin_b`` is the float32 *biased* exponent of the format's smallest binade
+with full precision (min normal; for E8M0 the binade of code 0).  Values are
+handled as ``sig * 2**(E - 150)`` with a 24-bit significand ``sig`` (implicit
+bit included) and biased exponent ``E``; rounding to the format keeps the top
+``mbits + 1`` bits of ``sig`` (fewer in the format's subnormal range) and
+decides on the discarded remainder.
+
+This module is private: :mod:`fpsim.codecs` is the public API.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._jit import njit, pjit, prange
+
+# Rounding-mode integers shared by all kernels (see fpsim.codecs.Rounding).
+RNE, RTZ, RUP, RDOWN, RNA, SR = 0, 1, 2, 3, 4, 5
+
+
+@njit
+def _split(a):
+    """|x| bits (finite, non-zero) → (sig, E) with sig in [2**23, 2**24).
+
+    float32 subnormals are normalised, so ``E`` may be ≤ 0 for them; only
+    E8M0 has grid points in that range, the other formats just see a sticky bit.
+    """
+    e = a >> 23
+    if e != 0:
+        return (a & 0x7FFFFF) | 0x800000, e
+    sig = a
+    e = 1
+    while sig < 0x800000:  # at most 23 steps, subnormal inputs only
+        sig <<= 1
+        e -= 1
+    return sig, e
+
+
+@njit
+def _magnitude(t, e, mbits, subn, emin_b):
+    """Code magnitude of significand ``t`` at binade ``max(e, emin_b)``.
+
+    ``t`` counts quanta of the binade and includes the implicit bit, so a
+    rounding carry (t == 2**(mbits+1)) spills into the exponent field by
+    itself, and in the subnormal range (t < 2**mbits) the code is just ``t``.
+    """
+    mag = ((max(e, emin_b) - emin_b) << mbits) + t
+    if subn == 0:
+        mag -= 1 << mbits
+    return mag
+
+
+@njit
+def encode_one(u, p, mode, sat):
+    """Encode one float32 bit pattern ``u`` with a deterministic rounding mode."""
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = p
+    u = np.int64(u)
+    a = u & 0x7FFFFFFF
+    sign = (u >> 31) & 1 if signed else 0
+    sbit = sign << (bits - 1)
+    if a > 0x7F800000:  # NaN: positive canonical NaN / positive max (NVIDIA)
+        return nan_code
+    if a == 0x7F800000:
+        if sat or (has_inf == 0 and has_nan == 0):
+            return sbit | max_code
+        return sbit | (inf_code if has_inf else nan_code)
+    if a == 0:
+        return sbit
+    sig, e = _split(a)
+    if subn == 0 and e < emin_b:  # below the smallest value of a zero-less format
+        return sbit
+    sh = 23 - mbits + max(0, emin_b - e)
+    sh = min(sh, 25)  # beyond 25 every bit of sig is below half a quantum: sticky only
+    t = sig >> sh
+    rem = sig & ((np.int64(1) << sh) - 1)
+    half = np.int64(1) << (sh - 1)
+    if mode == RNE:
+        up = rem > half or (rem == half and (t & 1) == 1)
+    elif mode == RNA:
+        up = rem >= half
+    elif mode == RUP:
+        up = rem != 0 and sign == 0
+    elif mode == RDOWN:
+        up = rem != 0 and sign == 1
+    else:  # RTZ
+        up = False
+    mag = _magnitude(t + np.int64(up), e, mbits, subn, emin_b)
+    if mag > max_code:
+        # IEEE 754 §7.4: modes that round the magnitude up overflow to inf
+        # (NaN where the format has no inf); the others give the max finite.
+        away = mode == RNE or mode == RNA or (mode == RUP and sign == 0) or (mode == RDOWN and sign == 1)
+        if sat or not away or (has_inf == 0 and has_nan == 0):
+            mag = max_code
+        else:
+            mag = inf_code if has_inf else nan_code
+    return sbit | mag
+
+
+@njit
+def encode_one_sr(u, p, r, k):
+    """Stochastic rounding of one float32 bit pattern with random integer ``r`` (k bits).
+
+    SPEC §3, Transformer Engine's emulation of ``cvt.rs.satfinite``::
+
+        t = fl32(|x| + (r / 2**k) * step);  q = largest grid value <= t, capped at max
+
+    ``|x|`` and ``r * 2**(qexp-k)`` are both float32 values, so their float64
+    sum rounded once more to float32 equals the single float32 rounding of the
+    exact sum (binary64 has ≥ 2·24+2 bits: double rounding is innocuous).
+    Values on the grid never move; NaN and ±inf follow the saturating rules.
+    """
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = p
+    u = np.int64(u)
+    a = u & 0x7FFFFFFF
+    sign = (u >> 31) & 1 if signed else 0
+    sbit = sign << (bits - 1)
+    if a > 0x7F800000:
+        return nan_code
+    if a >= 0x7F800000:
+        return sbit | max_code
+    if a == 0:
+        return sbit
+    sig, e = _split(a)
+    if subn == 0 and e < emin_b:
+        return sbit
+    sh = 23 - mbits + max(0, emin_b - e)
+    if sh > 25:
+        t = np.int64(0)
+        rem = sig
+    else:
+        t = sig >> sh
+        rem = sig & ((np.int64(1) << sh) - 1)
+    mag = _magnitude(t, e, mbits, subn, emin_b)
+    if mag >= max_code:
+        return sbit | max_code
+    if rem != 0:
+        qexp = max(e, emin_b) - 127 - mbits  # exponent of the grid step at |x|
+        s = math.ldexp(float(sig), int(e - 150)) + math.ldexp(float(r), int(qexp - k))
+        t32 = np.float64(np.float32(s))  # the one float32 rounding of the FMA
+        if t32 >= math.ldexp(float(t + 1), int(qexp)):
+            mag = _magnitude(t + 1, e, mbits, subn, emin_b)
+    return sbit | min(mag, max_code)
+
+
+# ---------------------------------------------------------------------------
+# Array kernels.  Inputs are 1-D contiguous views; the public wrappers reshape.
+
+
+@pjit
+def encode_array(x, out, p, mode, sat):
+    """out[i] = encode_one(x[i]) for a float32-bits array (any rounding but SR)."""
+    for i in prange(x.size):
+        out[i] = encode_one(x[i], p, mode, sat)
+
+
+@pjit
+def encode_array_sr(x, rbits, k, out, p):
+    """Stochastic rounding with one explicit random integer per element."""
+    for i in prange(x.size):
+        out[i] = encode_one_sr(x[i], p, rbits[i], k)
+
+
+@njit
+def lut_key_shift(mbits):
+    """Right shift that keeps sign, exponent and the top ``mbits + 2`` mantissa bits."""
+    return 21 - mbits
+
+
+@pjit
+def encode_array_lut(x, out, lut, shift):
+    """Table-driven encode for ≤ 8-bit formats.
+
+    The code of a float32 depends only on its sign, exponent, top
+    ``mbits + 2`` mantissa bits and whether any lower bit is set (the sticky
+    bit): the round bit sits at most one position below the kept bits, and
+    the extra position covers E8M0's grid inside float32's subnormal range.
+    The table holds ``encode_one`` of one representative per key, so both
+    paths agree by construction (and are tested to).
+    """
+    low = (np.uint32(1) << np.uint32(shift)) - np.uint32(1)
+    for i in prange(x.size):
+        u = x[i]
+        key = ((u >> np.uint32(shift)) << np.uint32(1)) | np.uint32((u & low) != 0)
+        out[i] = lut[key]
+
+
+@njit
+def build_lut(p, mode, sat, shift, lut):
+    """Fill ``lut`` (size 2**(33 - shift)) with the code of each key's representative."""
+    for key in range(lut.size):
+        u = ((key >> 1) << shift) | (key & 1)
+        lut[key] = encode_one(u, p, mode, sat)
+
+
+@pjit
+def decode_array(codes, table, out):
+    """out[i] = table[codes[i]]; returns the number of codes outside the table."""
+    bad = 0
+    n = table.size
+    for i in prange(codes.size):
+        c = codes[i]
+        if c < n:
+            out[i] = table[c]
+        else:
+            out[i] = table[0]
+            bad += 1
+    return bad
+
+
+# ---------------------------------------------------------------------------
+# Philox4x32-10 (Salmon et al., SC'11), the counter-based generator of SPEC §3.
+
+_M0 = np.uint64(0xD2511F53)
+_M1 = np.uint64(0xCD9E8D57)
+_W0 = np.uint64(0x9E3779B9)
+_W1 = np.uint64(0xBB67AE85)
+_MASK32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+
+
+@njit
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """One Philox4x32-10 block: 128-bit counter, 64-bit key → four uint32 words."""
+    c0 = np.uint64(c0)
+    c1 = np.uint64(c1)
+    c2 = np.uint64(c2)
+    c3 = np.uint64(c3)
+    k0 = np.uint64(k0)
+    k1 = np.uint64(k1)
+    for _ in range(10):
+        p0 = _M0 * c0
+        p1 = _M1 * c2
+        c0, c1, c2, c3 = (
+            ((p1 >> _S32) ^ c1 ^ k0) & _MASK32,
+            p1 & _MASK32,
+            ((p0 >> _S32) ^ c3 ^ k1) & _MASK32,
+            p0 & _MASK32,
+        )
+        k0 = (k0 + _W0) & _MASK32
+        k1 = (k1 + _W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+@njit
+def _philox_word(words, j):
+    if j == 0:
+        return words[0]
+    if j == 1:
+        return words[1]
+    if j == 2:
+        return words[2]
+    return words[3]
+
+
+@njit
+def stream_value(words, j, width):
+    """Element ``j`` of one 16-byte Philox block read as little-endian ``width``-bit integers."""
+    per_word = 32 // width
+    w = _philox_word(words, j // per_word)
+    shift = np.uint64((j % per_word) * width)
+    return (w >> shift) & np.uint64((1 << width) - 1)
+
+
+@pjit
+def philox_fill(out, k0, k1, counter0, width, kbits):
+    """out[i] = low ``kbits`` of stream element i; 16 bytes per counter value."""
+    per_block = 128 // width
+    nblocks = (out.size + per_block - 1) // per_block
+    mask = np.uint64((1 << kbits) - 1)
+    for b in prange(nblocks):
+        c = np.uint64(counter0) + np.uint64(b)
+        words = philox4x32_10(c & _MASK32, c >> _S32, 0, 0, k0, k1)
+        base = b * per_block
+        for j in range(min(per_block, out.size - base)):
+            out[base + j] = stream_value(words, j, width) & mask
+
+
+@pjit
+def encode_array_sr_seeded(x, k0, k1, counter0, width, kbits, out, p):
+    """Stochastic rounding with Philox bits generated in place (same bits as ``philox_fill``)."""
+    per_block = 128 // width
+    nblocks = (x.size + per_block - 1) // per_block
+    mask = np.uint64((1 << kbits) - 1)
+    for b in prange(nblocks):
+        c = np.uint64(counter0) + np.uint64(b)
+        words = philox4x32_10(c & _MASK32, c >> _S32, 0, 0, k0, k1)
+        base = b * per_block
+        for j in range(min(per_block, x.size - base)):
+            r = np.int64(stream_value(words, j, width) & mask)
+            out[base + j] = encode_one_sr(x[base + j], p, r, kbits)

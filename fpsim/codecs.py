@@ -1,0 +1,203 @@
+"""Bit-exact element codecs: float32 ⇄ codes of every registered format (SPEC §2–§3).
+
+Conventions (NVIDIA's, see SPEC.md):
+
+* inputs are converted to float32 first (float64/float16/bfloat16 by RNE);
+* ``saturate=True`` (default) is ``.satfinite``: finite overflow and ±inf give
+  ±max finite; ``saturate=False`` is ``__NV_NOSAT`` / ml_dtypes: E4M3 gives NaN
+  beyond 464, E5M2/BF16/FP16 give ±inf; formats without inf/NaN always saturate.
+  Under ``saturate=False`` the directed modes follow IEEE 754 §7.4 (``rtz``
+  overflows to max finite, ``rup`` to +inf but -max, ``rdown`` the mirror);
+* NaN → the positive all-ones magnitude (E2M1 0x7 = +6, FP6 0x1F, E4M3/E5M2
+  0x7F, BF16/FP16 0x7FFF, E8M0 0xFF); −0.0 keeps its sign; float32 subnormals
+  are exact inputs (no flush to zero);
+* E8M0 (``float8_e8m0fnu``) encodes ``|x|`` like ``cvt.rz|rp.ue8m0x2.f32``:
+  0 and values ≤ 2**-127 give 0x00 (the format has no zero), ``saturate``
+  caps at 0xFE, otherwise overflow and inf give 0xFF;
+* stochastic rounding is ``cvt.rs.satfinite``: SPEC §3's formula with ``k``
+  random bits per element, given as ``rbits`` or generated from ``seed`` by
+  Philox4x32-10 (:func:`fpsim.random.random_bits`), so bits are
+  backend-independent.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import numpy as np
+
+from . import _kernels as K
+from ._arrays import as_float32, as_codes
+from .formats import FormatSpec, get_format
+from .random import random_bits, seed_key, stream_width
+
+__all__ = ["Rounding", "encode", "decode"]
+
+
+class Rounding(str, enum.Enum):
+    """Rounding mode of a float32 → element conversion.
+
+    ``RNE``: to nearest, ties to even (``cvt.rn``; IEEE default; ml_dtypes).
+    ``RTZ``: toward zero (``cvt.rz``).
+    ``RUP``: toward +inf (``cvt.rp``; for E8M0 "round up to the next power of two").
+    ``RDOWN``: toward −inf (``cvt.rm``).
+    ``RNA``: to nearest, ties away from zero (microxcaling's "nearest").
+    ``SR``: stochastic (``cvt.rs.satfinite``), SPEC §3.
+    """
+
+    RNE = "rne"
+    RTZ = "rtz"
+    RUP = "rup"
+    RDOWN = "rdown"
+    RNA = "rna"
+    SR = "sr"
+
+    @property
+    def kernel_id(self) -> int:
+        return _KERNEL_IDS[self]
+
+    @classmethod
+    def parse(cls, value: str | Rounding) -> Rounding:
+        """Accept a member or its name, case-insensitively (``"RNE"``, ``"sr"`` …)."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            known = ", ".join(m.value for m in cls)
+            raise ValueError(f"unknown rounding mode {value!r}; known: {known}") from None
+
+
+_KERNEL_IDS = {
+    Rounding.RNE: K.RNE,
+    Rounding.RTZ: K.RTZ,
+    Rounding.RUP: K.RUP,
+    Rounding.RDOWN: K.RDOWN,
+    Rounding.RNA: K.RNA,
+    Rounding.SR: K.SR,
+}
+
+#: Random bits per element of the "exact" stochastic rounding used by studies.
+SR_EXACT_BITS = 24
+
+
+@functools.lru_cache(maxsize=None)
+def _encode_lut(spec: FormatSpec, mode: int, saturate: bool) -> np.ndarray:
+    shift = 21 - spec.mbits
+    lut = np.empty(1 << (33 - shift), dtype=spec.code_dtype)
+    K.build_lut(spec.kernel_params(), mode, saturate, shift, lut)
+    lut.setflags(write=False)
+    return lut
+
+
+def encode(
+    x: np.typing.ArrayLike,
+    fmt: str | FormatSpec,
+    rounding: str | Rounding = "rne",
+    saturate: bool = True,
+    rbits: np.typing.ArrayLike | None = None,
+    seed: int | None = None,
+    k: int | None = None,
+    counter: int = 0,
+) -> np.ndarray:
+    """Encode values to the codes of element format ``fmt`` (SPEC §2–§3).
+
+    Parameters
+    ----------
+    x
+        Values of any shape; converted to float32 first (RNE).
+    fmt
+        Element format name, alias or :class:`~fpsim.formats.FormatSpec`.
+    rounding
+        ``"rne"`` (default), ``"rtz"``, ``"rup"``, ``"rdown"``, ``"rna"`` or ``"sr"``.
+    saturate
+        ``True``: ``.satfinite`` (default).  ``False``: ``__NV_NOSAT`` / ml_dtypes.
+        Stochastic rounding is satfinite only, like ``cvt.rs.satfinite``.
+    rbits, seed
+        Stochastic rounding only, exactly one of them: the random integers
+        (one per element, shape of ``x``, each < 2**k), or a seed for
+        Philox4x32-10 (bits of element ``i`` = element ``i`` of
+        ``random_bits(seed, x.size, k, counter)``).
+    k
+        Random bits per element (default: the format's hardware width, 8 for
+        E2M1, 16 for FP8/FP6/BF16, 13 for FP16; 24 = "exact" SR).
+    counter
+        First Philox counter (one counter value per 16 bytes of random bits).
+
+    Returns
+    -------
+    numpy.ndarray
+        Codes of the shape of ``x``, dtype uint8 (≤ 8 bits), uint16 or uint32.
+
+    Examples
+    --------
+    >>> encode([1.25, 1.75, -0.0, float("nan")], "e2m1")
+    array([ 2,  4,  8,  7], dtype=uint8)
+    >>> encode([500.0], "e4m3"), encode([500.0], "e4m3", saturate=False)
+    (array([126], dtype=uint8), array([127], dtype=uint8))
+    """
+    spec = get_format(fmt)
+    mode = Rounding.parse(rounding)
+    x32 = as_float32(x)
+    if mode is not Rounding.SR:
+        if rbits is not None or seed is not None:
+            raise ValueError("rbits/seed apply only to rounding='sr'")
+        if spec.is_passthrough:
+            return x32.view(np.uint32).copy()
+        bits = x32.reshape(-1).view(np.uint32)
+        out = np.empty(bits.size, dtype=spec.code_dtype)
+        if spec.bits <= 8:
+            K.encode_array_lut(bits, out, _encode_lut(spec, mode.kernel_id, bool(saturate)), 21 - spec.mbits)
+        else:
+            K.encode_array(bits, out, spec.kernel_params(), mode.kernel_id, bool(saturate))
+        return out.reshape(x32.shape)
+
+    if not saturate:
+        raise ValueError("stochastic rounding is satfinite only (cvt.rs.satfinite); use saturate=True")
+    kbits = spec.sr_bits if k is None else int(k)
+    if not 1 <= kbits <= SR_EXACT_BITS:
+        raise ValueError(f"k must be in 1..{SR_EXACT_BITS}, got {kbits}")
+    if (rbits is None) == (seed is None):
+        raise ValueError("rounding='sr' needs exactly one of rbits= or seed=")
+    if spec.is_passthrough:
+        return x32.view(np.uint32).copy()
+    bits = x32.reshape(-1).view(np.uint32)
+    out = np.empty(bits.size, dtype=spec.code_dtype)
+    if seed is not None:
+        k0, k1 = seed_key(seed)
+        K.encode_array_sr_seeded(bits, k0, k1, int(counter), stream_width(kbits), kbits, out, spec.kernel_params())
+    else:
+        r = np.asarray(rbits)
+        if r.shape != x32.shape:
+            raise ValueError(f"rbits must have the shape of x {x32.shape}, got {r.shape}")
+        if not np.issubdtype(r.dtype, np.integer):
+            raise TypeError(f"rbits must be integers, got {r.dtype}")
+        r = np.ascontiguousarray(r, dtype=np.int64).reshape(-1)
+        if r.size and (r.min() < 0 or r.max() >= (1 << kbits)):
+            raise ValueError(f"rbits must lie in [0, 2**{kbits})")
+        K.encode_array_sr(bits, r, kbits, out, spec.kernel_params())
+    return out.reshape(x32.shape)
+
+
+def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec) -> np.ndarray:
+    """Decode codes of element format ``fmt`` to float32 (exact).
+
+    NaN codes give the positive canonical float32 NaN (0x7FC00000); E8M0 code
+    ``b`` gives 2**(b − 127) (code 0 is 2**-127, a float32 subnormal).  Codes
+    may be any integer array, or an ml_dtypes array of the format's dtype
+    (read as its bits).  Codes outside ``[0, 2**bits)`` raise ``ValueError``.
+
+    >>> decode([0x2, 0x4, 0xF], "e2m1")
+    array([ 1. ,  2. , -6. ], dtype=float32)
+    """
+    spec = get_format(fmt)
+    c = as_codes(codes, spec)
+    if spec.is_passthrough:
+        return c.view(np.float32).copy()
+    flat = c.reshape(-1)
+    out = np.empty(flat.size, dtype=np.float32)
+    bad = K.decode_array(flat, spec.decode_table(), out)
+    if bad:
+        raise ValueError(f"{bad} code(s) outside the {spec.bits}-bit range of {spec.name}")
+    return out.reshape(c.shape)
