@@ -24,7 +24,7 @@ def as_float32(x: np.typing.ArrayLike) -> np.ndarray:
         pass  # ml_dtypes floats (bfloat16, float8_*, float4_*) report kind 'V'
     elif kind not in _FLOAT_KINDS:
         raise TypeError(f"expected real numbers, got an array of dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    return np.asarray(arr, dtype=np.float32, order="C")  # keeps 0-d (ascontiguousarray would not)
 
 
 def as_codes(codes: np.typing.ArrayLike, spec: FormatSpec) -> np.ndarray:
@@ -46,4 +46,4 @@ def as_codes(codes: np.typing.ArrayLike, spec: FormatSpec) -> np.ndarray:
         raise ValueError(f"negative code in codes of {spec.name}")
     if arr.dtype.itemsize > spec.code_dtype.itemsize and arr.size and int(arr.max()) >> spec.bits:
         raise ValueError(f"code(s) outside the {spec.bits}-bit range of {spec.name}")
-    return np.ascontiguousarray(arr, dtype=spec.code_dtype)
+    return np.asarray(arr, dtype=spec.code_dtype, order="C")

@@ -17,14 +17,16 @@ This module is private: :mod:`fpsim.codecs` is the public API.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ._jit import njit, pjit, prange
 
 # Rounding-mode integers shared by all kernels (see fpsim.codecs.Rounding).
 RNE, RTZ, RUP, RDOWN, RNA, SR = 0, 1, 2, 3, 4, 5
+
+# 2**e as float64 for e in [-_P2, _P2): exact powers of two without a libm call.
+_P2 = 320
+_POW2 = np.ldexp(1.0, np.arange(-_P2, _P2))
 
 
 @njit
@@ -84,7 +86,9 @@ def encode_one(u, p, mode, sat):
     rem = sig & ((np.int64(1) << sh) - 1)
     half = np.int64(1) << (sh - 1)
     if mode == RNE:
-        up = rem > half or (rem == half and (t & 1) == 1)
+        # "even" is the parity of the code (the mantissa's last bit; for
+        # mbits = 0, the exponent's), not of the significand t.
+        up = rem > half or (rem == half and (_magnitude(t, e, mbits, subn, emin_b) & 1) == 1)
     elif mode == RNA:
         up = rem >= half
     elif mode == RUP:
@@ -144,31 +148,149 @@ def encode_one_sr(u, p, r, k):
         return sbit | max_code
     if rem != 0:
         qexp = max(e, emin_b) - 127 - mbits  # exponent of the grid step at |x|
-        s = math.ldexp(float(sig), int(e - 150)) + math.ldexp(float(r), int(qexp - k))
+        s = float(sig) * _POW2[e - 150 + _P2] + float(r) * _POW2[qexp - k + _P2]
         t32 = np.float64(np.float32(s))  # the one float32 rounding of the FMA
-        if t32 >= math.ldexp(float(t + 1), int(qexp)):
+        if t32 >= float(t + 1) * _POW2[qexp + _P2]:
             mag = _magnitude(t + 1, e, mbits, subn, emin_b)
     return sbit | min(mag, max_code)
 
 
 # ---------------------------------------------------------------------------
+# Branch-free forms of encode_one for the array kernels.  ``encode_one`` stays
+# the readable definition (and builds the lookup tables); these compute the
+# same codes with selects instead of branches so LLVM can vectorise the loop.
+
+
+@njit(inline="always")
+def _encode_branchfree(u, bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, mode, sat):
+    """encode_one for formats with subnormals and ``emin_b >= 1`` (all but E8M0).
+
+    float32 subnormals need no normalisation here: with E' = max(E, 1) and no
+    implicit bit, ``sig * 2**(E' - 150)`` is still their exact value.
+    """
+    u = np.int64(u)
+    a = u & 0x7FFFFFFF
+    s = (u >> 31) & signed
+    e = a >> 23
+    ep = max(e, 1)
+    sig = (a & 0x7FFFFF) | (min(e, 1) << 23)
+    sh = min(23 - mbits + max(emin_b - ep, 0), 25)
+    t = sig >> sh
+    rem = sig & ((np.int64(1) << sh) - 1)
+    half = np.int64(1) << (sh - 1)
+    base = ((max(ep, emin_b) - emin_b) << mbits) + t
+    if mode == RNE:
+        up = np.int64(rem > half) | (np.int64(rem == half) & base & 1)
+        away = np.int64(1)
+    elif mode == RNA:
+        up = np.int64(rem >= half)
+        away = np.int64(1)
+    elif mode == RUP:
+        up = np.int64(rem != 0) & (1 - s)
+        away = 1 - s
+    elif mode == RDOWN:
+        up = np.int64(rem != 0) & s
+        away = s
+    else:
+        up = np.int64(0)
+        away = np.int64(0)
+    mag = base + up
+    # Overflow: finite values that round past max, and ±inf (a == 0x7F800000).
+    special = inf_code if has_inf else nan_code
+    if sat or (has_inf | has_nan) == 0:
+        special = max_code
+    ovf = special if (away | np.int64(a == 0x7F800000)) else max_code
+    mag = ovf if mag > max_code else mag
+    res = (s << (bits - 1)) | mag
+    return nan_code if a > 0x7F800000 else res
+
+
+@njit(inline="always")
+def _encode_aligned(u, sh, sign_shift, max_code, nan_code, ovf_code, mode):
+    """encode_one for formats whose binades coincide with float32's (ebits 8, bias 127: BF16).
+
+    Rounding is then one integer add on the float32 bits: the carry of
+    ``a + increment`` walks into the exponent (and to the inf code) by itself,
+    and float32 subnormals are the format's subnormals.
+    """
+    a = u & np.uint32(0x7FFFFFFF)
+    s = u >> np.uint32(31)
+    ones = (np.uint32(1) << sh) - np.uint32(1)
+    if mode == RNE:
+        inc = (ones >> np.uint32(1)) + ((a >> sh) & np.uint32(1))
+    elif mode == RNA:
+        inc = (ones >> np.uint32(1)) + np.uint32(1)
+    elif mode == RUP:
+        inc = ones * (np.uint32(1) - s)
+    elif mode == RDOWN:
+        inc = ones * s
+    else:
+        inc = np.uint32(0)
+    mag = (a + inc) >> sh
+    mag = ovf_code if mag > max_code else mag  # finite overflow and ±inf alike
+    res = (s << sign_shift) | mag
+    return nan_code if a > np.uint32(0x7F800000) else res
+
+
+# ---------------------------------------------------------------------------
 # Array kernels.  Inputs are 1-D contiguous views; the public wrappers reshape.
+# The rounding mode is a loop invariant: one loop per mode, with the mode a
+# literal, lets LLVM fold the mode tests out of the loop body.
 
 
 @pjit
 def encode_array(x, out, p, mode, sat):
     """out[i] = encode_one(x[i]) for a float32-bits array (any rounding but SR)."""
-    for i in prange(x.size):
-        out[i] = encode_one(x[i], p, mode, sat)
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = p
+    if subn == 0 or emin_b < 1:
+        for i in prange(x.size):
+            out[i] = encode_one(x[i], p, mode, sat)
+    elif mode == RNE:
+        for i in prange(x.size):
+            out[i] = _encode_branchfree(
+                x[i], bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, RNE, sat
+            )
+    elif mode == RTZ:
+        for i in prange(x.size):
+            out[i] = _encode_branchfree(
+                x[i], bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, RTZ, sat
+            )
+    elif mode == RUP:
+        for i in prange(x.size):
+            out[i] = _encode_branchfree(
+                x[i], bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, RUP, sat
+            )
+    elif mode == RDOWN:
+        for i in prange(x.size):
+            out[i] = _encode_branchfree(
+                x[i], bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, RDOWN, sat
+            )
+    else:
+        for i in prange(x.size):
+            out[i] = _encode_branchfree(
+                x[i], bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, RNA, sat
+            )
 
 
 @pjit
-def encode_array_sr(x, rbits, k, out, p):
-    """Stochastic rounding with one explicit random integer per element."""
-    for i in prange(x.size):
-        out[i] = encode_one_sr(x[i], p, rbits[i], k)
-
-
+def encode_array_aligned(x, out, p, mode, sat):
+    """Encode to a signed IEEE-style format with ebits 8 and bias 127 (see ``_encode_aligned``)."""
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = p
+    sh = np.uint32(23 - mbits)
+    sign_shift = np.uint32(bits - 1)
+    mx = np.uint32(max_code)
+    nan = np.uint32(nan_code)
+    ovf_rne = np.uint32(max_code if sat else inf_code)
+    if mode == RNE:
+        for i in prange(x.size):
+            out[i] = _encode_aligned(x[i], sh, sign_shift, mx, nan, ovf_rne, RNE)
+    elif mode == RNA:
+        for i in prange(x.size):
+            out[i] = _encode_aligned(x[i], sh, sign_shift, mx, nan, ovf_rne, RNA)
+    else:
+        # Directed modes: overflow depends on the sign (IEEE 754 §7.4); the
+        # generic branch-free form handles it.
+        encode_array(x, out, p, mode, sat)
 @njit
 def lut_key_shift(mbits):
     """Right shift that keeps sign, exponent and the top ``mbits + 2`` mantissa bits."""

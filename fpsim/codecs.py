@@ -38,7 +38,8 @@ __all__ = ["Rounding", "encode", "decode"]
 class Rounding(str, enum.Enum):
     """Rounding mode of a float32 → element conversion.
 
-    ``RNE``: to nearest, ties to even (``cvt.rn``; IEEE default; ml_dtypes).
+    ``RNE``: to nearest, ties to the even *code* (``cvt.rn``; IEEE default;
+    ml_dtypes).  For E8M0, which has no mantissa, that is the even exponent.
     ``RTZ``: toward zero (``cvt.rz``).
     ``RUP``: toward +inf (``cvt.rp``; for E8M0 "round up to the next power of two").
     ``RDOWN``: toward −inf (``cvt.rm``).
@@ -149,6 +150,8 @@ def encode(
         out = np.empty(bits.size, dtype=spec.code_dtype)
         if spec.bits <= 8:
             K.encode_array_lut(bits, out, _encode_lut(spec, mode.kernel_id, bool(saturate)), 21 - spec.mbits)
+        elif spec.ebits == 8 and spec.bias == 127 and spec.subnormals and spec.signed and spec.has_inf:
+            K.encode_array_aligned(bits, out, spec.kernel_params(), mode.kernel_id, bool(saturate))
         else:
             K.encode_array(bits, out, spec.kernel_params(), mode.kernel_id, bool(saturate))
         return out.reshape(x32.shape)

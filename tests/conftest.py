@@ -1,0 +1,38 @@
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+import fpsim
+
+settings.register_profile(
+    "default", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+settings.register_profile("thorough", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+#: Formats with a code table (everything but the float32 passthrough).
+CODED = [n for n, s in fpsim.FORMATS.items() if not s.is_passthrough]
+SMALL = [n for n, s in fpsim.FORMATS.items() if s.bits <= 8]
+MODES = ["rne", "rtz", "rup", "rdown", "rna"]
+
+
+@pytest.fixture(scope="session")
+def nvref():
+    """NVIDIA's host conversions, compiled live; skips where no CUDA headers exist."""
+    from tests.nvref import load
+
+    lib = load()
+    if lib is None:
+        pytest.skip("CUDA headers (cuda_fp4.h …) or a C++ compiler not found; golden tables still run")
+    return lib
+
+
+@pytest.fixture(scope="session")
+def golden():
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "nvidia_golden.npz"
+    with np.load(path, allow_pickle=False) as g:
+        return {k: g[k] for k in g.files}
