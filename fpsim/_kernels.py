@@ -291,10 +291,11 @@ def encode_array_aligned(x, out, p, mode, sat):
         # Directed modes: overflow depends on the sign (IEEE 754 §7.4); the
         # generic branch-free form handles it.
         encode_array(x, out, p, mode, sat)
-@njit
-def lut_key_shift(mbits):
-    """Right shift that keeps sign, exponent and the top ``mbits + 2`` mantissa bits."""
-    return 21 - mbits
+@pjit
+def encode_array_sr(x, rbits, k, out, p):
+    """Stochastic rounding with one explicit random integer per element."""
+    for i in prange(x.size):
+        out[i] = encode_one_sr(x[i], p, rbits[i], k)
 
 
 @pjit

@@ -162,7 +162,8 @@ class FormatSpec:
     @property
     def max(self) -> float:
         """Largest finite value."""
-        return float(self.decode_table()[self.max_code])
+        e, m = self.max_code >> self.mbits, self.max_code & ((1 << self.mbits) - 1)
+        return float((1.0 + m / 2.0**self.mbits) * 2.0 ** (e - self.bias))
 
     @property
     def min_normal(self) -> float:

@@ -1,0 +1,23 @@
+# fpsim developer targets.  `make test` is what .ci/run and the README run.
+PYTHON ?= python
+
+.PHONY: test test-slow bench reports golden lint
+
+test:
+	$(PYTHON) -m pytest -q
+
+# Exhaustive 2**32 sweeps (minutes); not part of the default run.
+test-slow:
+	$(PYTHON) -m pytest -q -m slow
+
+bench:
+	$(PYTHON) studies/bench_codecs.py --out reports/bench_codecs.md
+
+reports: bench
+
+# Regenerate tests/data/nvidia_golden.npz from the CUDA headers (needs cuda_fp4.h and g++).
+golden:
+	$(PYTHON) -m tests.nvref.make_golden
+
+lint:
+	$(PYTHON) -m ruff check fpsim cli tests studies

@@ -1,0 +1,1 @@
+"""The ``fpsim`` command line (installed as the ``fpsim_cli`` package)."""

@@ -1,0 +1,26 @@
+"""``fpsim``: command-line entry point.
+
+Results go to stdout, messages to stderr.  Exit codes:
+
+* 0 — success;
+* 1 — the command ran but failed on its input (a one-line message says why);
+* 2 — usage error (unknown option or format name).
+"""
+
+from __future__ import annotations
+
+import click
+
+from .formats_cmd import formats
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fpsim")
+def main() -> None:
+    """Bit-accurate model of NVFP4 / MX / FP8 training formats (SPEC.md conventions)."""
+
+
+main.add_command(formats)
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
