@@ -18,7 +18,8 @@ def _specials(spec) -> str:
     if spec.nan is NanStyle.IEEE:
         return f"±inf 0x{spec.inf_code:X}, NaN: exponent all ones, mantissa ≠ 0"
     if spec.nan is NanStyle.ALL_ONES:
-        return f"NaN 0x{spec.magnitude_mask:X}{'/0x%X' % (spec.magnitude_mask | spec.sign_mask) if spec.signed else ''}, no inf"
+        neg = f"/0x{spec.magnitude_mask | spec.sign_mask:X}" if spec.signed else ""
+        return f"NaN 0x{spec.magnitude_mask:X}{neg}, no inf"
     return "none (every code finite)"
 
 

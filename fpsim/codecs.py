@@ -28,9 +28,9 @@ import functools
 import numpy as np
 
 from . import _kernels as K
-from ._arrays import as_float32, as_codes
+from ._arrays import as_codes, as_float32
 from .formats import FormatSpec, get_format
-from .random import random_bits, seed_key, stream_width
+from .random import seed_key, stream_width
 
 __all__ = ["Rounding", "encode", "decode"]
 
@@ -83,7 +83,7 @@ _KERNEL_IDS = {
 SR_EXACT_BITS = 24
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encode_lut(spec: FormatSpec, mode: int, saturate: bool) -> np.ndarray:
     shift = 21 - spec.mbits
     lut = np.empty(1 << (33 - shift), dtype=spec.code_dtype)

@@ -195,7 +195,7 @@ class FormatSpec:
             self.inf_code if self.has_inf else -1,
         )
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - specs are immutable singletons
+    @functools.cache  # noqa: B019 - specs are immutable singletons
     def decode_table(self) -> np.ndarray:
         """float32 value of every code, indexed by code (formats of ≤ 16 bits).
 

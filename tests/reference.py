@@ -43,7 +43,7 @@ def code_value(spec: FormatSpec, code: int) -> Fraction | str:
     return -v if sign else v
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grid(spec: FormatSpec) -> tuple[list[Fraction], list[int]]:
     """Non-negative finite values (ascending) and their codes."""
     pairs = []
@@ -66,7 +66,7 @@ def top_step(spec: FormatSpec) -> Fraction:
     return Fraction(2) ** (e - spec.mbits)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _extended(spec: FormatSpec) -> list[Fraction]:
     """The grid plus a virtual point one top-binade quantum above max (where overflow starts)."""
     vals = grid(spec)[0]
@@ -97,7 +97,6 @@ def ref_encode(bits: int, spec: FormatSpec, rounding: str = "rne", saturate: boo
     if math.isnan(x):
         return spec.nan_code
     vals, codes = grid(spec)
-    maxv = vals[-1]
     no_specials = not spec.has_inf and not spec.has_nan
     if math.isinf(x):
         if saturate or no_specials:

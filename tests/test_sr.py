@@ -39,7 +39,8 @@ def test_stream_layout_is_little_endian_bytes_of_each_block():
     assert np.array_equal(random_bits(7, 8, k=13), np.array(w, dtype="<u4").view("<u2") & 0x1FFF)
     assert np.array_equal(random_bits(7, 4, k=24), np.array(w, dtype="<u4") & 0xFFFFFF)
     # seeds above 2**32 use the second key word; counter offsets continue the stream
-    assert np.array_equal(random_bits(5 << 32 | 3, 16), np.array(philox4x32((0, 0, 0, 0), (3, 5)), "<u4").view(np.uint8))
+    want = np.array(philox4x32((0, 0, 0, 0), (3, 5)), "<u4").view(np.uint8)
+    assert np.array_equal(random_bits(5 << 32 | 3, 16), want)
     assert np.array_equal(random_bits(7, 64)[32:], random_bits(7, 32, counter=2))
 
 
@@ -105,7 +106,11 @@ def test_sr_matches_reference(fmt, k, data):
     assert got.tolist() == want
 
 
-@given(fmt=st.sampled_from(CODED), x=st.floats(width=32, allow_nan=False, allow_infinity=False), seed=st.integers(0, 2**64 - 1))
+@given(
+    fmt=st.sampled_from(CODED),
+    x=st.floats(width=32, allow_nan=False, allow_infinity=False),
+    seed=st.integers(0, 2**64 - 1),
+)
 def test_sr_result_is_a_neighbour(fmt, x, seed):
     """SR returns one of the two grid neighbours of x (or max when |x| ≥ max)."""
     s = get_format(fmt)
