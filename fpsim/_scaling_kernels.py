@@ -1,0 +1,479 @@
+"""Numba kernels of the block-scaled quantizers (SPEC §4–§6).  Private: :mod:`fpsim.scaling` is the API.
+
+All kernels work on a 2-D float32 *bit-pattern* view ``X`` of shape (R, C): the
+quantized axis is last, the leading axes are flattened into rows.  A block is a
+tile of ``BR`` rows × ``BC`` columns (``BR`` = 1 for 1-D blocks); tiles past the
+edge of ``X`` are zero-padded (padding never changes a block amax and encodes to
+code 0), so no padded copy of the input is ever made.
+
+Every ``fl(.)`` of SPEC §4 is one float32 operation: the arithmetic below is on
+``np.float32`` scalars, and Numba's ``fastmath`` is off (see :mod:`fpsim._jit`),
+so LLVM emits exactly one IEEE binary32 operation per ``*`` or ``/``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from ._jit import njit, pjit, prange
+from ._kernels import RNE, RUP, _split, encode_one, encode_one_sr, philox4x32_10, stream_value
+
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+_ABS = np.uint32(0x7FFFFFFF)
+_INF_BITS = np.uint32(0x7F800000)
+_MASK32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+
+# 2**e as float64 for e in [-160, 160): exact powers of two for MX scales.
+_P2 = 160
+_POW2 = np.ldexp(1.0, np.arange(-_P2, _P2))
+
+# Scale-rule integers (fpsim.scaling.ScaleRule).
+FLOOR, CEIL, EVEN, RCEIL = 0, 1, 2, 3
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """Bit pattern (uint32) of a float32 scalar: a register bitcast, no memory round trip."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def bits_f32(typingctx, u):
+    """float32 scalar with bit pattern ``u`` (any integer type; its low 32 bits are used)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        low = builder.trunc(args[0], context.get_value_type(types.uint32)) if u.bitwidth > 32 else args[0]
+        return builder.bitcast(low, context.get_value_type(types.float32))
+
+    return types.float32(u), codegen
+
+
+@njit(inline="always")
+def fmin_nan(a, b):
+    """min(a, b) for float32 that propagates a NaN ``a`` (a comparison with NaN is false)."""
+    return b if a > b else a
+
+
+@njit(inline="always")
+def _abs_bits(u, ignore_nan):
+    """|x| as bits, or 0 for a NaN when NaNs are ignored.
+
+    Why bits: for non-negative floats the unsigned order of the bit patterns is
+    the numeric order, and every NaN pattern is above +inf, so an integer max
+    is a NaN-propagating float max (and skipping > 0x7F800000 is ``fmaxf``).
+    """
+    a = u & _ABS
+    if ignore_nan and a > _INF_BITS:
+        return np.uint32(0)
+    return a
+
+
+@pjit
+def row_absmax_bits(X, ignore_nan, out):
+    """out[r] = bits of max |X[r, :]| (NaN-propagating unless ``ignore_nan``)."""
+    R, C = X.shape
+    for r in prange(R):
+        m = np.uint32(0)
+        for c in range(C):
+            a = _abs_bits(X[r, c], ignore_nan)
+            if a > m:
+                m = a
+        out[r] = m
+
+
+@njit
+def encode_scale_factor(amax, num):
+    """S_enc = min(fl(num / amax), FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN amax → NaN (SPEC §4, §9)."""
+    if amax != amax:
+        return amax
+    if amax == np.float32(0.0):
+        return np.float32(1.0)
+    s = fmin_nan(num / amax, FLT_MAX)
+    if s == np.float32(0.0):
+        return np.float32(1.0)
+    return s
+
+
+@njit
+def tensor_scales(amax_rows, num, s_enc, s_dec):
+    """Per-row S_enc and S_dec = fl(1 / S_enc) from per-row amax values."""
+    for r in range(amax_rows.size):
+        s = encode_scale_factor(amax_rows[r], num)
+        s_enc[r] = s
+        s_dec[r] = np.float32(1.0) / s
+
+
+@njit(inline="always")
+def _lut_code(u, lut, shift):
+    """RNE element code via the codec lookup table (see ``fpsim._kernels.encode_array_lut``)."""
+    low = (np.uint32(1) << np.uint32(shift)) - np.uint32(1)
+    key = ((u >> np.uint32(shift)) << np.uint32(1)) | np.uint32((u & low) != 0)
+    return lut[key]
+
+
+@njit(inline="always")
+def _elem_code(y, lut, shift, ep, sr, r, k):
+    """Element code of the float32 ``y``: RNE satfinite, or SR with random integer ``r``."""
+    u = f32_bits(y)
+    if sr:
+        return np.uint8(encode_one_sr(u, ep, r, k))
+    return np.uint8(_lut_code(u, lut, shift))
+
+
+@njit(inline="always")
+def _store(out, r, c, code, packed):
+    """Write one code; for 4-bit elements two per byte, element 2j in the low nibble."""
+    if packed:
+        if c & 1:
+            out[r, c >> 1] = out[r, c >> 1] | np.uint8(code << 4)
+        else:
+            out[r, c >> 1] = np.uint8(code)
+    else:
+        out[r, c] = code
+
+
+@njit(inline="always")
+def _rand(words, t, per_call, width, kmask, rb, r, c, use_rb):
+    """The k random bits of element t of a block: given (``rb``) or from this call's Philox words."""
+    if use_rb:
+        return np.int64(rb[r, c])
+    return np.int64(stream_value(words, t % per_call, width) & kmask)
+
+
+@njit(inline="always")
+def _words(need, counter, k0, k1):
+    """One Philox4x32-10 call (counter = block index · calls per block + call), or zeros when unused."""
+    if need:
+        c = np.uint64(counter)
+        return philox4x32_10(c & _MASK32, c >> _S32, 0, 0, k0, k1)
+    z = np.uint64(0)
+    return z, z, z, z
+
+
+@njit
+def _tile_vmax(X, r0, r1, c0, c1, ignore_nan):
+    R, C = X.shape
+    m = np.uint32(0)
+    for r in range(r0, min(r1, R)):
+        for c in range(c0, min(c1, C)):
+            a = _abs_bits(X[r, c], ignore_nan)
+            if a > m:
+                m = a
+    return m
+
+
+@njit
+def _two_level_scale(vmax, s_enc_k, bound, sp, stable):
+    """s_b and its value for one block: sdb = min(fl(vmax · fl(S_enc · fl(1/target))), bound)."""
+    sdb = fmin_nan(vmax * s_enc_k, bound)
+    sb = encode_one(f32_bits(sdb), sp, RNE, True)
+    return sb, stable[sb]
+
+
+@njit
+def _tile_error(X, r0, r1, c0, c1, j, enc, sv, sd, etable, lut, shift, ep, sr, kbits, seq, metric, rb, use_rb):
+    """Σ|x − x̂| (metric 1) or Σ(x − x̂)² (metric 2), in float64, of one tile for one candidate scale."""
+    R, C = X.shape
+    err = 0.0
+    k0, k1, counter0, width, per_call, calls, nb = seq
+    kmask = np.uint64((1 << kbits) - 1)
+    for r in range(r0, min(r1, R)):
+        bidx = r * nb + j
+        for cc in range(calls):
+            words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
+            for q in range(per_call):
+                t = cc * per_call + q
+                c = c0 + t
+                if c >= min(c1, C):
+                    break
+                x = bits_f32(X[r, c])
+                rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
+                code = _elem_code(x * enc, lut, shift, ep, sr, rr, kbits)
+                xh = (etable[code] * sv) * sd
+                d = np.float64(x) - np.float64(xh)
+                err += abs(d) if metric == 1 else d * d
+    return err
+
+
+@pjit
+def quantize_two_level(
+    X,
+    BR,
+    BC,
+    s_enc,
+    s_dec,
+    inv_t,
+    inv_t46,
+    bound,
+    sp,
+    stable,
+    ep,
+    etable,
+    lut,
+    shift,
+    sr,
+    kbits,
+    seq,
+    rb,
+    use_rb,
+    fos_metric,
+    ignore_nan,
+    packed,
+    out,
+    scales,
+):
+    """NVFP4-style two-level quantization (SPEC §4), one fused pass per tile.
+
+    Per tile: block amax, E4M3 (or other) scale in Transformer Engine's FP32
+    order, encode every element (RNE via the codec LUT, or SR with Philox bits
+    keyed by block index), pack, and store the scale on each of the tile's rows.
+    ``fos_metric`` > 0 enables four-over-six (1 = MAE, 2 = MSE): candidate
+    targets 6 and 4, the lower error wins, ties keep 6.
+    """
+    R, C = X.shape
+    nb = scales.shape[1]
+    ng = (R + BR - 1) // BR
+    k0, k1, counter0, width, per_call, calls, _nb = seq
+    kmask = np.uint64((1 << kbits) - 1)
+    for tile in prange(ng * nb):
+        g = tile // nb
+        j = tile % nb
+        r0 = g * BR
+        r1 = min(r0 + BR, R)
+        c0 = j * BC
+        c1 = c0 + BC
+        vmax = bits_f32(_tile_vmax(X, r0, r1, c0, c1, ignore_nan))
+        se = s_enc[r0]
+        sd = s_dec[r0]
+        sb, sv = _two_level_scale(vmax, se * inv_t, bound, sp, stable)
+        enc = fmin_nan(np.float32(1.0) / (sv * sd), FLT_MAX)
+        if fos_metric > 0:
+            sb4, sv4 = _two_level_scale(vmax, se * inv_t46, bound, sp, stable)
+            enc4 = fmin_nan(np.float32(1.0) / (sv4 * sd), FLT_MAX)
+            e6 = _tile_error(
+                X, r0, r1, c0, c1, j, enc, sv, sd, etable, lut, shift, ep, sr, kbits, seq, fos_metric, rb, use_rb
+            )
+            e4 = _tile_error(
+                X, r0, r1, c0, c1, j, enc4, sv4, sd, etable, lut, shift, ep, sr, kbits, seq, fos_metric, rb, use_rb
+            )
+            if e4 < e6:
+                sb, sv, enc = sb4, sv4, enc4
+        for r in range(r0, r1):
+            scales[r, j] = sb
+            bidx = r * nb + j
+            for cc in range(calls):
+                words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
+                for q in range(per_call):
+                    t = cc * per_call + q
+                    if t >= BC:
+                        break
+                    c = c0 + t
+                    if c < C:
+                        rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
+                        code = _elem_code(bits_f32(X[r, c]) * enc, lut, shift, ep, sr, rr, kbits)
+                    else:
+                        code = np.uint8(0)
+                    _store(out, r, c, code, packed)
+
+
+@njit
+def mx_scale_byte(m, rule, emax, mbits, inv_max, e8p):
+    """E8M0 scale byte of a block with amax bits ``m`` under a scale rule (SPEC §5).
+
+    Exponents come from the float32 fields (``_split`` normalises subnormal
+    amax), never from a float log2, which is off by one just below a power of two.
+    """
+    if m > _INF_BITS:
+        return 0xFF  # NaN amax
+    if m == _INF_BITS:
+        return 0xFE  # satfinite
+    if rule == RCEIL:
+        # cvt.rp.satfinite.ue8m0x2.f32 of fl(amax · fl(1/max_elem))
+        t = bits_f32(m) * inv_max
+        return encode_one(f32_bits(t), e8p, RUP, True)
+    if m == 0:
+        return 0  # log2(0) = -inf, clamped to -127
+    sig, e = _split(np.int64(m))
+    fl2 = e - 127  # floor(log2 amax)
+    if rule == CEIL:
+        if sig != 0x800000:  # not a power of two
+            fl2 += 1
+    elif rule == EVEN:
+        # Round amax to the element's mantissa width (half up); only the carry
+        # into the exponent matters, and at an exact half the kept bits are all
+        # ones (odd), so half-up and half-even agree.
+        if sig + (np.int64(1) << (22 - mbits)) >= 0x1000000:
+            fl2 += 1
+    ex = min(max(fl2 - emax, -127), 127)
+    return ex + 127
+
+
+@pjit
+def quantize_mx(
+    X,
+    BR,
+    BC,
+    rule,
+    emax,
+    mbits,
+    inv_max,
+    e8p,
+    ep,
+    lut,
+    shift,
+    nan_code,
+    sr,
+    kbits,
+    seq,
+    rb,
+    use_rb,
+    ignore_nan,
+    packed,
+    out,
+    scales,
+):
+    """MX quantization (SPEC §5): E8M0 scale from the block amax, elements fl32(x · 2^-E) then §2 satfinite.
+
+    ``x · 2^-E`` is computed exactly in float64 (a power of two from a table)
+    and rounded once to float32, which is exact unless the result is below
+    float32's normal range, far under half the element's smallest subnormal.
+    A NaN scale (NaN in the block amax) makes every element the NaN code.
+    """
+    R, C = X.shape
+    nb = scales.shape[1]
+    ng = (R + BR - 1) // BR
+    k0, k1, counter0, width, per_call, calls, _nb = seq
+    kmask = np.uint64((1 << kbits) - 1)
+    for tile in prange(ng * nb):
+        g = tile // nb
+        j = tile % nb
+        r0 = g * BR
+        r1 = min(r0 + BR, R)
+        c0 = j * BC
+        m = _tile_vmax(X, r0, r1, c0, c0 + BC, ignore_nan)
+        sb = mx_scale_byte(m, rule, emax, mbits, inv_max, e8p)
+        p = _POW2[127 - sb + _P2]  # 2**(-E), E = sb - 127
+        for r in range(r0, r1):
+            scales[r, j] = sb
+            bidx = r * nb + j
+            for cc in range(calls):
+                words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
+                for q in range(per_call):
+                    t = cc * per_call + q
+                    if t >= BC:
+                        break
+                    c = c0 + t
+                    if c < C:
+                        if sb == 0xFF:
+                            code = np.uint8(nan_code)
+                        else:
+                            rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
+                            y = np.float32(np.float64(bits_f32(X[r, c])) * p)
+                            code = _elem_code(y, lut, shift, ep, sr, rr, kbits)
+                    else:
+                        code = np.uint8(0)
+                    _store(out, r, c, code, packed)
+
+
+@pjit
+def quantize_fp32_scaled(X, BR, BC, emax_f, ep, lut, shift, sr, kbits, seq, rb, use_rb, ignore_nan, out, scales):
+    """Blockwise FP8 with FP32 scales (SPEC §6): d = fl(amax / max_elem), code = e(fl(x / d)).
+
+    d = 1 where amax is 0 or inf or d underflows to 0 (mirroring §9's S_enc = 1); NaN amax gives d = NaN.
+    """
+    R, C = X.shape
+    nb = scales.shape[1]
+    ng = (R + BR - 1) // BR
+    k0, k1, counter0, width, per_call, calls, _nb = seq
+    kmask = np.uint64((1 << kbits) - 1)
+    for tile in prange(ng * nb):
+        g = tile // nb
+        j = tile % nb
+        r0 = g * BR
+        r1 = min(r0 + BR, R)
+        c0 = j * BC
+        amax = bits_f32(_tile_vmax(X, r0, r1, c0, c0 + BC, ignore_nan))
+        d = fp32_block_scale(amax, emax_f)
+        for r in range(r0, r1):
+            scales[r, j] = d
+            bidx = r * nb + j
+            for cc in range(calls):
+                words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
+                for q in range(per_call):
+                    t = cc * per_call + q
+                    if t >= BC:
+                        break
+                    c = c0 + t
+                    if c < C:
+                        rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
+                        code = _elem_code(bits_f32(X[r, c]) / d, lut, shift, ep, sr, rr, kbits)
+                    else:
+                        code = np.uint8(0)
+                    out[r, c] = code
+
+
+@njit
+def fp32_block_scale(amax, emax_f):
+    """FP32 dequantization scale d = fl(amax / max_elem), with d = 1 for amax 0 / inf / underflow."""
+    if amax != amax:
+        return amax
+    d = amax / emax_f
+    if d == np.float32(0.0) or d > FLT_MAX:
+        return np.float32(1.0)
+    return d
+
+
+# ---------------------------------------------------------------------------
+# Decoders: one rounding per element, as SPEC §4 writes it.
+
+
+@njit(inline="always")
+def _load(codes, r, c, packed):
+    if packed:
+        return (codes[r, c >> 1] >> np.uint8(4 * (c & 1))) & np.uint8(0xF)
+    return codes[r, c]
+
+
+@pjit
+def dequantize_two_level(codes, scales, BC, s_dec, etable, stable, packed, out):
+    """x̂ = fl((e(code) · f32(s_b)) · S_dec); the inner product is exact in float32."""
+    R, C = out.shape
+    for r in prange(R):
+        sd = s_dec[r]
+        for c in range(C):
+            sv = stable[scales[r, c // BC]]
+            out[r, c] = (etable[_load(codes, r, c, packed)] * sv) * sd
+
+
+@pjit
+def dequantize_mx(codes, scales, BC, etable, packed, out):
+    """x̂ = fl(e(code) · 2^(b − 127)) (exact unless it overflows float32); scale 0xFF gives NaN."""
+    R, C = out.shape
+    for r in prange(R):
+        for c in range(C):
+            sb = scales[r, c // BC]
+            v = np.float64(etable[_load(codes, r, c, packed)])
+            if sb == 0xFF:
+                out[r, c] = np.float32(np.nan)
+            else:
+                out[r, c] = np.float32(v * _POW2[np.int64(sb) - 127 + _P2])
+
+
+@pjit
+def dequantize_fp32_scaled(codes, scales, BC, etable, out):
+    """x̂ = fl(e(code) · d)."""
+    R, C = out.shape
+    for r in prange(R):
+        for c in range(C):
+            out[r, c] = etable[codes[r, c]] * scales[r, c // BC]
