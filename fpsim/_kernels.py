@@ -146,13 +146,13 @@ def encode_one_sr(u, p, r, k):
     mag = _magnitude(t, e, mbits, subn, emin_b)
     if mag >= max_code:
         return sbit | max_code
-    if rem != 0:
-        qexp = max(e, emin_b) - 127 - mbits  # exponent of the grid step at |x|
-        s = float(sig) * _POW2[e - 150 + _P2] + float(r) * _POW2[qexp - k + _P2]
-        t32 = np.float64(np.float32(s))  # the one float32 rounding of the FMA
-        if t32 >= float(t + 1) * _POW2[qexp + _P2]:
-            mag = _magnitude(t + 1, e, mbits, subn, emin_b)
-    return sbit | min(mag, max_code)
+    qexp = max(e, emin_b) - 127 - mbits  # exponent of the grid step at |x|
+    s = float(sig) * _POW2[e - 150 + _P2] + float(r) * _POW2[qexp - k + _P2]
+    t32 = np.float64(np.float32(s))  # the one float32 rounding of the FMA
+    # Branch-free on purpose: the outcome is random, a branch would mispredict half the time.
+    # rem == 0 (on the grid) never moves; the code is linear in t, so "hi" is mag + 1.
+    up = np.int64(t32 >= float(t + 1) * _POW2[qexp + _P2]) & np.int64(rem != 0)
+    return sbit | min(mag + up, max_code)
 
 
 # ---------------------------------------------------------------------------
@@ -201,6 +201,28 @@ def _encode_branchfree(u, bits, mbits, signed, has_inf, has_nan, max_code, emin_
         special = max_code
     ovf = special if (away | np.int64(a == 0x7F800000)) else max_code
     mag = ovf if mag > max_code else mag
+    res = (s << (bits - 1)) | mag
+    return nan_code if a > 0x7F800000 else res
+
+
+@njit(inline="always")
+def _encode_sr_branchfree(u, r, k, bits, mbits, signed, max_code, emin_b, nan_code):
+    """encode_one_sr for formats with subnormals and ``emin_b >= 1`` (all but E8M0), with selects only."""
+    u = np.int64(u)
+    a = u & 0x7FFFFFFF
+    s = (u >> 31) & signed
+    e = a >> 23
+    ep = max(e, 1)
+    sig = (a & 0x7FFFFF) | (min(e, 1) << 23)
+    sh = min(23 - mbits + max(emin_b - ep, 0), 25)
+    t = sig >> sh
+    rem = sig & ((np.int64(1) << sh) - 1)
+    mag = ((max(ep, emin_b) - emin_b) << mbits) + t
+    qexp = max(ep, emin_b) - 127 - mbits
+    x = float(sig) * _POW2[min(ep, 255) - 150 + _P2] + float(r) * _POW2[min(qexp, 200) - k + _P2]
+    t32 = np.float64(np.float32(x))
+    up = np.int64(t32 >= float(t + 1) * _POW2[min(qexp, 200) + _P2]) & np.int64(rem != 0)
+    mag = min(mag + up, max_code)  # |x| ≥ max and ±inf saturate
     res = (s << (bits - 1)) | mag
     return nan_code if a > 0x7F800000 else res
 
@@ -274,7 +296,11 @@ def encode_array(x, out, p, mode, sat):
 
 @pjit
 def encode_array_aligned(x, out, p, mode, sat):
-    """Encode to a signed IEEE-style format with ebits 8 and bias 127 (see ``_encode_aligned``)."""
+    """RNE/RNA encode to a signed IEEE-style format with ebits 8 and bias 127 (see ``_encode_aligned``).
+
+    Directed modes overflow depending on the sign (IEEE 754 §7.4): callers
+    send them to ``encode_array``.
+    """
     bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = p
     sh = np.uint32(23 - mbits)
     sign_shift = np.uint32(bits - 1)
@@ -284,18 +310,19 @@ def encode_array_aligned(x, out, p, mode, sat):
     if mode == RNE:
         for i in prange(x.size):
             out[i] = _encode_aligned(x[i], sh, sign_shift, mx, nan, ovf_rne, RNE)
-    elif mode == RNA:
+    else:
         for i in prange(x.size):
             out[i] = _encode_aligned(x[i], sh, sign_shift, mx, nan, ovf_rne, RNA)
-    else:
-        # Directed modes: overflow depends on the sign (IEEE 754 §7.4); the
-        # generic branch-free form handles it.
-        encode_array(x, out, p, mode, sat)
 @pjit
 def encode_array_sr(x, rbits, k, out, p):
     """Stochastic rounding with one explicit random integer per element."""
-    for i in prange(x.size):
-        out[i] = encode_one_sr(x[i], p, rbits[i], k)
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = p
+    if subn == 0 or emin_b < 1:
+        for i in prange(x.size):
+            out[i] = encode_one_sr(x[i], p, rbits[i], k)
+    else:
+        for i in prange(x.size):
+            out[i] = _encode_sr_branchfree(x[i], rbits[i], k, bits, mbits, signed, max_code, emin_b, nan_code)
 
 
 @pjit
@@ -374,49 +401,63 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 @njit
-def _philox_word(words, j):
-    if j == 0:
-        return words[0]
-    if j == 1:
-        return words[1]
-    if j == 2:
-        return words[2]
-    return words[3]
+def stream_value(words, j, width):
+    """Element ``j`` of one 16-byte Philox block (tuple of 4 words) as a ``width``-bit integer."""
+    lg = 2 if width == 8 else (1 if width == 16 else 0)  # log2(values per word), no division
+    w = _word(words[0], words[1], words[2], words[3], j >> lg)
+    shift = np.uint64((j & ((1 << lg) - 1)) * width)
+    return (w >> shift) & np.uint64((1 << width) - 1)
 
 
 @njit
-def stream_value(words, j, width):
-    """Element ``j`` of one 16-byte Philox block read as little-endian ``width``-bit integers."""
-    per_word = 32 // width
-    w = _philox_word(words, j // per_word)
-    shift = np.uint64((j % per_word) * width)
-    return (w >> shift) & np.uint64((1 << width) - 1)
+def _word(w0, w1, w2, w3, i):
+    return w0 if i == 0 else (w1 if i == 1 else (w2 if i == 2 else w3))
 
 
 @pjit
 def philox_fill(out, k0, k1, counter0, width, kbits):
-    """out[i] = low ``kbits`` of stream element i; 16 bytes per counter value."""
-    per_block = 128 // width
+    """out[i] = low ``kbits`` of stream element i; 16 bytes per counter value.
+
+    Block ``b`` (counter ``counter0 + b``) holds ``128 // width`` elements:
+    word ``wi`` of the block, bits ``[sub*width, (sub+1)*width)`` is element
+    ``b * 128 // width + wi * (32 // width) + sub`` (little-endian bytes).
+    """
+    per_word = 32 // width
+    per_block = 4 * per_word
     nblocks = (out.size + per_block - 1) // per_block
     mask = np.uint64((1 << kbits) - 1)
     for b in prange(nblocks):
         c = np.uint64(counter0) + np.uint64(b)
-        words = philox4x32_10(c & _MASK32, c >> _S32, 0, 0, k0, k1)
+        w0, w1, w2, w3 = philox4x32_10(c & _MASK32, c >> _S32, 0, 0, k0, k1)
         base = b * per_block
-        for j in range(min(per_block, out.size - base)):
-            out[base + j] = stream_value(words, j, width) & mask
+        for wi in range(4):
+            w = _word(w0, w1, w2, w3, wi)
+            for sub in range(per_word):
+                i = base + wi * per_word + sub
+                if i < out.size:
+                    out[i] = (w >> np.uint64(sub * width)) & mask
 
 
 @pjit
 def encode_array_sr_seeded(x, k0, k1, counter0, width, kbits, out, p):
     """Stochastic rounding with Philox bits generated in place (same bits as ``philox_fill``)."""
-    per_block = 128 // width
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = p
+    per_word = 32 // width
+    lg = 2 if width == 8 else (1 if width == 16 else 0)
+    per_block = 4 * per_word
     nblocks = (x.size + per_block - 1) // per_block
     mask = np.uint64((1 << kbits) - 1)
+    fast = subn == 1 and emin_b >= 1
     for b in prange(nblocks):
         c = np.uint64(counter0) + np.uint64(b)
-        words = philox4x32_10(c & _MASK32, c >> _S32, 0, 0, k0, k1)
+        w0, w1, w2, w3 = philox4x32_10(c & _MASK32, c >> _S32, 0, 0, k0, k1)
         base = b * per_block
         for j in range(min(per_block, x.size - base)):
-            r = np.int64(stream_value(words, j, width) & mask)
-            out[base + j] = encode_one_sr(x[base + j], p, r, kbits)
+            w = _word(w0, w1, w2, w3, j >> lg)
+            r = np.int64((w >> np.uint64((j & (per_word - 1)) * width)) & mask)
+            if fast:
+                out[base + j] = _encode_sr_branchfree(
+                    x[base + j], r, kbits, bits, mbits, signed, max_code, emin_b, nan_code
+                )
+            else:
+                out[base + j] = encode_one_sr(x[base + j], p, r, kbits)

@@ -92,6 +92,23 @@ def _encode_lut(spec: FormatSpec, mode: int, saturate: bool) -> np.ndarray:
     return lut
 
 
+def _output(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A fresh output array, or the caller's ``out`` after checking it can be written in place."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != dtype:
+        got = f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ValueError(f"out must be an array of shape {shape} and dtype {dtype}, got {got}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be C-contiguous and writeable")
+    return out
+
+
+def _float32_aligned(spec: FormatSpec) -> bool:
+    """Binades and subnormals coincide with float32's: rounding is an integer add on the bits."""
+    return spec.ebits == 8 and spec.bias == 127 and spec.subnormals and spec.signed and spec.has_inf
+
+
 def encode(
     x: np.typing.ArrayLike,
     fmt: str | FormatSpec,
@@ -101,6 +118,7 @@ def encode(
     seed: int | None = None,
     k: int | None = None,
     counter: int = 0,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Encode values to the codes of element format ``fmt`` (SPEC §2–§3).
 
@@ -125,6 +143,10 @@ def encode(
         E2M1, 16 for FP8/FP6/BF16, 13 for FP16; 24 = "exact" SR).
     counter
         First Philox counter (one counter value per 16 bytes of random bits).
+    out
+        Optional C-contiguous array of the shape of ``x`` and dtype
+        ``spec.code_dtype`` to write the codes into (saves the allocation and
+        its page faults on large arrays).
 
     Returns
     -------
@@ -147,14 +169,15 @@ def encode(
         if spec.is_passthrough:
             return x32.view(np.uint32).copy()
         bits = x32.reshape(-1).view(np.uint32)
-        out = np.empty(bits.size, dtype=spec.code_dtype)
+        out = _output(out, x32.shape, spec.code_dtype)
+        flat = out.reshape(-1)
         if spec.bits <= 8:
-            K.encode_array_lut(bits, out, _encode_lut(spec, mode.kernel_id, bool(saturate)), 21 - spec.mbits)
-        elif spec.ebits == 8 and spec.bias == 127 and spec.subnormals and spec.signed and spec.has_inf:
-            K.encode_array_aligned(bits, out, spec.kernel_params(), mode.kernel_id, bool(saturate))
+            K.encode_array_lut(bits, flat, _encode_lut(spec, mode.kernel_id, bool(saturate)), 21 - spec.mbits)
+        elif _float32_aligned(spec) and mode in (Rounding.RNE, Rounding.RNA):
+            K.encode_array_aligned(bits, flat, spec.kernel_params(), mode.kernel_id, bool(saturate))
         else:
-            K.encode_array(bits, out, spec.kernel_params(), mode.kernel_id, bool(saturate))
-        return out.reshape(x32.shape)
+            K.encode_array(bits, flat, spec.kernel_params(), mode.kernel_id, bool(saturate))
+        return out
 
     if not saturate:
         raise ValueError("stochastic rounding is satfinite only (cvt.rs.satfinite); use saturate=True")
@@ -166,10 +189,11 @@ def encode(
     if spec.is_passthrough:
         return x32.view(np.uint32).copy()
     bits = x32.reshape(-1).view(np.uint32)
-    out = np.empty(bits.size, dtype=spec.code_dtype)
+    out = _output(out, x32.shape, spec.code_dtype)
+    flat = out.reshape(-1)
     if seed is not None:
         k0, k1 = seed_key(seed)
-        K.encode_array_sr_seeded(bits, k0, k1, int(counter), stream_width(kbits), kbits, out, spec.kernel_params())
+        K.encode_array_sr_seeded(bits, k0, k1, int(counter), stream_width(kbits), kbits, flat, spec.kernel_params())
     else:
         r = np.asarray(rbits)
         if r.shape != x32.shape:
@@ -179,17 +203,18 @@ def encode(
         r = np.ascontiguousarray(r, dtype=np.int64).reshape(-1)
         if r.size and (r.min() < 0 or r.max() >= (1 << kbits)):
             raise ValueError(f"rbits must lie in [0, 2**{kbits})")
-        K.encode_array_sr(bits, r, kbits, out, spec.kernel_params())
-    return out.reshape(x32.shape)
+        K.encode_array_sr(bits, r, kbits, flat, spec.kernel_params())
+    return out
 
 
-def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec) -> np.ndarray:
+def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | None = None) -> np.ndarray:
     """Decode codes of element format ``fmt`` to float32 (exact).
 
     NaN codes give the positive canonical float32 NaN (0x7FC00000); E8M0 code
     ``b`` gives 2**(b − 127) (code 0 is 2**-127, a float32 subnormal).  Codes
     may be any integer array, or an ml_dtypes array of the format's dtype
     (read as its bits).  Codes outside ``[0, 2**bits)`` raise ``ValueError``.
+    ``out``: optional C-contiguous float32 array of the codes' shape to fill.
 
     >>> decode([0x2, 0x4, 0xF], "e2m1")
     array([ 1. ,  2. , -6. ], dtype=float32)
@@ -198,9 +223,8 @@ def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec) -> np.ndarray:
     c = as_codes(codes, spec)
     if spec.is_passthrough:
         return c.view(np.float32).copy()
-    flat = c.reshape(-1)
-    out = np.empty(flat.size, dtype=np.float32)
-    bad = K.decode_array(flat, spec.decode_table(), out)
+    out = _output(out, c.shape, np.dtype(np.float32))
+    bad = K.decode_array(c.reshape(-1), spec.decode_table(), out.reshape(-1))
     if bad:
         raise ValueError(f"{bad} code(s) outside the {spec.bits}-bit range of {spec.name}")
-    return out.reshape(c.shape)
+    return out

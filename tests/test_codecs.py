@@ -326,3 +326,19 @@ def test_bad_arguments():
         fpsim.decode([-1], "e4m3")
     with pytest.raises(TypeError, match="integer codes"):
         fpsim.decode(np.array([1.0]), "e4m3")
+
+
+def test_out_arrays_are_filled_in_place_and_validated():
+    x = np.linspace(-8, 8, 60, dtype=np.float32).reshape(3, 20)
+    for fmt, mode in [("e2m1", "rne"), ("bf16", "rne"), ("bf16", "rtz"), ("fp16", "rup"), ("e4m3", "sr")]:
+        s = get_format(fmt)
+        kw = {"seed": 3} if mode == "sr" else {}
+        buf = np.empty(x.shape, s.code_dtype)
+        res = fpsim.encode(x, fmt, mode, out=buf, **kw)
+        assert res is buf and np.array_equal(buf, fpsim.encode(x, fmt, mode, **kw))
+        dec = np.empty(x.shape, np.float32)
+        assert fpsim.decode(buf, fmt, out=dec) is dec and np.array_equal(dec, fpsim.decode(buf, fmt))
+    with pytest.raises(ValueError, match="out must be an array of shape"):
+        fpsim.encode(x, "e2m1", out=np.empty((3, 20), np.uint16))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fpsim.encode(x, "e2m1", out=np.empty((3, 40), np.uint8)[:, ::2])
