@@ -1,0 +1,179 @@
+"""Random Hadamard transforms (SPEC §7).
+
+``R = diag(s) · H_d`` with ``H_d`` the Sylvester Hadamard matrix normalised by
+``1/sqrt(d)`` and ``s`` a ±1 sign vector.  A row tile ``x`` (1×d) maps to
+``y = (x ∘ s) · H_d``; tiles run along one axis (the GEMM's reduction axis).
+``R`` is orthogonal, so ``(A·R)(Rᵀ·B) = A·B`` and the inverse of a tile is
+``(y · H_d) ∘ s`` (``H_d`` is symmetric and its own inverse).
+
+Arithmetic, tile by tile, all in float32: optional RNE rounding of the input
+to BF16 (the recipe default, as Transformer Engine feeds the RHT), sign flips
+(exact), the in-place fast Walsh–Hadamard butterflies ``(a, b) → (a + b,
+a − b)`` for ``h = 1, 2, 4, …, d/2`` (d·log2 d additions), one multiplication by
+``fl32(1/sqrt(d))`` (exact for d = 4**j), optional RNE rounding of the output to
+BF16.  The result equals the float64 matrix product to float32 rounding (not
+bit for bit: a matrix-multiply kernel sums in another order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ._arrays import as_float32
+from ._jit import njit, pjit, prange
+from .random import random_bits
+
+__all__ = ["RECIPE_SIGNS", "sign_vector", "derive_seed", "rht", "hadamard_matrix"]
+
+#: The NVFP4 recipe's fixed 16-entry sign vector, shared by all layers and steps (SPEC §7).
+RECIPE_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], dtype=np.float32)
+RECIPE_SIGNS.setflags(write=False)
+
+
+def _check_d(d: int) -> int:
+    d = int(d)
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"Hadamard size must be a power of two, got {d}")
+    return d
+
+
+def derive_seed(seed: int, *labels: object) -> int:
+    """A 64-bit seed for one layer / call, derived from a run seed and labels (e.g. layer name, step).
+
+    Deterministic across processes and platforms (BLAKE2b of the text, not Python's salted ``hash``).
+    """
+    text = "\x1f".join([str(int(seed)), *map(str, labels)]).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def sign_vector(d: int, signs: str | int | np.ndarray | None = "recipe") -> np.ndarray:
+    """The ±1 float32 sign vector of length ``d`` for a sign policy.
+
+    ``"recipe"``: :data:`RECIPE_SIGNS` (d = 16 only).  ``None`` or ``"none"``:
+    all +1 (a plain Hadamard transform).  An ``int``: random signs from the
+    Philox stream of that seed (bit i of the stream → sign i; use
+    :func:`derive_seed` for per-layer or per-call vectors).  An array: used as
+    given after checking it holds only ±1.
+    """
+    d = _check_d(d)
+    if signs is None or (isinstance(signs, str) and signs == "none"):
+        return np.ones(d, np.float32)
+    if isinstance(signs, str):
+        if signs != "recipe":
+            raise ValueError(f"unknown sign policy {signs!r}; use 'recipe', 'none', a seed or a ±1 array")
+        if d != 16:
+            raise ValueError(f"the recipe's fixed sign vector has 16 entries; d = {d} needs a seed or an array")
+        return RECIPE_SIGNS.copy()
+    if isinstance(signs, (int, np.integer)) and not isinstance(signs, bool):
+        bits = random_bits(int(signs), d, k=1)
+        return np.where(bits == 1, np.float32(-1), np.float32(1)).astype(np.float32)
+    s = np.asarray(signs, dtype=np.float32)
+    if s.shape != (d,) or not np.all(np.abs(s) == 1):
+        raise ValueError(f"sign vector must be {d} entries of ±1")
+    return s
+
+
+def hadamard_matrix(d: int, signs: str | int | np.ndarray | None = "recipe") -> np.ndarray:
+    """The float64 matrix ``R = diag(s) · H_d / sqrt(d)`` (for references and small studies)."""
+    from scipy.linalg import hadamard
+
+    d = _check_d(d)
+    return sign_vector(d, signs).astype(np.float64)[:, None] * hadamard(d).astype(np.float64) / np.sqrt(d)
+
+
+@njit
+def _bf16_round(bits):
+    """float32 bits → bits of the nearest BF16 value (RNE; NaN → canonical quiet NaN; inf kept)."""
+    a = bits & np.uint32(0x7FFFFFFF)
+    if a > np.uint32(0x7F800000):
+        return np.uint32(0x7FC00000)
+    r = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return r & np.uint32(0xFFFF0000)
+
+
+@pjit
+def _rht_rows(src, dst, dst_bits, signs, d, scale, bf16_in, bf16_out, inverse):
+    """Transform every d-tile of every row of ``src`` (2-D, float32) into ``dst``."""
+    rows, n = src.shape
+    src_bits = src.view(np.uint32)
+    for i in prange(rows):
+        for t0 in range(0, n, d):
+            for j in range(d):
+                if bf16_in:
+                    dst_bits[i, t0 + j] = _bf16_round(src_bits[i, t0 + j])
+                else:
+                    dst[i, t0 + j] = src[i, t0 + j]
+                if not inverse:
+                    dst[i, t0 + j] *= signs[j]
+            h = 1
+            while h < d:
+                for k in range(t0, t0 + d, 2 * h):
+                    for j in range(k, k + h):
+                        a = dst[i, j]
+                        b = dst[i, j + h]
+                        dst[i, j] = a + b
+                        dst[i, j + h] = a - b
+                h *= 2
+            for j in range(d):
+                v = dst[i, t0 + j] * scale
+                if inverse:
+                    v *= signs[j]
+                dst[i, t0 + j] = v
+                if bf16_out:
+                    dst_bits[i, t0 + j] = _bf16_round(dst_bits[i, t0 + j])
+
+
+def rht(
+    x: np.typing.ArrayLike,
+    d: int = 16,
+    signs: str | int | np.ndarray | None = "recipe",
+    axis: int = -1,
+    bf16_in: bool = True,
+    bf16_out: bool = True,
+    inverse: bool = False,
+) -> np.ndarray:
+    """Random Hadamard transform of ``x`` in tiles of ``d`` along ``axis`` (SPEC §7).
+
+    Parameters
+    ----------
+    x
+        Real array; converted to float32 (RNE).  ``x.shape[axis]`` must be a
+        multiple of ``d`` (pad first if it is not: the transform mixes a whole tile).
+    d
+        Tile size, a power of two (recipe: 16).
+    signs
+        Sign policy, see :func:`sign_vector` (recipe: the fixed vector).
+    bf16_in, bf16_out
+        Round the input / output to BF16 (RNE), as the recipe does.  Turn both
+        off for the exact float32 transform.
+    inverse
+        Apply ``Rᵀ`` instead of ``R`` (``rht(rht(x), inverse=True) ≈ x``).
+
+    Returns
+    -------
+    numpy.ndarray
+        float32 array of the shape of ``x``.
+
+    Examples
+    --------
+    >>> y = rht(np.ones(16, np.float32), signs="none", bf16_in=False, bf16_out=False)
+    >>> y[:3]
+    array([4., 0., 0.], dtype=float32)
+    """
+    d = _check_d(d)
+    s = sign_vector(d, signs)
+    x32 = as_float32(x)
+    if x32.ndim == 0:
+        raise ValueError("rht needs at least one axis")
+    moved = np.moveaxis(x32, axis, -1)
+    n = moved.shape[-1]
+    if n % d:
+        raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
+    src = np.ascontiguousarray(moved).reshape(-1, n)
+    dst = np.empty_like(src)
+    if src.size:
+        scale = np.float32(1.0 / np.sqrt(d))
+        _rht_rows(src, dst, dst.view(np.uint32), s, d, scale, bool(bf16_in), bool(bf16_out), bool(inverse))
+    return np.ascontiguousarray(np.moveaxis(dst.reshape(moved.shape), -1, axis))
