@@ -756,7 +756,7 @@ def save_quantized(qt: QuantizedTensor, path: str | os.PathLike) -> None:
         header: dict = {"__metadata__": {"fpsim": meta}}
         blobs, pos = [], 0
         for name, a in arrays.items():
-            a = np.ascontiguousarray(a)
+            a = np.asarray(a, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
             raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
             header[name] = {
                 "dtype": _ST_DTYPES[a.dtype.name],
@@ -792,8 +792,6 @@ def load_quantized(path: str | os.PathLike) -> QuantizedTensor:
     p = Path(path)
     with open(p, "rb") as f:
         head = f.read(8)
-    if head[:1] == b"\x80":
-        raise ValueError(f"{path}: {_PICKLE_REFUSED}")
     if head[:4] == b"PK\x03\x04":
         try:
             with np.load(p, allow_pickle=False) as z:
@@ -814,6 +812,8 @@ def _load_safetensors(p: Path) -> QuantizedTensor:
     if len(raw) < 8:
         raise ValueError(f"{p}: too short for a safetensors file")
     n = int.from_bytes(raw[:8], "little")
+    if n > len(raw) - 8 and raw[0] == 0x80 and 2 <= raw[1] <= 5:  # pickle protocol 2-5 opcode PROTO
+        raise ValueError(f"{p}: {_PICKLE_REFUSED}")
     if n > len(raw) - 8:
         raise ValueError(f"{p}: not a safetensors file (header length {n} beyond the file)")
     try:
