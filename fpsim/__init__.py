@@ -7,6 +7,11 @@ The public API of the element layer::
     get_format(name) -> FormatSpec;  FORMATS;  Rounding
     pack_fp4 / unpack_fp4;  to_ml_dtypes / from_ml_dtypes;  random_bits
 
+and of block-scaled tensors (:mod:`fpsim.scaling`, SPEC §4–§6)::
+
+    quantize(x, "nvfp4" | "mxfp4" | ... | BlockScheme, axis=-1, block=, rounding=, seed=) -> QuantizedTensor
+    dequantize(q);  fake_quantize(x, scheme);  swizzle_scales / unswizzle_scales
+
 Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in SPEC.md.
 """
 
@@ -14,6 +19,20 @@ from .codecs import Rounding, decode, encode
 from .formats import ALIASES, FORMATS, FormatSpec, NanStyle, get_format
 from .packing import from_ml_dtypes, pack_fp4, to_ml_dtypes, unpack_fp4
 from .random import random_bits
+from .scaling import (
+    SCHEMES,
+    BlockScheme,
+    QuantizedTensor,
+    ScaleRule,
+    dequantize,
+    fake_quantize,
+    get_scheme,
+    load_quantized,
+    quantize,
+    save_quantized,
+    swizzle_scales,
+    unswizzle_scales,
+)
 
 __version__ = "0.1.0"
 
@@ -31,4 +50,17 @@ __all__ = [
     "random_bits",
     "to_ml_dtypes",
     "unpack_fp4",
+    # block-scaled tensors (fpsim.scaling)
+    "SCHEMES",
+    "BlockScheme",
+    "QuantizedTensor",
+    "ScaleRule",
+    "dequantize",
+    "fake_quantize",
+    "get_scheme",
+    "load_quantized",
+    "quantize",
+    "save_quantized",
+    "swizzle_scales",
+    "unswizzle_scales",
 ]

@@ -455,7 +455,7 @@ def quantize(
     --------
     >>> q = quantize(np.arange(16, dtype=np.float32), "nvfp4")
     >>> q.scales, float(q.amax), q.dequantize()[[1, 15]]
-    (array([[94]], dtype=uint8), 15.0, array([ 1.0000001, 15.000001], dtype=float32))
+    (array([126], dtype=uint8), 15.0, array([ 1.25, 15.  ], dtype=float32))
     """
     sch = get_scheme(scheme)
     changes = {}

@@ -95,6 +95,19 @@ NVFP4 = [
         [[0x7E, 0x50, 0x52]],
         [[2688.0] + [0.0] * 15 + blk(48.0) + blk(60.0)],
     ),
+    # Operation order matters at E4M3 ties (SPEC §4): amax 100 → S_enc = fl(2688/100) = 26.8799991607666;
+    # vmax = 0.3487723469734192: vmax · fl(S_enc · fl(1/6)) = 1.5625001192 (one ulp above the tie 1.5|1.625)
+    # → 1.625 (0x3D), whereas (vmax · S_enc) · fl(1/6) lands exactly on the tie 1.5625 → even → 1.5 (0x3C).
+    # Elements: 100 → 6 (0x7); the block value ≈ 5.77 after scaling → 6 (0x7).
+    (
+        "E4M3 scale tie decided by the operation order",
+        "nvfp4",
+        {},
+        [blk(100.0) + blk(0.3487723469734192)],
+        [blk(0x7) + blk(0x7)],
+        [[0x7E, 0x3D]],
+        None,
+    ),
     # amax = inf: 2688/inf = 0 → S_enc = 1.  Block with inf: sdb = min(inf, 448) = 448; ±inf → ±6.
     # Block [1]: sdb = fl(1/6) → E4M3 0.171875 (0x23); enc = 5.818…; 1·enc → 6 (0x7); decoded 1.03125.
     (
