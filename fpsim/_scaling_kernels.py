@@ -114,7 +114,7 @@ def tensor_scales(amax_rows, num, s_enc, s_dec):
         s_dec[r] = np.float32(1.0) / s
 
 
-@njit(inline="always")
+@njit
 def _lut_code(u, lut, shift):
     """RNE element code via the codec lookup table (see ``fpsim._kernels.encode_array_lut``)."""
     low = (np.uint32(1) << np.uint32(shift)) - np.uint32(1)
@@ -477,3 +477,183 @@ def dequantize_fp32_scaled(codes, scales, BC, etable, out):
     for r in prange(R):
         for c in range(C):
             out[r, c] = etable[codes[r, c]] * scales[r, c // BC]
+
+
+# ---------------------------------------------------------------------------
+# Fast paths for the common case: RNE elements, no four-over-six.  Same
+# arithmetic as the general kernels above (tested equal), restructured so the
+# inner loops are straight-line over whole blocks: one row per parallel task,
+# block scales through the codec lookup table, and two codes packed per step.
+# 2-D tiles take their amax from ``tile_absmax_bits`` (one extra read).
+
+
+@pjit
+def tile_absmax_bits(X, BR, BC, ignore_nan, out):
+    """out[g, j] = bits of max |x| over tile (g, j) of BR×BC (NaN-propagating unless ``ignore_nan``)."""
+    ng, nb = out.shape
+    for t in prange(ng * nb):
+        g = t // nb
+        j = t % nb
+        out[g, j] = _tile_vmax(X, g * BR, g * BR + BR, j * BC, j * BC + BC, ignore_nan)
+
+
+@njit
+def _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax):
+    """vmax[j] = amax bits of block j of row r (from ``tmax`` for 2-D tiles).
+
+    The loop-invariant choices are taken outside the loops on purpose: that
+    keeps each inner loop branch-free for LLVM's vectoriser.
+    """
+    nb = vmax.size
+    if BR > 1:
+        for j in range(nb):
+            vmax[j] = tmax[r // BR, j]
+    elif ignore_nan:
+        for j in range(nb):
+            m = np.uint32(0)
+            for c in range(j * BC, min(j * BC + BC, C)):
+                a = X[r, c] & _ABS
+                m = max(m, a if a <= _INF_BITS else np.uint32(0))
+            vmax[j] = m
+    else:
+        full = C // BC
+        for j in range(full):
+            m = np.uint32(0)
+            for t in range(BC):
+                m = max(m, X[r, j * BC + t] & _ABS)
+            vmax[j] = m
+        for j in range(full, nb):
+            m = np.uint32(0)
+            for c in range(j * BC, C):
+                m = max(m, X[r, c] & _ABS)
+            vmax[j] = m
+
+
+@njit
+def _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out):
+    """Codes of fl(x · mul[block]) for row r (0 past column C), then packed or copied into out[r]."""
+    nb = mul.size
+    full = C // BC
+    for j in range(full):
+        m = mul[j]
+        for t in range(BC):
+            c = j * BC + t
+            codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift)
+    for j in range(full, nb):
+        m = mul[j]
+        for c in range(j * BC, j * BC + BC):
+            codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift) if c < C else 0
+    if packed:
+        for i in range(codes.size // 2):
+            out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
+    else:
+        for i in range(codes.size):
+            out[r, i] = codes[i]
+
+
+@pjit
+def quantize_two_level_rne(
+    X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, out, scales
+):
+    """NVFP4-style quantization with RNE elements (SPEC §4), TE's FP32 operation order.
+
+    Row by row in three short passes over the row (in L1): block amax (or the
+    2-D tile amax from ``tmax``), block scales, element codes + packing.
+    """
+    R, C = X.shape
+    nb = scales.shape[1]
+    for r in prange(R):
+        sek = s_enc[r] * inv_t
+        sd = s_dec[r]
+        vmax = np.empty(nb, np.uint32)
+        enc = np.empty(nb, np.float32)
+        codes = np.empty(nb * BC, np.uint8)
+        _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
+        for j in range(nb):
+            sdb = fmin_nan(bits_f32(vmax[j]) * sek, bound)
+            sb = _lut_code(f32_bits(sdb), slut, sshift)
+            scales[r, j] = sb
+            enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
+        _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out)
+
+
+@pjit
+def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_code, ignore_nan, packed, tmax,
+                    p2, out, scales):
+    """MX quantization with RNE elements (SPEC §5): elements fl32(x · 2^-E), one exact-power multiply.
+
+    ``p2[b]`` = 2**(127 − b) as float32 (exact for every scale byte b ≤ 0xFE),
+    so ``x * p2[b]`` is the single rounding of the exact x · 2^-E.  A NaN
+    scale (0xFF, NaN in the block) makes the block's elements the NaN code.
+    """
+    R, C = X.shape
+    nb = scales.shape[1]
+    for r in prange(R):
+        vmax = np.empty(nb, np.uint32)
+        mul = np.empty(nb, np.float32)
+        codes = np.empty(nb * BC, np.uint8)
+        _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
+        nan_block = False
+        for j in range(nb):
+            sb = mx_scale_byte(vmax[j], rule, emax, mbits, inv_max, e8p)
+            scales[r, j] = sb
+            mul[j] = p2[sb]
+            nan_block |= sb == 0xFF
+        if not nan_block:
+            _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out)
+            continue
+        for j in range(nb):
+            for c in range(j * BC, j * BC + BC):
+                if c >= C:
+                    codes[c] = 0
+                elif scales[r, j] == 0xFF:
+                    codes[c] = nan_code
+                else:
+                    codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * mul[j]), lut, shift)
+        if packed:
+            for i in range(codes.size // 2):
+                out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
+        else:
+            for i in range(codes.size):
+                out[r, i] = codes[i]
+
+
+@pjit
+def dequantize_two_level_fast(codes, scales, BC, s_dec, etable, stable, packed, out):
+    """x̂ = fl((e(code) · f32(s_b)) · S_dec), block by block."""
+    R, C = out.shape
+    nb = scales.shape[1]
+    for r in prange(R):
+        sd = s_dec[r]
+        for j in range(nb):
+            sv = stable[scales[r, j]]
+            c0 = j * BC
+            c1 = min(c0 + BC, C)
+            if packed and c1 - c0 == BC:
+                for c in range(c0, c1, 2):
+                    b = codes[r, c >> 1]
+                    out[r, c] = (etable[b & np.uint8(0xF)] * sv) * sd
+                    out[r, c + 1] = (etable[b >> np.uint8(4)] * sv) * sd
+            else:
+                for c in range(c0, c1):
+                    out[r, c] = (etable[_load(codes, r, c, packed)] * sv) * sd
+
+
+@pjit
+def dequantize_mx_fast(codes, scales, BC, etable, p2inv, packed, out):
+    """x̂ = fl(e(code) · 2^(b − 127)), block by block; ``p2inv[b]`` = 2**(b − 127) (NaN for 0xFF)."""
+    R, C = out.shape
+    nb = scales.shape[1]
+    for r in prange(R):
+        for j in range(nb):
+            s = p2inv[scales[r, j]]
+            c0 = j * BC
+            c1 = min(c0 + BC, C)
+            if packed and c1 - c0 == BC:
+                for c in range(c0, c1, 2):
+                    b = codes[r, c >> 1]
+                    out[r, c] = etable[b & np.uint8(0xF)] * s
+                    out[r, c + 1] = etable[b >> np.uint8(4)] * s
+            else:
+                for c in range(c0, c1):
+                    out[r, c] = etable[_load(codes, r, c, packed)] * s

@@ -416,6 +416,20 @@ def _s_enc_dec(scheme: BlockScheme, amax_rows: np.ndarray) -> tuple[np.ndarray, 
     return s_enc, s_dec
 
 
+# E8M0 byte b → 2**(127 − b) (element multiplier) and 2**(b − 127) (decode), exact float32; NaN for 0xFF.
+_POW2_NEG = np.append(np.ldexp(np.float32(1), 127 - np.arange(255)).astype(np.float32), np.float32(np.nan))
+_POW2_POS = np.append(np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.float32), np.float32(np.nan))
+
+
+def _tile_amax(X: np.ndarray, BR: int, BC: int, nb: int, ignore_nan: bool) -> np.ndarray:
+    """Tile amax bits for 2-D tiles (BR > 1); a dummy for 1-D blocks, whose kernel fuses the amax."""
+    if BR == 1:
+        return np.zeros((1, 1), np.uint32)
+    tmax = np.empty((-(-X.shape[0] // BR), nb), np.uint32)
+    SK.tile_absmax_bits(X, BR, BC, ignore_nan, tmax)
+    return tmax
+
+
 def quantize(
     x: np.typing.ArrayLike,
     scheme: str | BlockScheme = "nvfp4",
@@ -552,6 +566,15 @@ def quantize(
         inv_t = one / np.float32(el.max)
         inv_t46 = one / np.float32(4.0)
         fos = 0 if not sch.four_over_six else (2 if sch.four_over_six_metric == "mse" else 1)
+        if not sr and fos == 0:
+            SK.quantize_two_level_rne(
+                X, BR, BC, s_enc, s_dec, inv_t, np.float32(sc.max), _encode_lut(sc, Rounding.RNE.kernel_id, True),
+                21 - sc.mbits, sc.decode_table(), lut, shift, ignore_nan, packed,
+                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales,
+            )
+            amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
+            data = out.reshape(moved[:-1] + (out.shape[1],))
+            return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), amax, sch, shape, dtype, ax)
         SK.quantize_two_level(
             X,
             BR,
@@ -581,6 +604,14 @@ def quantize(
         amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
     elif kind is _Kind.POW2:
         scales = np.empty((R, nb), np.uint8)
+        if not sr:
+            SK.quantize_mx_rne(
+                X, BR, BC, sch.scale_rule.kernel_id, el.emax, el.mbits, np.float32(1.0) / np.float32(el.max),
+                sch.scale.kernel_params(), lut, shift, el.nan_code, ignore_nan, packed,
+                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales,
+            )
+            data = out.reshape(moved[:-1] + (out.shape[1],))
+            return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), np.array(nan32), sch, shape, dtype, ax)
         SK.quantize_mx(
             X,
             BR,
@@ -639,9 +670,9 @@ def dequantize(qt: QuantizedTensor) -> np.ndarray:
         amax = np.asarray(qt.amax, np.float32)
         amax_rows = amax.reshape(R) if sch.per_row_scale else np.broadcast_to(amax.reshape(()), (R,))
         _, s_dec = _s_enc_dec(sch, amax_rows)
-        SK.dequantize_two_level(codes, scales, BC, s_dec, el.decode_table(), sch.scale.decode_table(), packed, out)
+        SK.dequantize_two_level_fast(codes, scales, BC, s_dec, el.decode_table(), sch.scale.decode_table(), packed, out)
     elif kind is _Kind.POW2:
-        SK.dequantize_mx(codes, scales, BC, el.decode_table(), packed, out)
+        SK.dequantize_mx_fast(codes, scales, BC, el.decode_table(), _POW2_POS, packed, out)
     else:
         SK.dequantize_fp32_scaled(codes, scales, BC, el.decode_table(), out)
     return np.moveaxis(out.reshape(moved), -1, qt.axis)
