@@ -12,6 +12,7 @@ test-slow:
 
 bench:
 	$(PYTHON) studies/bench_codecs.py --out reports/bench_codecs.md
+	$(PYTHON) studies/bench_scaling.py --out reports/bench_scaling.md
 
 reports: bench
 
