@@ -12,13 +12,21 @@ and of block-scaled tensors (:mod:`fpsim.scaling`, SPEC §4–§6)::
     quantize(x, "nvfp4" | "mxfp4" | ... | BlockScheme, axis=-1, block=, rounding=, seed=) -> QuantizedTensor
     dequantize(q);  fake_quantize(x, scheme);  swizzle_scales / unswizzle_scales
 
+and of transforms, GEMMs and the training recipe (SPEC §7–§8)::
+
+    rht(x, d=16, signs="recipe", axis=-1)            # random Hadamard transform
+    gemm(qa, qb, accumulator="fp32") -> A · Bᵀ         # block-scaled GEMM emulation
+    linear(x, w, dy, recipe="nvfp4_paper") -> LinearResult;  get_recipe / RECIPES / Recipe
+
 Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in SPEC.md.
 """
 
 from .codecs import Rounding, decode, encode
 from .formats import ALIASES, FORMATS, FormatSpec, NanStyle, get_format
+from .gemm import gemm
 from .packing import from_ml_dtypes, pack_fp4, to_ml_dtypes, unpack_fp4
 from .random import random_bits
+from .recipe import RECIPES, LinearResult, Recipe, get_recipe, linear
 from .scaling import (
     SCHEMES,
     BlockScheme,
@@ -33,6 +41,7 @@ from .scaling import (
     swizzle_scales,
     unswizzle_scales,
 )
+from .transforms import rht
 
 __version__ = "0.1.0"
 
@@ -63,4 +72,12 @@ __all__ = [
     "save_quantized",
     "swizzle_scales",
     "unswizzle_scales",
+    # transforms, GEMM, recipe (fpsim.transforms, fpsim.gemm, fpsim.recipe)
+    "rht",
+    "gemm",
+    "RECIPES",
+    "Recipe",
+    "LinearResult",
+    "get_recipe",
+    "linear",
 ]
