@@ -13,6 +13,7 @@ test-slow:
 bench:
 	$(PYTHON) studies/bench_codecs.py --out reports/bench_codecs.md
 	$(PYTHON) studies/bench_scaling.py --out reports/bench_scaling.md
+	$(PYTHON) studies/bench_gemm.py --out reports/bench_gemm.md
 
 reports: bench
 

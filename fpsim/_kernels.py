@@ -18,6 +18,8 @@ This module is private: :mod:`fpsim.codecs` is the public API.
 from __future__ import annotations
 
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from ._jit import njit, pjit, prange
 
@@ -27,6 +29,31 @@ RNE, RTZ, RUP, RDOWN, RNA, SR = 0, 1, 2, 3, 4, 5
 # 2**e as float64 for e in [-_P2, _P2): exact powers of two without a libm call.
 _P2 = 320
 _POW2 = np.ldexp(1.0, np.arange(-_P2, _P2))
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """Bit pattern (uint32) of a float32 scalar: a register bitcast, no memory round trip."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def bits_f32(typingctx, u):
+    """float32 scalar with bit pattern ``u`` (any integer type; its low 32 bits are used)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        low = builder.trunc(args[0], context.get_value_type(types.uint32)) if u.bitwidth > 32 else args[0]
+        return builder.bitcast(low, context.get_value_type(types.float32))
+
+    return types.float32(u), codegen
 
 
 @njit

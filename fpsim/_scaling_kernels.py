@@ -14,11 +14,9 @@ so LLVM emits exactly one IEEE binary32 operation per ``*`` or ``/``.
 from __future__ import annotations
 
 import numpy as np
-from numba import types
-from numba.extending import intrinsic
 
 from ._jit import njit, pjit, prange
-from ._kernels import RNE, RUP, _split, encode_one, encode_one_sr, philox4x32_10, stream_value
+from ._kernels import RNE, RUP, _split, bits_f32, encode_one, encode_one_sr, f32_bits, philox4x32_10, stream_value
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 _ABS = np.uint32(0x7FFFFFFF)
@@ -32,31 +30,6 @@ _POW2 = np.ldexp(1.0, np.arange(-_P2, _P2))
 
 # Scale-rule integers (fpsim.scaling.ScaleRule).
 FLOOR, CEIL, EVEN, RCEIL = 0, 1, 2, 3
-
-
-@intrinsic
-def f32_bits(typingctx, x):
-    """Bit pattern (uint32) of a float32 scalar: a register bitcast, no memory round trip."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint32))
-
-    return types.uint32(types.float32), codegen
-
-
-@intrinsic
-def bits_f32(typingctx, u):
-    """float32 scalar with bit pattern ``u`` (any integer type; its low 32 bits are used)."""
-    if not isinstance(u, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        low = builder.trunc(args[0], context.get_value_type(types.uint32)) if u.bitwidth > 32 else args[0]
-        return builder.bitcast(low, context.get_value_type(types.float32))
-
-    return types.float32(u), codegen
 
 
 @njit(inline="always")

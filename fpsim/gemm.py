@@ -156,37 +156,49 @@ def _alpha(a: Operand, b: Operand) -> np.ndarray:
 
 
 @pjit
-def _gemm_blocked(ea, eb, sa, sb, chunk, mode, acc_bits, out32, out64):
-    """Ascending-chunk block-scaled GEMM (mode 0 = fp32, 1 = exact float64, 2 = truncated accumulator)."""
+def _gemm_blocked(ea, ebt, sa, sbt, chunk, mode, acc_bits, out32, out64):
+    """Ascending-chunk block-scaled GEMM (mode 0 = fp32, 1 = exact float64, 2 = truncated accumulator).
+
+    ``ebt`` is B's element values transposed (K × N) and ``sbt`` its chunk
+    scales (chunks × N), so the innermost loops run contiguously over N and
+    vectorise; the arithmetic per output element is exactly the ascending
+    per-chunk sequence of the module docstring.
+    """
     m, kp = ea.shape
-    n = eb.shape[0]
+    n = ebt.shape[1]
     nch = kp // chunk
     keep = np.uint32(0xFFFFFFFF) << np.uint32(23 - acc_bits) if mode == 2 else np.uint32(0xFFFFFFFF)
     for i in prange(m):
-        for j in range(n):
-            acc32 = np.float32(0.0)
-            acc64 = 0.0
-            for c in range(nch):
-                p = 0.0
-                for t in range(c * chunk, c * chunk + chunk):
-                    p += np.float64(ea[i, t]) * np.float64(eb[j, t])
-                if mode == 1:
-                    acc64 += (np.float64(sa[i, c]) * np.float64(sb[j, c])) * p
-                else:
-                    term = (sa[i, c] * sb[j, c]) * np.float32(p)
-                    if mode == 0:
-                        acc32 = acc32 + term
-                    else:
-                        s = np.float64(acc32) + np.float64(term)  # exact: two float32 values
-                        r = np.float32(s)
-                        u = f32_bits(r)
-                        if abs(np.float64(r)) > abs(s):  # RNE went away from zero: step back (RTZ)
-                            u -= np.uint32(1)
-                        acc32 = bits_f32(u & keep)
+        p = np.empty(n, np.float64)
+        acc32 = np.zeros(n, np.float32)
+        acc64 = np.zeros(n, np.float64)
+        for c in range(nch):
+            p[:] = 0.0
+            for t in range(c * chunk, c * chunk + chunk):
+                a = np.float64(ea[i, t])
+                if a != 0.0:
+                    for j in range(n):
+                        p[j] += a * np.float64(ebt[t, j])
+            s_a = sa[i, c]
             if mode == 1:
-                out64[i, j] = acc64
+                for j in range(n):
+                    acc64[j] += (np.float64(s_a) * np.float64(sbt[c, j])) * p[j]
+            elif mode == 0:
+                for j in range(n):
+                    acc32[j] = acc32[j] + (s_a * sbt[c, j]) * np.float32(p[j])
             else:
-                out32[i, j] = acc32
+                for j in range(n):
+                    term = (s_a * sbt[c, j]) * np.float32(p[j])
+                    s = np.float64(acc32[j]) + np.float64(term)  # exact: two float32 values
+                    r = np.float32(s)
+                    u = f32_bits(r)
+                    if abs(np.float64(r)) > abs(s):  # RNE went away from zero: step back (RTZ)
+                        u -= np.uint32(1)
+                    acc32[j] = bits_f32(u & keep)
+        if mode == 1:
+            out64[i, :] = acc64
+        else:
+            out32[i, :] = acc32
 
 
 def gemm(
@@ -243,12 +255,12 @@ def gemm(
 
     ea = np.zeros((m, kp), np.float32)
     ea[:, :k] = a.values
-    eb = np.zeros((n, kp), np.float32)
-    eb[:, :k] = b.values
+    ebt = np.zeros((kp, n), np.float32)
+    ebt[:k, :] = b.values.T
     mode = {"fp32": 0, "exact": 1, "truncated": 2}[accumulator]
     out32 = np.empty((m, n) if mode != 1 else (1, 1), np.float32)
     out64 = np.empty((m, n) if mode == 1 else (1, 1), np.float64)
-    _gemm_blocked(ea, eb, sa, sb, chunk, mode, int(acc_bits), out32, out64)
+    _gemm_blocked(ea, ebt, sa, np.ascontiguousarray(sb.T), chunk, mode, int(acc_bits), out32, out64)
     with np.errstate(all="ignore"):
         if accumulator == "exact":
             s_dec = a.s_dec[:, None].astype(np.float64) * b.s_dec[None, :].astype(np.float64)

@@ -23,6 +23,7 @@ import numpy as np
 
 from ._arrays import as_float32
 from ._jit import njit, pjit, prange
+from ._kernels import bits_f32, f32_bits
 from .random import random_bits
 
 __all__ = ["RECIPE_SIGNS", "sign_vector", "derive_seed", "rht", "hadamard_matrix"]
@@ -84,45 +85,45 @@ def hadamard_matrix(d: int, signs: str | int | np.ndarray | None = "recipe") -> 
 
 
 @njit
-def _bf16_round(bits):
-    """float32 bits → bits of the nearest BF16 value (RNE; NaN → canonical quiet NaN; inf kept)."""
-    a = bits & np.uint32(0x7FFFFFFF)
-    if a > np.uint32(0x7F800000):
-        return np.uint32(0x7FC00000)
+def _bf16_round(v):
+    """float32 → nearest BF16 value as float32 (RNE; NaN → canonical quiet NaN; inf kept)."""
+    bits = f32_bits(v)
+    if bits & np.uint32(0x7FFFFFFF) > np.uint32(0x7F800000):
+        return bits_f32(np.uint32(0x7FC00000))
     r = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return r & np.uint32(0xFFFF0000)
+    return bits_f32(r & np.uint32(0xFFFF0000))
 
 
 @pjit
-def _rht_rows(src, dst, dst_bits, signs, d, scale, bf16_in, bf16_out, inverse):
-    """Transform every d-tile of every row of ``src`` (2-D, float32) into ``dst``."""
+def _rht_rows(src, dst, signs, d, scale, bf16_in, bf16_out, inverse):
+    """Transform every d-tile of every row of ``src`` (2-D, float32) into ``dst``.
+
+    Each tile goes through a local buffer: the butterflies then touch no
+    aliased array, which lets LLVM keep the tile in registers.
+    """
     rows, n = src.shape
-    src_bits = src.view(np.uint32)
     for i in prange(rows):
+        buf = np.empty(d, np.float32)
         for t0 in range(0, n, d):
             for j in range(d):
+                v = src[i, t0 + j]
                 if bf16_in:
-                    dst_bits[i, t0 + j] = _bf16_round(src_bits[i, t0 + j])
-                else:
-                    dst[i, t0 + j] = src[i, t0 + j]
-                if not inverse:
-                    dst[i, t0 + j] *= signs[j]
+                    v = _bf16_round(v)
+                buf[j] = v if inverse else v * signs[j]
             h = 1
             while h < d:
-                for k in range(t0, t0 + d, 2 * h):
+                for k in range(0, d, 2 * h):
                     for j in range(k, k + h):
-                        a = dst[i, j]
-                        b = dst[i, j + h]
-                        dst[i, j] = a + b
-                        dst[i, j + h] = a - b
+                        a = buf[j]
+                        b = buf[j + h]
+                        buf[j] = a + b
+                        buf[j + h] = a - b
                 h *= 2
             for j in range(d):
-                v = dst[i, t0 + j] * scale
+                v = buf[j] * scale
                 if inverse:
                     v *= signs[j]
-                dst[i, t0 + j] = v
-                if bf16_out:
-                    dst_bits[i, t0 + j] = _bf16_round(dst_bits[i, t0 + j])
+                dst[i, t0 + j] = _bf16_round(v) if bf16_out else v
 
 
 def rht(
@@ -175,5 +176,5 @@ def rht(
     dst = np.empty_like(src)
     if src.size:
         scale = np.float32(1.0 / np.sqrt(d))
-        _rht_rows(src, dst, dst.view(np.uint32), s, d, scale, bool(bf16_in), bool(bf16_out), bool(inverse))
+        _rht_rows(src, dst, s, d, scale, bool(bf16_in), bool(bf16_out), bool(inverse))
     return np.ascontiguousarray(np.moveaxis(dst.reshape(moved.shape), -1, axis))
