@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from .formats_cmd import formats
+from .oracle_cmds import diff, explain, vectors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +22,9 @@ def main() -> None:
 
 
 main.add_command(formats)
+main.add_command(explain)
+main.add_command(diff)
+main.add_command(vectors)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -38,7 +38,7 @@ import numpy as np
 from ._arrays import as_float32
 from .codecs import Rounding, decode, encode
 from .formats import FormatSpec, get_format
-from .packing import pack_fp4, unpack_fp4
+from .packing import unpack_fp4
 from .scaling import (
     BlockScheme,
     ScaleRule,
@@ -613,8 +613,9 @@ class DiffReport:
             lines.append("")
             lines.append(f"{'block':<14} {'vmax (hex)':<12} {'ours':>6} {'cand':>6}  cause")
             for m in self.scale_mismatches:
-                lines.append(f"{str(tuple(m['block'])):<14} {m['vmax_hex']:<12} {m['ours_hex']:>6} {m['candidate_hex']:>6}"
-                             f"  {m['cause']}" + (f" ({m['detail']})" if m.get("detail") else ""))
+                lines.append(f"{str(tuple(m['block'])):<14} {m['vmax_hex']:<12} {m['ours_hex']:>6} "
+                             f"{m['candidate_hex']:>6}  {m['cause']}"
+                             + (f" ({m['detail']})" if m.get("detail") else ""))
         if self.code_mismatches:
             lines.append("")
             lines.append(f"{'index':<14} {'x':>14} {'x (hex)':<11} {'scaled (hex)':<12} {'ours':>5} {'cand':>5}  cause")
@@ -1026,10 +1027,11 @@ def vector_cases(scheme="nvfp4") -> list[tuple[str, np.ndarray, dict]]:
     two = sch.kind is _Kind.TWO_LEVEL and sch.tensor_scale
     A = F32(el.max) * F32(sch.scale.max) if two else F32(M)  # an anchor block amax: S_enc = 1 for NVFP4
     A = float(A)
+    Z = float(sch.scale.max) if two else M
     cases: list[tuple[str, list | np.ndarray, dict]] = [
         ("zero tensor", [b()], {}),
         ("negative zero", [[-0.0] * BC], {}),
-        ("zero block inside a tensor", [b() + b(A, M, -M)], {}),
+        ("zero block inside a tensor", [b() + b(A, Z, -Z)], {}),
     ]
     vals = [float(v) for v in el.values()]
     mids = [(a + c) / 2 for a, c in zip(vals[:-1], vals[1:])]

@@ -1,0 +1,299 @@
+"""``fpsim explain``, ``fpsim diff``, ``fpsim vectors``: fpsim as a reference oracle (see docs/oracle.md).
+
+Results on stdout, one-line messages on stderr, never a traceback.  Exit codes:
+
+* ``explain`` / ``vectors``: 0 ok; 1 the input file could not be used; 2 usage
+  (unknown format or scheme, unparsable value, bad option);
+* ``diff``: 0 identical; 1 different; 2 usage or unusable input (missing or
+  pickled file, wrong key names, wrong shapes).
+
+JSON output never holds bare ``NaN``: non-finite floats are written as the
+strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import click
+import numpy as np
+
+
+def _fail(msg: str, code: int) -> None:
+    click.echo(f"Error: {msg}", err=True)
+    click.get_current_context().exit(code)
+
+
+def _parse_value(s: str) -> np.float32:
+    """A decimal / 'nan' / 'inf' value, or 0x… float32 bits."""
+    t = s.strip().lower()
+    if t.startswith(("0x", "-0x", "+0x")) and not any(ch in t for ch in ".p"):
+        bits = int(t, 16)
+        if not 0 <= bits < 1 << 32:
+            raise ValueError(f"{s!r}: float32 bits must be 0x00000000..0xFFFFFFFF")
+        return np.float32(struct.unpack("<f", struct.pack("<I", bits))[0])
+    if t.startswith(("0x", "-0x", "+0x")):
+        return np.float32(float.fromhex(t))
+    return np.float32(float(t))
+
+
+def _dump_json(obj) -> None:
+    from fpsim.oracle import jsonable
+
+    click.echo(json.dumps(jsonable(obj), indent=2, allow_nan=False))
+
+
+def _g(v) -> str:
+    return f"{v:.9g}" if isinstance(v, float) else str(v)
+
+
+def _print_value(d: dict) -> None:
+    def f32line(label, f):
+        ue = f["unbiased_exponent"]
+        exp = f"exponent field {f['exponent_field']}" + (f" (2^{ue})" if ue is not None else "")
+        click.echo(f"{label:<9} {_g(f['value']):<16} float32 {f['hex']}  sign {f['sign']}  {exp}  "
+                   f"mantissa {f['mantissa_field']}  {f['class']}")
+
+    click.echo(f"format    {d['format']}  rounding {d['rounding']}  saturate {d['saturate']}")
+    f32line("input", d["input"])
+    if "scale" in d:
+        f32line("scale", d["scale"])
+        f32line("scaled", d["scaled"])
+    for k in ("below", "above"):
+        p = d[k]
+        if p is not None:
+            code = f"code {p['hex']}" if p["code"] is not None else p.get("note", "")
+            click.echo(f"{k:<9} {_g(p['value']):<16} {code}")
+    if d["position"]:
+        p = d["position"]
+        click.echo(f"position  {_g(p['fraction_of_step'])} of the step  (round bit {p['round_bit']}, "
+                   f"sticky bits {'≠ 0' if p['sticky'] else '0'})")
+    click.echo(f"rule      {d['rule']}")
+    for n in d["notes"]:
+        click.echo(f"          {n}")
+    r = d["result"]
+    click.echo(f"result    code {r['hex']} = 0b{r['binary']}  → {_g(r['value'])}")
+
+
+def _print_block(d: dict) -> None:
+    click.echo(f"scheme {d['scheme']}  block {tuple(d['block']) if d['block'] else 'tensor'}")
+    click.echo(f"{'step':<22} {'value':<18} {'hex':<11} formula")
+    for s in d["steps"]:
+        click.echo(f"{s['name']:<22} {_g(s['value']):<18} {s['hex']:<11} {s['formula']}")
+    click.echo(f"elements: scaled = {d['element_formula']}; decoded = {d['decode_formula']}")
+    click.echo(f"{'i':>3} {'x':>15} {'x hex':<11} {'scaled':>15} {'scaled hex':<11} {'code':<5} {'bits':<12} decoded")
+    for e in d["elements"]:
+        click.echo(f"{e['index']:>3} {_g(e['x']):>15} {e['x_hex']:<11} {_g(e['scaled']):>15} {e['scaled_hex']:<11} "
+                   f"{e['code_hex']:<5} {e['code_binary']:<12} {_g(e['decoded'])}")
+    click.echo(f"agrees with fpsim.quantize: {'yes' if d['agrees_with_quantize'] else 'NO (please report)'}")
+
+
+def _pick(arrays: dict, name: str | None, path: str, defaults=("x", "input")) -> np.ndarray:
+    if name:
+        if name not in arrays:
+            raise ValueError(f"{path}: no array {name!r} (has: {', '.join(sorted(arrays)) or 'none'})")
+        return arrays[name]
+    if len(arrays) == 1:
+        return next(iter(arrays.values()))
+    for k in defaults:
+        if k in arrays:
+            return arrays[k]
+    raise ValueError(f"{path}: several arrays ({', '.join(sorted(arrays))}); name one as FILE:NAME")
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    """FILE or FILE:NAME (a path that exists as given wins)."""
+    if Path(ref).is_file() or ":" not in ref:
+        return ref, None
+    f, n = ref.rsplit(":", 1)
+    return f, n or None
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("value", required=False)
+@click.option("--format", "fmt", default=None, help="Element format of VALUE (e2m1, e4m3, e8m0, …).")
+@click.option("--scale", default=None, help="Multiplier applied before encoding: the code is of fl(VALUE·scale).")
+@click.option("--rounding", default="rne", show_default=True, help="rne, rtz, rup, rdown or rna.")
+@click.option("--no-saturate", is_flag=True, help="__NV_NOSAT: overflow to inf/NaN instead of ±max.")
+@click.option("--block", "block_ref", default=None, metavar="FILE:NAME:IDX",
+              help="Explain block IDX (flat, or ROW,BLOCK) of array NAME in a .npz/.npy/.safetensors file.")
+@click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme for --block.")
+@click.option("--axis", default=-1, show_default=True, help="Quantized axis for --block.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (non-finite floats as strings).")
+def explain(value, fmt, scale, rounding, no_saturate, block_ref, scheme, axis, as_json) -> None:
+    """Explain one conversion (VALUE --format F) or one block (--block FILE:NAME:IDX --scheme S), step by step.
+
+    VALUE is a decimal, nan, inf, or 0x… float32 bits (e.g. 0x3F400000).
+    """
+    from fpsim.oracle import explain_block, explain_value, load_arrays
+
+    if block_ref is not None:
+        if value is not None:
+            _fail("give either VALUE or --block, not both", 2)
+        from fpsim.scaling import get_scheme
+
+        try:
+            sch = get_scheme(scheme)
+        except ValueError as e:
+            _fail(str(e), 2)
+        parts = block_ref.rsplit(":", 2)
+        if len(parts) != 3:
+            _fail(f"--block needs FILE:NAME:IDX, got {block_ref!r}", 2)
+        path, name, idx = parts
+        try:
+            arr = _pick(load_arrays(path), name or None, path)
+            x = np.asarray(arr)
+            if x.dtype.kind not in "fiu" or x.ndim == 0:
+                raise ValueError(f"{path}:{name}: need a real array with at least one axis, got {x.dtype} {x.shape}")
+            x = x.astype(np.float32)
+            if sch.block is None or sch.block[0] != 1:
+                raise ValueError(f"--block explains 1-D blocks; {sch.name} has block {sch.block}")
+            if not -x.ndim <= axis < x.ndim:
+                raise ValueError(f"axis {axis} out of range for shape {x.shape}")
+            X = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+            R, C = X.shape
+            BC = sch.block[1]
+            nb = -(-C // BC)
+            try:
+                r, j = divmod(int(idx), nb) if "," not in idx else (int(s) for s in idx.split(","))
+            except ValueError:
+                raise ValueError(f"block index {idx!r}: use an integer or ROW,BLOCK") from None
+            if not (0 <= r < R and 0 <= j < nb):
+                raise ValueError(f"block ({r}, {j}) out of range: {R} rows × {nb} blocks")
+            with np.errstate(all="ignore"):
+                amax = np.float32(np.max(np.abs(x))) if x.size else np.float32(0)
+            d = explain_block(X[r, j * BC : (j + 1) * BC], sch, tensor_amax=amax if sch.tensor_scale else None)
+        except ValueError as e:
+            _fail(str(e), 1)
+        d["block_index"] = [r, j]
+        _dump_json(d) if as_json else _print_block(d)
+        return
+    if value is None:
+        _fail("give VALUE (with --format) or --block FILE:NAME:IDX", 2)
+    if fmt is None:
+        _fail("explain VALUE needs --format (e.g. --format e2m1)", 2)
+    try:
+        v = _parse_value(value)
+        s = None if scale is None else _parse_value(scale)
+    except ValueError:
+        _fail(f"cannot read {value if scale is None else scale!r} as a number (decimal, nan, inf or 0x… bits)", 2)
+    try:
+        d = explain_value(v, fmt, rounding=rounding, saturate=not no_saturate, scale=s)
+    except ValueError as e:
+        _fail(str(e), 2)
+    _dump_json(d) if as_json else _print_value(d)
+
+
+def _read_raw(path: str, dtype, what: str) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{path}: no such file ({what})")
+    raw = p.read_bytes()
+    dt = np.dtype(dtype).newbyteorder("<")
+    if len(raw) % dt.itemsize:
+        raise ValueError(f"{path}: {len(raw)} bytes is not a whole number of {np.dtype(dtype).name} values")
+    return np.frombuffer(raw, dt).astype(np.dtype(dtype))
+
+
+@click.command()
+@click.argument("candidate", required=False)
+@click.option("--input", "input_ref", default=None, metavar="FILE[:NAME]",
+              help="The input both sides quantized (.npz/.npy/.safetensors; default key x or input).")
+@click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme (nvfp4, mxfp4, mxfp8_e4m3, …).")
+@click.option("--axis", default=-1, show_default=True, help="The quantized axis.")
+@click.option("--show", default=10, show_default=True, help="How many mismatches of each kind to list.")
+@click.option("--format", "out_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--raw-codes", default=None, metavar="FILE.bin", help="Raw candidate code bytes (instead of CANDIDATE).")
+@click.option("--raw-scales", default=None, metavar="FILE.bin", help="Raw candidate scale bytes (little-endian).")
+@click.option("--shape", default=None, help="Shape of the raw codes, e.g. 4,32 (default: rows of the input).")
+@click.option("--swizzled", is_flag=True, help="Candidate scales are in the Blackwell swizzled layout.")
+@click.option("--unpacked", is_flag=True, help="4-bit candidate codes are one per byte (not two).")
+def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_scales, shape, swizzled, unpacked):
+    """Compare a kernel's codes and scales with fpsim's; exit 0 identical, 1 different, 2 bad input.
+
+    CANDIDATE is a .npz or .safetensors file with the keys ``codes`` (uint8,
+    quantized axis last, 4-bit codes packed two per byte, element 2j in the low
+    nibble), ``scales`` (raw scale bytes [rows, blocks]; float32 for FP32
+    scales) and optionally ``amax`` (float32); or give --raw-codes and
+    --raw-scales.
+    """
+    from fpsim.oracle import diff as run_diff
+    from fpsim.oracle import load_arrays
+    from fpsim.scaling import get_scheme
+
+    try:
+        sch = get_scheme(scheme)
+    except ValueError as e:
+        _fail(str(e), 2)
+    if input_ref is None:
+        _fail("--input FILE[:NAME] is required", 2)
+    raw = raw_codes is not None or raw_scales is not None
+    if raw and candidate is not None:
+        _fail("give CANDIDATE or --raw-codes/--raw-scales, not both", 2)
+    if not raw and candidate is None:
+        _fail("give CANDIDATE (.npz/.safetensors with codes, scales[, amax]) or --raw-codes and --raw-scales", 2)
+    if raw and (raw_codes is None or raw_scales is None):
+        _fail("--raw-codes and --raw-scales go together", 2)
+    try:
+        path, name = _split_ref(input_ref)
+        x = _pick(load_arrays(path), name, path)
+        if x.dtype.kind not in "fiu":
+            raise ValueError(f"{input_ref}: input must be real numbers, got dtype {x.dtype}")
+        amax = None
+        if raw:
+            codes = _read_raw(raw_codes, np.uint8, "codes")
+            if shape:
+                try:
+                    shp = tuple(int(s) for s in shape.replace("x", ",").split(",") if s.strip())
+                except ValueError:
+                    raise ValueError(f"--shape {shape!r}: use integers like 4,32") from None
+                if int(np.prod(shp)) != codes.size:
+                    raise ValueError(f"--shape {shape} holds {int(np.prod(shp))} values; {raw_codes} has {codes.size}")
+                codes = codes.reshape(shp)
+            sdt = np.float32 if sch.scale is not None and sch.scale.bits == 32 else np.uint8
+            scales = _read_raw(raw_scales, sdt, "scales")
+        else:
+            arrays = load_arrays(candidate)
+            missing = [k for k in ("codes", "scales") if k not in arrays]
+            if missing:
+                raise ValueError(f"{candidate}: missing key(s) {', '.join(missing)} (has: "
+                                 f"{', '.join(sorted(arrays)) or 'none'}; expected codes, scales[, amax])")
+            codes, scales, amax = arrays["codes"], arrays["scales"], arrays.get("amax")
+        rep = run_diff(codes, scales, x, sch, axis=axis, candidate_amax=amax, packed=not unpacked,
+                       swizzled=swizzled, show=max(show, 0))
+    except (ValueError, TypeError) as e:
+        _fail(str(e).splitlines()[0], 2)
+    if out_format == "json":
+        click.echo(json.dumps(rep.to_dict(), indent=2, allow_nan=False))
+    else:
+        click.echo(rep.format_table())
+    click.get_current_context().exit(0 if rep.identical else 1)
+
+
+@click.command()
+@click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme (nvfp4, mxfp4, mxfp8_e4m3, …).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+def vectors(scheme, out_dir) -> None:
+    """Write golden test vectors (inputs, codes, scales, amax, decoded) of named edge cases.
+
+    OUT/vectors.npz, OUT/bin/<case>.<field>.bin (raw little-endian) and
+    OUT/manifest.json (dtype, shape, sha256 per file) — see docs/oracle.md.
+    """
+    from fpsim.oracle import write_vectors
+    from fpsim.scaling import get_scheme
+
+    try:
+        sch = get_scheme(scheme)
+    except ValueError as e:
+        _fail(str(e), 2)
+    try:
+        m = write_vectors(sch, out_dir)
+    except ValueError as e:
+        _fail(str(e), 2)
+    except OSError as e:
+        _fail(f"{out_dir}: cannot write ({e.strerror or e})", 1)
+    for c in m["cases"]:
+        click.echo(f"{c['slug']:<48} {c['name']}")
+    click.echo(f"wrote {len(m['cases'])} cases of {sch.name} to {out_dir} (manifest.json, vectors.npz, bin/)")
