@@ -533,6 +533,8 @@ CAUSES: dict[str, str] = {
     "in the low nibble)",
     "swizzled scale layout": "the candidate's scales are ours in the Blackwell swizzled layout (or the plain "
     "layout where swizzled was declared)",
+    "zero-scale block": "the block scale is 0 and the candidate did not cap enc_b = 1/0 at FLT_MAX: "
+    "0·inf = NaN gives the NaN code (SPEC §4: enc_b = min(fl(1/…), FLT_MAX))",
     "rounding mode": "the candidate's code is the one of another rounding mode (truncation, directed rounding)",
     "saturation": "the candidate does not saturate (gives inf/NaN where fpsim gives ±max)",
     "other": "no known pattern; look at the input bits and both codes",
@@ -921,6 +923,9 @@ def diff(
                 yc = F32(xv * cand_enc[r, j])
             if int(encode(np.array([yc], np.float32), el)[0]) == kc:
                 cause, detail = scale_cause[r, j] or "other", "element follows its block scale"
+        if (cause == "other" and kind is _Kind.TWO_LEVEL and not s_bad[r, j] and xv == 0
+                and sch.scale.decode_table()[ours_s[r, j]] == 0 and kc == el.nan_code):
+            cause = "zero-scale block"
         if cause == "other" and not s_bad[r, j] and np.isfinite(y):
             if abs(float(y)) in mids:
                 cause = "tie rounding"

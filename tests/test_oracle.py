@@ -171,6 +171,18 @@ def test_mx_scale_rule():
     assert rep.scale_mismatches[0]["detail"] == "candidate = floor rule, fpsim = rceil"
 
 
+def test_zero_scale_block_without_flt_max_cap():
+    x = np.array([G.blk(2688.0) + G.blk() + G.blk(1e-9)], np.float32)  # blocks 1 and 2 get scale 0
+    q = fpsim.quantize(x, "nvfp4")
+    assert list(q.scales[0]) == [0x7E, 0x00, 0x00]
+    with np.errstate(all="ignore"):
+        y = x * (F32(1) / F32(0))  # the defect: enc_b = 1/0 = inf, not capped at FLT_MAX
+    codes = fpsim.unpack_fp4(q.data)
+    codes[:, 16:] = fpsim.encode(y[:, 16:], "e2m1")  # 0·inf = NaN → 0x7; 1e-9·inf = inf → 0x7
+    rep = diff(fpsim.pack_fp4(codes), q.scales, x, "nvfp4")
+    assert rep.causes == {"zero-scale block": 31}  # the non-zero element: 1e-9·FLT_MAX also saturates to 6
+
+
 def test_truncating_kernel_is_a_rounding_mode():
     x = _rng_tensor(2, 32, seed=7)
     bad = fpsim.quantize(x, "mxfp8_e4m3", rounding="rtz")
