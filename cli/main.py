@@ -3,14 +3,16 @@
 Results go to stdout, messages to stderr.  Exit codes:
 
 * 0 — success;
-* 1 — the command ran but failed on its input (a one-line message says why);
-* 2 — usage error (unknown option or format name).
+* 1 — the command ran but failed on (part of) its input (a one-line message says why);
+* 2 — usage error (unknown option or format name, missing path);
+* 3 — ``fpsim analyze`` could analyse nothing.
 """
 
 from __future__ import annotations
 
 import click
 
+from .analyze_cmd import analyze
 from .formats_cmd import formats
 from .oracle_cmds import diff, explain, vectors
 
@@ -21,6 +23,7 @@ def main() -> None:
     """Bit-accurate model of NVFP4 / MX / FP8 training formats (SPEC.md conventions)."""
 
 
+main.add_command(analyze)
 main.add_command(formats)
 main.add_command(explain)
 main.add_command(diff)

@@ -442,6 +442,7 @@ def quantize(
     k: int | None = None,
     counter: int = 0,
     nan_amax: str = "propagate",
+    tensor_amax: float | None = None,
 ) -> QuantizedTensor:
     """Quantize a tensor with a block-scaled scheme (SPEC §4–§6).
 
@@ -464,6 +465,10 @@ def quantize(
         shape of ``x``.  Per-tensor FP8 and casts use :func:`fpsim.encode`'s flat stream.
     nan_amax
         ``"propagate"`` (default) or ``"ignore"`` NaNs in every amax (SPEC §9).
+    tensor_amax
+        Use this FP32 tensor amax instead of measuring it (schemes with a
+        per-tensor second level or per-tensor FP8 scale): quantizing a large
+        tensor chunk by chunk with its global amax gives the bits of quantizing it whole.
 
     Examples
     --------
@@ -512,9 +517,17 @@ def quantize(
     X = np.ascontiguousarray(np.moveaxis(x32, ax, -1)).reshape(R, C).view(np.uint32)
     row_bits = np.empty(R, np.uint32)
 
-    if sch.block is None:  # per-tensor FP32 scale (FP8 current scaling)
+    if tensor_amax is not None and not (sch.block is None or (sch.tensor_scale and not sch.per_row_scale)):
+        raise ValueError(f"tensor_amax applies to schemes with a per-tensor scale, not {sch.name}")
+
+    def measured_amax():
+        if tensor_amax is not None:
+            return np.array(np.float32(tensor_amax))
         SK.row_absmax_bits(X, ignore_nan, row_bits)
-        amax = _as_f32(_tensor_amax_bits(row_bits))
+        return _as_f32(_tensor_amax_bits(row_bits))
+
+    if sch.block is None:  # per-tensor FP32 scale (FP8 current scaling)
+        amax = measured_amax()
         d = SK.fp32_block_scale(np.float32(amax), np.float32(sch.element.max))
         with np.errstate(all="ignore"):
             y = x32 / d
@@ -552,11 +565,11 @@ def quantize(
         sc = sch.scale
         scales = np.empty((R, nb), np.uint8)
         if sch.tensor_scale:
-            SK.row_absmax_bits(X, ignore_nan, row_bits)
             if sch.per_row_scale:
+                SK.row_absmax_bits(X, ignore_nan, row_bits)
                 amax = _as_f32(row_bits).copy()
             else:
-                amax = _as_f32(_tensor_amax_bits(row_bits))
+                amax = measured_amax()
             amax_rows = np.broadcast_to(amax, (R,))
         else:
             amax = np.array(nan32)
