@@ -118,12 +118,14 @@ def _atomic_write(path: Path, text: str) -> None:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--formats", "schemes", default="nvfp4,mxfp4,mxfp8_e4m3,fp8_e4m3,bf16", show_default=True,
               help="Comma-separated schemes (see fpsim.scaling.SCHEMES).")
-@click.option("--recipe", default=None, help="Also quantize each tensor as the recipe's GEMM copies (e.g. nvfp4_paper).")
+@click.option("--recipe", default=None,
+              help="Also quantize each tensor as the recipe's GEMM copies (e.g. nvfp4_paper).")
 @click.option("--select", "select", multiple=True, help="Only tensors whose name matches this glob (repeatable).")
 @click.option("--role", "roles", multiple=True, metavar="GLOB=ROLE",
               help="Override the role guessed from names: weight, activation or gradient (repeatable).")
 @click.option("--axis", default=-1, show_default=True, help="Axis the blocks run along.")
-@click.option("--rht", "rht_d", default=0, show_default=True, help="Also analyse after a Hadamard transform of this size.")
+@click.option("--rht", "rht_d", default=0, show_default=True,
+              help="Also analyse after a Hadamard transform of this size.")
 @click.option("--seeds", default=4, show_default=True, help="SR draws for the gradient bias estimate (0 = off).")
 @click.option("--keep-frac", default=0.16, show_default=True,
               help="Fraction of highest-error tensors flagged to keep in BF16 (the paper keeps ≈ 16 %).")
@@ -193,7 +195,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
 
     results = _run(tasks, workers, scheduler, verbose, note)
     rows = []
-    for (source, name, _, _), (r, msg) in zip(tasks, results):
+    for (r, msg) in results:
         if msg:
             note(msg)
             failed += msg.startswith("error")

@@ -103,7 +103,8 @@ class _Acc:
         self.saturated += int((at_max & (np.abs(x) > np.abs(xq))).sum())
         if sch.kind is _Kind.TWO_LEVEL:
             sc = q.scales.reshape(-1)
-            self.small_scale += int(((sc & (sch.scale.magnitude_mask >> sch.scale.mbits << sch.scale.mbits)) == 0).sum())
+            exp_field = sch.scale.magnitude_mask & ~((1 << sch.scale.mbits) - 1)
+            self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
             self.blocks += sc.size
         if sch.block is not None and sch.block[0] == 1:
             bc = sch.block[1]

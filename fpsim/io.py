@@ -180,8 +180,12 @@ def _torch(path: Path) -> list[TensorRef]:
     for k, v in obj.items():
         if isinstance(v, torch.Tensor):
             t = v.detach()
-            arr_fn = (lambda t=t: t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy())
-            dt = np.dtype(np.float32) if t.dtype == torch.bfloat16 else np.dtype(str(t.numpy().dtype))
+            bf16 = t.dtype == torch.bfloat16  # numpy has no bfloat16: widen exactly to float32
+
+            def arr_fn(t=t, bf16=bf16):
+                return t.float().numpy() if bf16 else t.numpy()
+
+            dt = np.dtype(np.float32) if bf16 else np.dtype(str(t.numpy().dtype))
             refs.append(TensorRef(str(path), str(k), tuple(t.shape), dt, arr_fn))
     return refs
 
