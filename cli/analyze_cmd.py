@@ -78,7 +78,8 @@ def render(rows: list[dict], fmt: str, summary: dict) -> str:
         return df.to_csv(index=False, na_rep="nan")
     if fmt == "json":
         recs = [{k: _jsonable(v) for k, v in r.items()} for r in df.to_dict(orient="records")]
-        return json.dumps({"rows": recs, "summary": summary}, indent=1, allow_nan=False) + "\n"
+        summ = dict(summary, ranking=[[t, _jsonable(e)] for t, e in summary["ranking"]])
+        return json.dumps({"rows": recs, "summary": summ}, indent=1, allow_nan=False) + "\n"
     cols = [c for c in _SHOW] + ["keep_bf16"]
     view = df[cols].map(_fmt) if len(df) else df[cols]
     if fmt == "markdown":
@@ -228,9 +229,11 @@ def _run(tasks, workers, scheduler, verbose, note):
         except OSError as e:
             raise click.UsageError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
     if workers > 1 and len(tasks) > 1:
+        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=workers) as ex:
+        # spawn, not fork: a forked child inherits Numba's thread pool in an unusable state
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
             return list(ex.map(_task, *zip(*tasks)))
     out = []
     show = verbose or (sys.stderr.isatty() and len(tasks) > 1)

@@ -113,7 +113,7 @@ class _Acc:
             amax = a.max(axis=-1)
             amin = np.where(a > 0, a, np.inf).min(axis=-1)
             ok = (amax > 0) & np.isfinite(amin) & np.isfinite(amax)
-            self.dyn_sum += float(np.sum(np.log2(amax[ok] / amin[ok])))
+            self.dyn_sum += float(np.sum(np.log2(amax[ok].astype(np.float64) / amin[ok])))
             self.dyn_n += int(ok.sum())
 
 
@@ -228,7 +228,7 @@ def analyze_tensor(
             q = quantize(c, sch, **kw)
             xq = q.dequantize()
             acc.add(c, xq, q if sch.kind is not _Kind.CAST else None)
-            nbytes += q.data.nbytes + q.scales.nbytes
+            nbytes += q.data.nbytes + (q.scales.nbytes if sch.block is not None else 0)
         if amax is not None and sch.kind is not _Kind.CAST:
             nbytes += 4  # the one FP32 tensor amax / scale
         row = _row(acc, base, label, 8.0 * nbytes / x2d.size)

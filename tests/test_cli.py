@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
-from fpsim_cli.main import main
 
 import fpsim
+from fpsim_cli.main import main
 
 
 def test_formats_table_lists_every_format_with_its_values():

@@ -15,10 +15,10 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from fpsim_cli.main import main
 
 import fpsim
 from fpsim.oracle import diff, explain_block, explain_value, read_vectors, write_vectors
+from fpsim_cli.main import main
 from tests import scaling_golden as G
 
 F32 = np.float32

@@ -1,0 +1,246 @@
+"""`fpsim analyze`: the bundled example, output formats, every bad-input class, parallel and Dask paths."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from fpsim.analysis import analyze_tensor, guess_role
+from fpsim.io import InputError, open_tensors, write_safetensors
+from fpsim_cli.main import main
+
+EXAMPLE = Path(__file__).parents[1] / "studies" / "data" / "tinylm_capture.safetensors"
+FAST = ["--formats", "nvfp4,mxfp8_e4m3", "--seeds", "2"]
+
+
+def run(*args):
+    r = CliRunner().invoke(main, ["analyze", *map(str, args)])
+    assert "Traceback" not in r.output, r.output
+    return r
+
+
+def strict_json(text):
+    def bad(c):
+        raise ValueError(f"invalid JSON constant {c}")
+
+    return json.loads(text, parse_constant=bad)
+
+
+@pytest.fixture
+def good(tmp_path):
+    p = tmp_path / "good.safetensors"
+    rng = np.random.default_rng(0)
+    write_safetensors(p, {"l.weight": rng.standard_normal((32, 48)).astype(np.float32),
+                          "l.grad_output": (rng.standard_normal((64, 32)) * 1e-3).astype(ml_dtypes.bfloat16)})
+    return p
+
+
+def test_bundled_example_table():
+    r = run(EXAMPLE)
+    assert r.exit_code == 0, r.output
+    for layer in ("fc1", "fc2", "head"):
+        for kind in ("weight", "input", "grad_output"):
+            assert f"{layer}.{kind}" in r.output
+    assert "ranking by relative error under nvfp4" in r.output and "[keep BF16]" in r.output
+
+
+def test_json_is_valid_and_complete_as_a_subprocess(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "fpsim", "analyze", str(EXAMPLE), "--rht", "16", "--recipe",
+                        "nvfp4_paper", "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    d = strict_json(out.read_text())
+    schemes = {r["scheme"] for r in d["rows"]}
+    assert {"nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3", "bf16", "nvfp4+rht16", "nvfp4_paper:fprop_w",
+            "nvfp4_paper:wgrad_dy"} <= schemes
+    grads = [r for r in d["rows"] if r["role"] == "gradient" and r["scheme"] == "nvfp4"]
+    assert len(grads) == 3 and all(r["bias_sr"] is not None and r["bias_sr_ci95"] is not None for r in grads)
+    assert not list(tmp_path.glob(".*tmp"))  # atomic write leaves no temporary behind
+
+
+def test_csv_and_markdown_outputs(tmp_path, good):
+    out = tmp_path / "r.csv"
+    assert run(good, *FAST, "--output", out).exit_code == 0
+    df = pd.read_csv(out)
+    assert len(df) == 4 and set(df["scheme"]) == {"nvfp4", "mxfp8_e4m3"}
+    assert (df["sqnr_db"] > 10).all()
+    r = run(good, *FAST, "--format", "markdown")
+    assert r.output.startswith("| tensor |") and "**Ranking by relative error**" in r.output
+
+
+def test_metrics_match_a_direct_computation(good):
+    import fpsim
+
+    r = run(good, "--formats", "nvfp4", "--format", "json", "--seeds", "0")
+    row = next(x for x in strict_json(r.output)["rows"] if x["tensor"].endswith("l.weight"))
+    w = open_tensors([str(good)])[0].load()
+    xq = fpsim.quantize(np.asarray(w), "nvfp4").dequantize().astype(np.float64)
+    err = np.asarray(w, np.float64) - xq
+    assert math.isclose(row["mse"], float(np.mean(err**2)), rel_tol=1e-9)
+    assert math.isclose(row["sqnr_db"], 10 * math.log10(np.sum(np.asarray(w, np.float64) ** 2) / np.sum(err**2)),
+                        rel_tol=1e-9)
+    assert math.isclose(row["max_abs_error"], float(np.abs(err).max()), rel_tol=1e-12)
+
+
+def test_chunked_analysis_equals_whole_tensor():
+    x = np.random.default_rng(1).standard_normal((200, 96)).astype(np.float32)
+    x[:, 5] *= 40
+    whole = analyze_tensor("t.grad", x, seeds=2, rht_d=16)
+    chunked = analyze_tensor("t.grad", x, seeds=2, rht_d=16, chunk_bytes=96 * 4 * 16)
+    for a, b in zip(whole, chunked):
+        for k in a:
+            if isinstance(a[k], float) and math.isnan(a[k]):
+                assert math.isnan(b[k]), k
+            elif isinstance(a[k], float):
+                assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-15), (a["scheme"], k)
+            else:
+                assert a[k] == b[k], k
+
+
+# --- bad input, one class per test --------------------------------------------------------------
+
+
+def test_missing_path_is_a_usage_error(tmp_path):
+    r = run(tmp_path / "nope.npz")
+    assert r.exit_code == 2 and "no such file or directory" in r.output
+
+
+def test_not_a_tensor_file_and_unsupported_type(tmp_path):
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(os.urandom(100))
+    txt = tmp_path / "notes.txt"
+    txt.write_text("hello")
+    r = run(junk, txt)
+    assert r.exit_code == 3
+    assert "not an npz file" in r.output and "unsupported file type" in r.output
+
+
+def test_truncated_safetensors_keeps_the_other_results(tmp_path, good):
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(good.read_bytes()[:-100])
+    r = run(good, cut, *FAST)
+    assert r.exit_code == 1
+    assert "truncated" in r.output and "good.safetensors:l.weight" in r.output
+
+
+def test_corrupt_safetensors_header(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    body = b"{not json at all!!}"
+    bad.write_bytes(len(body).to_bytes(8, "little") + body)
+    r = run(bad)
+    assert r.exit_code == 3 and "corrupt safetensors header" in r.output
+
+
+def test_pickled_member_is_refused(tmp_path):
+    p = tmp_path / "pickled.npz"
+    np.savez(p, ok=np.ones((4, 16), np.float32), evil=np.array([{"a": 1}], dtype=object))
+    r = run(p, *FAST)
+    assert r.exit_code == 1 and "holds Python objects (a pickle); refusing" in r.output
+    assert "pickled.npz:ok" in r.output
+
+
+@pytest.mark.parametrize(
+    "arr,reason",
+    [
+        (np.array(["a", "b"]), "not a floating-point tensor"),
+        (np.arange(32, dtype=np.int32), "not a floating-point tensor"),
+        (np.ones(16, np.complex64), "not a floating-point tensor"),
+        (np.array(1.5, np.float32), "0-d tensor"),
+        (np.zeros((0, 16), np.float32), "empty tensor"),
+    ],
+)
+def test_tensors_skipped_by_design_are_noted(tmp_path, arr, reason):
+    p = tmp_path / "t.npz"
+    np.savez(p, odd=arr, fine=np.ones((2, 16), np.float32))
+    r = run(p, *FAST)
+    assert r.exit_code == 0 and "skip: t.npz:odd" in r.output and reason in r.output
+
+
+def test_only_skipped_tensors_means_nothing_analysed(tmp_path):
+    p = tmp_path / "t.npz"
+    np.savez(p, s=np.array(["x"]))
+    assert run(p).exit_code == 3
+
+
+def test_nan_and_inf_are_reported_not_hidden(tmp_path):
+    x = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
+    x[0, 0], x[1, 1] = np.nan, np.inf
+    p = tmp_path / "n.npz"
+    np.savez(p, act=x)
+    r = run(p, "--formats", "nvfp4", "--format", "json", "--seeds", "0")
+    assert r.exit_code == 0
+    row = strict_json(r.output)["rows"][0]
+    assert row["nan_count"] == 1 and row["inf_count"] == 1 and row["mse"] is None  # NaN propagates (SPEC §9)
+
+
+def test_ragged_shapes_and_high_rank(tmp_path):
+    rng = np.random.default_rng(3)
+    p = tmp_path / "r.npz"
+    np.savez(p, ragged=rng.standard_normal((5, 37)).astype(np.float32),
+             cube=rng.standard_normal((2, 3, 64)).astype(np.float16), vec=rng.standard_normal(20).astype(np.float64))
+    r = run(p, "--formats", "nvfp4", "--format", "json", "--seeds", "0")
+    rows = strict_json(r.output)["rows"]
+    assert r.exit_code == 0 and {x["shape"] for x in rows} == {"5x37", "2x3x64", "20"}
+    assert all(x["sqnr_db"] > 15 for x in rows)
+
+
+def test_duplicate_file_is_analysed_once_and_same_names_in_two_files_both(tmp_path, good):
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(good.read_bytes())
+    r = run(good, good, other, *FAST, "--format", "json")
+    assert r.exit_code == 0 and "duplicate" in r.output
+    d = strict_json(r.output[r.output.index("{"):])
+    assert {x["tensor"] for x in d["rows"]} == {"good.safetensors:l.weight", "good.safetensors:l.grad_output",
+                                                "other.safetensors:l.weight", "other.safetensors:l.grad_output"}
+
+
+def test_select_role_override_and_bad_options(good):
+    r = run(good, *FAST, "--select", "*weight", "--role", "*weight=gradient", "--format", "json")
+    rows = strict_json(r.output)["rows"]
+    assert {x["tensor"] for x in rows} == {"good.safetensors:l.weight"} and rows[0]["role"] == "gradient"
+    assert run(good, "--formats", "nvfp5").exit_code == 2
+    assert run(good, "--role", "x=bias").exit_code == 2
+    assert run(good, "--rht", "12").exit_code == 2
+
+
+def test_guess_role():
+    assert guess_role("layers.3.mlp.fc1.weight") == "weight"
+    assert guess_role("fc1.grad_output") == "gradient"
+    assert guess_role("dY") == "gradient"
+    assert guess_role("fc1.input") == "activation"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file; permission errors cannot be produced")
+def test_unreadable_file(tmp_path, good):
+    good.chmod(0)
+    assert run(good).exit_code == 3
+
+
+def test_open_tensors_raises_input_error_without_callback(tmp_path):
+    with pytest.raises(InputError, match="no file matches"):
+        open_tensors([str(tmp_path / "*.safetensors")])
+
+
+# --- scale-out ------------------------------------------------------------------------------------
+
+
+def test_workers_give_identical_results():
+    a = run(EXAMPLE, *FAST, "--format", "csv")
+    b = run(EXAMPLE, *FAST, "--format", "csv", "--workers", "2")
+    assert a.exit_code == b.exit_code == 0 and a.output == b.output
+
+
+def test_dask_cluster_gives_identical_results():
+    distributed = pytest.importorskip("distributed", reason="dask.distributed not installed (pip install fpsim[dask])")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c:
+        a = run(EXAMPLE, *FAST, "--format", "csv")
+        b = run(EXAMPLE, *FAST, "--format", "csv", "--scheduler", c.scheduler_address)
+    assert a.exit_code == b.exit_code == 0 and a.output == b.output
