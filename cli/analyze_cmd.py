@@ -35,9 +35,10 @@ def _task(source: str, name: str, axis: int, kw: dict) -> tuple[list[dict], str 
 
     try:
         ref = next(r for r in open_tensors([source]) if r.name == name)
-        arr = ref.load()
-        if axis != -1 and arr.ndim > 1:
-            arr = np.moveaxis(arr, axis, -1)
+        if axis in (-1, len(ref.shape) - 1):
+            arr = ref.row_source()  # read in row chunks where the format allows: bounded memory
+        else:
+            arr = np.moveaxis(ref.load(), axis, -1)
         return analyze_tensor(f"{Path(source).name}:{name}", arr, **kw), None
     except TensorSkipped as e:
         return [], f"skip: {e}"

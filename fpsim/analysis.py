@@ -147,7 +147,9 @@ def _moments(x2d: np.ndarray, chunk_rows: int) -> dict:
     return {"amax": amax, "std": std, "kurtosis": kurt, "nan_count": nan, "inf_count": inf}
 
 
-def _as_2d(arr: np.ndarray) -> np.ndarray:
+def _as_2d(arr):
+    if hasattr(arr, "as_2d"):  # a fpsim.io.RowSource: rows are read from disk on demand
+        return arr.as_2d()
     if arr.ndim == 1:
         return arr.reshape(1, -1)
     return arr.reshape(-1, arr.shape[-1])
@@ -173,7 +175,7 @@ def _row(acc: _Acc, base: dict, scheme: str, bits: float) -> dict:
 
 def analyze_tensor(
     name: str,
-    arr: np.ndarray,
+    arr,
     schemes: tuple[str, ...] = DEFAULT_SCHEMES,
     role: str | None = None,
     rht_d: int = 0,
@@ -182,7 +184,10 @@ def analyze_tensor(
     chunk_bytes: int = _CHUNK_BYTES,
     recipe_max_bytes: int = 256 << 20,
 ) -> list[dict]:
-    """Metrics of one tensor under each scheme (see the module docstring); raises :class:`TensorSkipped`."""
+    """Metrics of one tensor under each scheme (see the module docstring); raises :class:`TensorSkipped`.
+
+    ``arr``: an array, a memmap, or a :class:`fpsim.io.RowSource` (read in row chunks, bounded memory).
+    """
     if arr.dtype.kind not in "fV" or arr.dtype.kind == "V" and arr.dtype.itemsize > 4:
         raise TensorSkipped(f"{name}: not a floating-point tensor (dtype {arr.dtype})")
     if arr.ndim == 0:
@@ -247,7 +252,8 @@ def analyze_tensor(
             row["bias_sr_ci95"] = 1.96 * float(np.std(draws, ddof=1)) / math.sqrt(seeds) if seeds > 1 else math.nan
         out.append(row)
     if recipe and arr.ndim == 2:
-        out += _recipe_rows(name, as_float32(arr) if arr.nbytes <= recipe_max_bytes else None, role, recipe, base)
+        out += _recipe_rows(name, as_float32(np.asarray(arr)) if arr.nbytes <= recipe_max_bytes else None, role, recipe,
+                            base)
     return out
 
 

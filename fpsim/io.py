@@ -54,6 +54,42 @@ _ST_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
+class RowSource:
+    """A tensor on disk read in row ranges (of its 2-D view: leading axes flattened × last axis).
+
+    ``src[i:j]`` reads rows i..j-1 with one ``numpy.fromfile`` call, so only the
+    rows asked for are ever in memory (a memory map would keep every page it
+    touched resident).  ``numpy.asarray(src)`` reads the whole tensor.
+    """
+
+    def __init__(self, path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]):
+        self.path, self.offset, self.dtype, self.shape = path, offset, np.dtype(dtype), tuple(shape)
+        self.ndim = len(self.shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = self.size * self.dtype.itemsize
+        self.cols = self.shape[-1] if self.shape else 1
+        self.rows = self.size // self.cols if self.cols else 0
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        if not isinstance(sl, slice) or sl.step not in (None, 1):
+            raise TypeError("RowSource supports contiguous row slices only")
+        i, j, _ = sl.indices(self.rows)
+        n = max(j - i, 0)
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + i * self.cols * self.dtype.itemsize)
+            a = np.fromfile(f, dtype=self.dtype, count=n * self.cols)
+        if a.size != n * self.cols:
+            raise InputError(f"{self.path}: tensor data is truncated")
+        return a.reshape(n, self.cols)
+
+    def as_2d(self) -> RowSource:
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        a = self[0 : self.rows].reshape(self.shape)
+        return a if dtype is None else a.astype(dtype)
+
+
 @dataclass
 class TensorRef:
     """One tensor of a file: name, shape, dtype known up front; ``load()`` maps or reads it."""
@@ -72,9 +108,15 @@ class TensorRef:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
+    rows: Callable[[], RowSource] | None = None
+
     def load(self) -> np.ndarray:
         """The array (a read-only memmap where the format allows it)."""
         return self._load()
+
+    def row_source(self) -> RowSource | np.ndarray:
+        """A :class:`RowSource` where the format allows reading row ranges, else the loaded array."""
+        return self.rows() if self.rows is not None else self._load()
 
 
 def _safetensors(path: Path) -> list[TensorRef]:
@@ -114,7 +156,10 @@ def _safetensors(path: Path) -> list[TensorRef]:
                 return np.zeros(shape, dt)
             return np.memmap(path, dtype=dt, mode="r", offset=off, shape=shape)
 
-        refs.append(TensorRef(str(path), name, shape, dt, load))
+        def rows(path=path, off=base + start, dt=dt, shape=shape):
+            return RowSource(path, off, dt, shape)
+
+        refs.append(TensorRef(str(path), name, shape, dt, load, rows=rows))
     return refs
 
 
