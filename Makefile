@@ -15,7 +15,9 @@ bench:
 	$(PYTHON) studies/bench_scaling.py --out reports/bench_scaling.md
 	$(PYTHON) studies/bench_gemm.py --out reports/bench_gemm.md
 
-reports: bench
+# Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
+reports:
+	$(PYTHON) -m studies.run_all
 
 # Regenerate tests/data/nvidia_golden.npz from the CUDA headers (needs cuda_fp4.h and g++).
 golden:

@@ -1,0 +1,120 @@
+"""Shared plumbing of the studies: arguments, data, deterministic CSVs, figures, Markdown sections.
+
+Every study is a module ``studies/<name>.py`` with ``main(argv=None) -> Path``
+that writes into ``<out>/<name>/``: ``<name>.csv`` (tidy, written with a fixed
+float format so re-runs are byte-identical), ``*.png`` figures (Agg backend,
+no timestamps in the metadata) and ``section.md`` (claim from the paper, what
+fpsim measured, verdict).  ``studies/run_all.py`` runs them all and assembles
+``reports/index.md`` and ``reports/index.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "reports"
+CAPTURE = ROOT / "studies" / "data" / "tinylm_capture.safetensors"
+DISTRIBUTIONS = ("gaussian", "laplace", "student_t3", "channel_outliers")
+
+
+def parse_args(name: str, doc: str, argv=None) -> argparse.Namespace:
+    """``--quick`` (CI: small sizes), ``--out`` (default reports/), ``--seed``."""
+    ap = argparse.ArgumentParser(prog=f"studies/{name}.py", description=(doc or "").strip().splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, for CI (< a few seconds per study)")
+    ap.add_argument("--out", type=Path, default=REPORTS, help="reports directory (default: reports/)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    args.dir = args.out / name
+    args.dir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def progress(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def synthetic(kind: str, shape: tuple[int, int], seed: int) -> np.ndarray:
+    """float32 data of one of :data:`DISTRIBUTIONS` (unit scale), deterministic in ``seed``.
+
+    ``channel_outliers``: Gaussian with 1 % of the columns (input channels) scaled by 50, the
+    activation-outlier pattern of LLMs.
+    """
+    rng = np.random.default_rng(seed)
+    if kind == "gaussian":
+        x = rng.standard_normal(shape)
+    elif kind == "laplace":
+        x = rng.laplace(size=shape)
+    elif kind == "student_t3":
+        x = rng.standard_t(3, size=shape)
+    elif kind == "channel_outliers":
+        x = rng.standard_normal(shape)
+        cols = rng.choice(shape[1], max(1, shape[1] // 100), replace=False)
+        x[:, cols] *= 50
+    else:
+        raise ValueError(f"unknown distribution {kind!r}")
+    return x.astype(np.float32)
+
+
+def real_tensors() -> dict[str, np.ndarray]:
+    """The bundled capture (studies/data/tinylm_capture.safetensors) as float32 arrays, in file order."""
+    from fpsim.io import open_tensors
+
+    return {r.name: np.asarray(r.load(), dtype=np.float32) for r in open_tensors([str(CAPTURE)])}
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    """Tidy CSV with a fixed float format (byte-identical on re-runs), written atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_csv(tmp, index=False, float_format="%.6g", lineterminator="\n")
+    os.replace(tmp, path)
+
+
+def save_fig(fig, path: Path) -> None:
+    """PNG without timestamps or version metadata; closes the figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_section(args, title: str, claim: str, measured: str, verdict: str, figures: list[str],
+                  tables: list[str] | None = None) -> Path:
+    """``section.md``: the paper's claim, fpsim's numbers, the verdict, figures (paths relative to reports/)."""
+    lines = [f"## {title}", "", f"**Paper's claim.** {claim}", "", f"**Measured by fpsim.** {measured}", "",
+             f"**Verdict.** {verdict}", ""]
+    for t in tables or []:
+        lines += [t, ""]
+    for f in figures:
+        lines += [f"![{title}]({args.dir.name}/{f})", ""]
+    path = args.dir / "section.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def md_table(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
+    """A small DataFrame as a Markdown table (no extra dependency)."""
+    cols = list(df.columns)
+    out = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        out.append("| " + " | ".join(format(v, floatfmt) if isinstance(v, float) else str(v) for v in row) + " |")
+    return "\n".join(out)
+
+
+def sqnr_db(x: np.ndarray, xq: np.ndarray) -> float:
+    x64 = x.astype(np.float64)
+    err = float(np.sum((x64 - xq) ** 2))
+    return 10 * np.log10(float(np.sum(x64 * x64)) / err) if err > 0 else float("inf")
+
+
+def rel_error(x: np.ndarray, xq: np.ndarray) -> float:
+    x64 = x.astype(np.float64)
+    return float(np.linalg.norm(x64 - xq) / np.linalg.norm(x64))
