@@ -1,0 +1,198 @@
+"""Torch implementation of the element codecs and NVFP4 / MX quantization, bit-identical to the Numba reference.
+
+Works on CPU or CUDA tensors (issue 8, first step).  The arithmetic is the
+reference's, expressed as whole-tensor torch operations:
+
+* ≤ 8-bit formats encode through the same lookup table the Numba kernels use
+  (built by the generic scalar encoder, :func:`fpsim.codecs._encode_lut`), indexed
+  by sign, exponent, top mantissa bits and a sticky bit of the float32 input;
+* 16-bit formats use the branch-free integer rounding of ``fpsim._kernels``;
+* NVFP4 follows Transformer Engine's FP32 operation order (SPEC §4); every
+  ``fl()`` is one float32 torch operation (PyTorch compiles its CUDA kernels
+  without fast-math, so division and multiplication are IEEE-rounded and
+  subnormals are kept).
+
+Not yet: stochastic rounding (needs Philox in torch), 2-D tiles, MX rules
+other than ``rceil``, the GEMM and the tensor-core dispatch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .codecs import Rounding, _encode_lut
+from .formats import FormatSpec, get_format
+
+__all__ = ["encode", "decode", "quantize_nvfp4", "dequantize_nvfp4", "quantize_mx", "dequantize_mx"]
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _t():
+    import torch
+
+    return torch
+
+
+@functools.cache
+def _table(kind: str, spec: FormatSpec, mode: int, sat: bool, device: str):
+    torch = _t()
+    if kind == "enc":
+        arr = _encode_lut(spec, mode, sat).astype(np.int64)
+    else:
+        arr = spec.decode_table()
+    return torch.from_numpy(np.array(arr)).to(device)  # a writable copy: the tables are read-only
+
+
+def _bits(x):
+    """float32 tensor → its bit patterns as int64 in [0, 2**32)."""
+    torch = _t()
+    return x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def encode(x, fmt: str | FormatSpec, rounding: str = "rne", saturate: bool = True):
+    """Codes of a float32 tensor (same bits as :func:`fpsim.encode`); int64 tensor of the same shape."""
+    torch = _t()
+    spec = get_format(fmt)
+    mode = Rounding.parse(rounding)
+    if mode is Rounding.SR:
+        raise NotImplementedError("stochastic rounding is not implemented in the torch backend yet")
+    x = x.to(torch.float32)
+    u = _bits(x)
+    dev = str(x.device)
+    if spec.bits <= 8:
+        shift = 21 - spec.mbits
+        key = ((u >> shift) << 1) | ((u & ((1 << shift) - 1)) != 0).to(torch.int64)
+        return _table("enc", spec, mode.kernel_id, bool(saturate), dev)[key]
+    return _encode_wide(u, spec, mode.kernel_id, bool(saturate))
+
+
+def _encode_wide(u, spec: FormatSpec, mode: int, sat: bool):
+    """fpsim._kernels._encode_branchfree on int64 tensors (formats with subnormals, emin_b ≥ 1)."""
+    torch = _t()
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
+    if not subn or emin_b < 1:
+        raise NotImplementedError(f"{spec.name}: wide formats without subnormals are not supported")
+    a = u & 0x7FFFFFFF
+    s = (u >> 31) & signed
+    e = a >> 23
+    ep = e.clamp(min=1)
+    sig = (a & 0x7FFFFF) | (e.clamp(max=1) << 23)
+    sh = (23 - mbits + (emin_b - ep).clamp(min=0)).clamp(max=25)
+    t = sig >> sh
+    one = torch.ones_like(sh)
+    rem = sig & ((one << sh) - 1)
+    half = one << (sh - 1)
+    base = ((ep.clamp(min=emin_b) - emin_b) << mbits) + t
+    if mode == 0:  # RNE
+        up = (rem > half) | ((rem == half) & ((base & 1) == 1))
+        away = torch.ones_like(up)
+    elif mode == 4:  # RNA
+        up = rem >= half
+        away = torch.ones_like(up)
+    elif mode == 2:  # RUP
+        up = (rem != 0) & (s == 0)
+        away = s == 0
+    elif mode == 3:  # RDOWN
+        up = (rem != 0) & (s == 1)
+        away = s == 1
+    else:  # RTZ
+        up = torch.zeros_like(rem, dtype=torch.bool)
+        away = up
+    mag = base + up.to(torch.int64)
+    special = max_code if (sat or not (has_inf or has_nan)) else (inf_code if has_inf else nan_code)
+    ovf = torch.where(away | (a == 0x7F800000), special, max_code)
+    mag = torch.where(mag > max_code, ovf, mag)
+    res = (s << (bits - 1)) | mag
+    return torch.where(a > 0x7F800000, nan_code, res)
+
+
+def decode(codes, fmt: str | FormatSpec):
+    """float32 values of codes (same bits as :func:`fpsim.decode`)."""
+    torch = _t()
+    spec = get_format(fmt)
+    return _table("dec", spec, 0, True, str(codes.device))[codes.to(torch.int64)]
+
+
+def _f32(v, device):
+    return _t().tensor(v, dtype=_t().float32, device=device)
+
+
+def quantize_nvfp4(x):
+    """NVFP4 1×16 along the last axis, RNE (SPEC §4): (packed uint8 data, E4M3 scale bytes, float32 amax).
+
+    Shapes match :func:`fpsim.quantize` (``x.shape[:-1] + (blocks·8,)`` and
+    ``x.shape[:-1] + (blocks,)``); a ragged last axis is zero-padded.
+    """
+    torch = _t()
+    x = x.to(torch.float32)
+    dev = x.device
+    lead, c = x.shape[:-1], x.shape[-1]
+    nb = -(-c // 16)
+    xp = torch.nn.functional.pad(x, (0, nb * 16 - c)).reshape(*lead, nb, 16)
+    amax = x.abs().amax() if x.numel() else _f32(0.0, dev)
+    s_enc = torch.minimum(_f32(2688.0, dev) / amax, _f32(_FLT_MAX, dev))
+    s_enc = torch.where((amax == 0) | (s_enc == 0), _f32(1.0, dev), s_enc)
+    s_dec = _f32(1.0, dev) / s_enc
+    vmax = xp.abs().amax(dim=-1)
+    sdb = torch.minimum(vmax * (s_enc * (_f32(1.0, dev) / _f32(6.0, dev))), _f32(448.0, dev))
+    sb = encode(sdb, "float8_e4m3fn")
+    sv = decode(sb, "float8_e4m3fn")
+    enc = torch.minimum(_f32(1.0, dev) / (sv * s_dec), _f32(_FLT_MAX, dev))
+    codes = encode(xp * enc.unsqueeze(-1), "float4_e2m1fn").reshape(*lead, nb * 16)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return packed, sb.to(torch.uint8), amax
+
+
+def dequantize_nvfp4(packed, scales, amax, c: int):
+    """x̂ = fl((e2m1 · f32(s_b)) · S_dec) in the original last-axis length ``c``."""
+    torch = _t()
+    dev = packed.device
+    p = packed.to(torch.int64)
+    codes = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+    e = decode(codes, "float4_e2m1fn")
+    sv = decode(scales, "float8_e4m3fn").repeat_interleave(16, dim=-1)
+    s_enc = torch.minimum(_f32(2688.0, dev) / amax, _f32(_FLT_MAX, dev))
+    s_enc = torch.where((amax == 0) | (s_enc == 0), _f32(1.0, dev), s_enc)
+    s_dec = _f32(1.0, dev) / s_enc
+    return ((e * sv) * s_dec)[..., :c]
+
+
+def quantize_mx(x, element: str = "float4_e2m1fn"):
+    """MX 1×32 along the last axis with the ``rceil`` rule (SPEC §5), RNE elements: (codes, scale bytes).
+
+    Codes are packed two per byte for 4-bit elements, one per byte otherwise.
+    """
+    torch = _t()
+    el = get_format(element)
+    x = x.to(torch.float32)
+    dev = x.device
+    lead, c = x.shape[:-1], x.shape[-1]
+    nb = -(-c // 32)
+    xp = torch.nn.functional.pad(x, (0, nb * 32 - c)).reshape(*lead, nb, 32)
+    vmax = xp.abs().amax(dim=-1)
+    t = vmax * (_f32(1.0, dev) / _f32(el.max, dev))
+    sb = encode(t, "float8_e8m0fnu", "rup", True)  # cvt.rp.satfinite.ue8m0x2.f32
+    p2 = torch.from_numpy(np.append(np.ldexp(np.float32(1), 127 - np.arange(255)).astype(np.float32),
+                                    np.float32(np.nan))).to(dev)
+    y = xp * p2[sb].unsqueeze(-1)
+    codes = encode(y, el)
+    codes = torch.where((sb == 0xFF).unsqueeze(-1), el.nan_code, codes).reshape(*lead, nb * 32)
+    if el.bits == 4:
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return codes.to(torch.uint8), sb.to(torch.uint8)
+
+
+def dequantize_mx(codes, scales, c: int, element: str = "float4_e2m1fn"):
+    """x̂ = fl(e · 2^(b − 127)); scale 0xFF gives NaN."""
+    torch = _t()
+    el = get_format(element)
+    k = codes.to(torch.int64)
+    if el.bits == 4:
+        k = torch.stack([k & 0xF, k >> 4], dim=-1).reshape(*codes.shape[:-1], -1)
+    e = decode(k, el)
+    p2 = torch.from_numpy(np.append(np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.float32),
+                                    np.float32(np.nan))).to(codes.device)
+    return (e * p2[scales.to(torch.int64)].repeat_interleave(32, dim=-1))[..., :c]

@@ -1,0 +1,84 @@
+"""The torch backend gives the Numba reference's bits (CPU here; CUDA on the device machine)."""
+
+import numpy as np
+import pytest
+
+import fpsim
+from fpsim import backends
+from tests.probes import float32_probes, probes_for
+
+torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]'); CPU CI skips this")
+tb = pytest.importorskip("fpsim.torch_backend")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+CODED = [n for n, s in fpsim.FORMATS.items() if not s.is_passthrough]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", CODED)
+@pytest.mark.parametrize("mode", ["rne", "rtz", "rup", "rdown", "rna"])
+def test_encode_decode_equal_the_reference(device, fmt, mode):
+    spec = fpsim.get_format(fmt)
+    x = np.concatenate([probes_for(spec), float32_probes(top=4)]).view(np.float32)
+    for sat in (True, False):
+        want = fpsim.encode(x, spec, mode, sat)
+        got = tb.encode(torch.from_numpy(x).to(device), spec, mode, sat).cpu().numpy()
+        assert np.array_equal(got, want.astype(np.int64)), (fmt, mode, sat)
+    codes = np.arange(1 << spec.bits)
+    d = tb.decode(torch.from_numpy(codes).to(device), spec).cpu().numpy()
+    assert np.array_equal(d.view(np.uint32), fpsim.decode(codes, spec).view(np.uint32))
+
+
+def adversarial(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, :16] = 1e-7
+    x[1, :] = 0
+    x[2, 16:32] = np.float32(2.5 * 448 / 6)
+    x[3, 5] = -0.0
+    x[4, ::3] *= 1e4
+    return x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(8, 64), (33, 40), (5, 3, 48)])
+def test_nvfp4_equals_the_reference(device, shape):
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    if len(shape) == 2 and shape[0] >= 5:
+        x = adversarial(rng, shape)
+    q = fpsim.quantize(x, "nvfp4")
+    data, scales, amax = tb.quantize_nvfp4(torch.from_numpy(x).to(device))
+    assert np.array_equal(data.cpu().numpy(), q.data) and np.array_equal(scales.cpu().numpy(), q.scales)
+    assert float(amax) == float(q.amax)
+    xq = tb.dequantize_nvfp4(data, scales, amax, shape[-1]).cpu().numpy()
+    assert np.array_equal(xq.view(np.uint32), q.dequantize().view(np.uint32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("element,scheme", [("float4_e2m1fn", "mxfp4"), ("float8_e4m3fn", "mxfp8_e4m3"),
+                                            ("float6_e2m3fn", "mxfp6_e2m3")])
+def test_mx_rceil_equals_the_reference(device, element, scheme):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_t(3, (16, 96)) * 10.0 ** rng.uniform(-6, 6, (16, 1))).astype(np.float32)
+    x[0, 0] = np.nan
+    q = fpsim.quantize(x, scheme)
+    codes, sb = tb.quantize_mx(torch.from_numpy(x).to(device), element)
+    assert np.array_equal(codes.cpu().numpy(), q.data) and np.array_equal(sb.cpu().numpy(), q.scales)
+    xq = tb.dequantize_mx(codes, sb, 96, element).cpu().numpy()
+    ref = q.dequantize()
+    assert np.array_equal(np.isnan(xq), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    assert np.array_equal(xq[ok].view(np.uint32), ref[ok].view(np.uint32))
+
+
+def test_registry():
+    av = backends.available()
+    assert av[:2] == ["numba-cpu", "torch-cpu"]
+    with backends.use("torch-cpu"):
+        assert backends.current() == "torch-cpu"
+    assert backends.current() == backends.default()
+    with pytest.raises(ValueError, match="not available"):
+        with backends.use("tpu"):
+            pass
+    with pytest.raises(NotImplementedError, match="stochastic"):
+        tb.encode(torch.zeros(2), "e2m1", "sr")
