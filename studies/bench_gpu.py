@@ -77,8 +77,9 @@ def main() -> None:
 
     def emulated():
         qa, qb = tb.quantize_nvfp4(a_), tb.quantize_nvfp4(b_)
-        ea = tb.dequantize_nvfp4(qa[0], qa[1], torch.tensor(2688.0 * 448 / 2688, device=dev), n)  # e·s_b (S_dec=1)
-        eb = tb.dequantize_nvfp4(qb[0], qb[1], torch.tensor(448.0, device=dev), n)
+        one = torch.tensor(2688.0, device=dev)  # amax 2688 gives S_enc = S_dec = 1: e·s_b, exact in BF16
+        ea = tb.dequantize_nvfp4(qa[0], qa[1], one, n)
+        eb = tb.dequantize_nvfp4(qb[0], qb[1], one, n)
         alpha = (qa[2] * qb[2]) / 7225344.0
         return (ea.bfloat16() @ eb.bfloat16().T).float() * alpha
 
