@@ -502,73 +502,31 @@ def _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax):
             vmax[j] = m
 
 
-@njit(inline="always")
-def _code_by_thresholds(y, thr, nan_code):
-    """RNE satfinite code of a 4-bit format with 8 magnitudes from its 7 midpoints (branch-free, vectorisable).
-
-    ``thr = (t0..t6, u0..u6)``: ``t_i`` is the midpoint between magnitudes i and
-    i+1 and ``u_i`` = 1 when an exact tie rounds up (code i+1 is the even one,
-    RNE ties to the even code).  Above the last midpoint everything saturates
-    to code 7; NaN gives ``nan_code``; the sign goes to bit 3.
-    """
-    t0, t1, t2, t3, t4, t5, t6, u0, u1, u2, u3, u4, u5, u6 = thr
-    u = f32_bits(y)
-    a = bits_f32(u & _ABS)
-    code = (
-        np.uint32(a > t0) + (np.uint32(a == t0) & u0)
-        + np.uint32(a > t1) + (np.uint32(a == t1) & u1)
-        + np.uint32(a > t2) + (np.uint32(a == t2) & u2)
-        + np.uint32(a > t3) + (np.uint32(a == t3) & u3)
-        + np.uint32(a > t4) + (np.uint32(a == t4) & u4)
-        + np.uint32(a > t5) + (np.uint32(a == t5) & u5)
-        + np.uint32(a > t6) + (np.uint32(a == t6) & u6)
-    )
-    isnan = np.uint32((u & _ABS) > _INF_BITS)
-    code |= (u >> np.uint32(28)) & np.uint32(8)
-    return (code & (isnan - np.uint32(1))) | (isnan * np.uint32(nan_code))
-
-
 @njit
-def _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out, thr, use_thr, nan_code):
-    """Codes of fl(x · mul[block]) for row r (0 past column C), then packed or copied into out[r].
-
-    ``use_thr`` selects the threshold encoder (E2M1-like formats, see
-    ``_code_by_thresholds``); otherwise the codec lookup table.  ``codes``
-    is a uint32 scratch row: word-sized stores keep the loop vectorisable.
-    """
+def _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out):
+    """Codes of fl(x · mul[block]) for row r (0 past column C), then packed or copied into out[r]."""
     nb = mul.size
     full = C // BC
     for j in range(full):
         m = mul[j]
-        if use_thr:
-            for t in range(BC):
-                c = j * BC + t
-                codes[c] = _code_by_thresholds(bits_f32(X[r, c]) * m, thr, nan_code)
-        else:
-            for t in range(BC):
-                c = j * BC + t
-                codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift)
+        for t in range(BC):
+            c = j * BC + t
+            codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift)
     for j in range(full, nb):
         m = mul[j]
         for c in range(j * BC, j * BC + BC):
-            if c >= C:
-                codes[c] = 0
-            elif use_thr:
-                codes[c] = _code_by_thresholds(bits_f32(X[r, c]) * m, thr, nan_code)
-            else:
-                codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift)
+            codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift) if c < C else 0
     if packed:
         for i in range(codes.size // 2):
-            out[r, i] = np.uint8(codes[2 * i] | (codes[2 * i + 1] << np.uint32(4)))
+            out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
     else:
         for i in range(codes.size):
-            out[r, i] = np.uint8(codes[i])
+            out[r, i] = codes[i]
 
 
 @pjit
 def quantize_two_level_rne(
-    X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, out, scales,
-    thr, use_thr, nan_code,
+    X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, out, scales
 ):
     """NVFP4-style quantization with RNE elements (SPEC §4), TE's FP32 operation order.
 
@@ -582,19 +540,19 @@ def quantize_two_level_rne(
         sd = s_dec[r]
         vmax = np.empty(nb, np.uint32)
         enc = np.empty(nb, np.float32)
-        codes = np.empty(nb * BC, np.uint32)
+        codes = np.empty(nb * BC, np.uint8)
         _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
         for j in range(nb):
             sdb = fmin_nan(bits_f32(vmax[j]) * sek, bound)
             sb = _lut_code(f32_bits(sdb), slut, sshift)
             scales[r, j] = sb
             enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
-        _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out, thr, use_thr, nan_code)
+        _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out)
 
 
 @pjit
 def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_code, ignore_nan, packed, tmax,
-                    p2, out, scales, thr, use_thr):
+                    p2, out, scales):
     """MX quantization with RNE elements (SPEC §5): elements fl32(x · 2^-E), one exact-power multiply.
 
     ``p2[b]`` = 2**(127 − b) as float32 (exact for every scale byte b ≤ 0xFE),
@@ -606,7 +564,7 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_
     for r in prange(R):
         vmax = np.empty(nb, np.uint32)
         mul = np.empty(nb, np.float32)
-        codes = np.empty(nb * BC, np.uint32)
+        codes = np.empty(nb * BC, np.uint8)
         _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
         nan_block = False
         for j in range(nb):
@@ -615,7 +573,7 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_
             mul[j] = p2[sb]
             nan_block |= sb == 0xFF
         if not nan_block:
-            _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out, thr, use_thr, nan_code)
+            _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out)
             continue
         for j in range(nb):
             for c in range(j * BC, j * BC + BC):
@@ -627,10 +585,10 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_
                     codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * mul[j]), lut, shift)
         if packed:
             for i in range(codes.size // 2):
-                out[r, i] = np.uint8(codes[2 * i] | (codes[2 * i + 1] << np.uint32(4)))
+                out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
         else:
             for i in range(codes.size):
-                out[r, i] = np.uint8(codes[i])
+                out[r, i] = codes[i]
 
 
 @pjit

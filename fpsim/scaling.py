@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import json
 import math
 import os
@@ -422,23 +421,6 @@ _POW2_NEG = np.append(np.ldexp(np.float32(1), 127 - np.arange(255)).astype(np.fl
 _POW2_POS = np.append(np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.float32), np.float32(np.nan))
 
 
-@functools.cache
-def _thresholds(el: FormatSpec) -> tuple[tuple, bool, int]:
-    """((7 midpoints, 7 tie-up flags), use them?, NaN code) for the branch-free 4-bit encoder.
-
-    Midpoint i lies between magnitudes i and i+1; its flag is 1 when an exact
-    tie rounds up, i.e. when code i+1 is the even one (RNE ties to the even code).
-    Derived from the format's decode table, so any signed 4-bit format with 8
-    finite magnitudes qualifies; others use the lookup table.
-    """
-    vals = el.decode_table()[: 1 << (el.bits - 1)].astype(np.float64)
-    usable = el.bits == 4 and el.signed and not el.has_nan and vals.size == 8 and bool(np.all(np.diff(vals) > 0))
-    if not usable:
-        return tuple(np.float32(1) for _ in range(7)) + tuple(np.uint32(0) for _ in range(7)), False, el.nan_code
-    mids = tuple(np.float32((vals[i] + vals[i + 1]) / 2) for i in range(7))
-    return mids + tuple(np.uint32((i + 1) % 2 == 0) for i in range(7)), True, el.nan_code
-
-
 def _tile_amax(X: np.ndarray, BR: int, BC: int, nb: int, ignore_nan: bool) -> np.ndarray:
     """Tile amax bits for 2-D tiles (BR > 1); a dummy for 1-D blocks, whose kernel fuses the amax."""
     if BR == 1:
@@ -601,7 +583,7 @@ def quantize(
             SK.quantize_two_level_rne(
                 X, BR, BC, s_enc, s_dec, inv_t, np.float32(sc.max), _encode_lut(sc, Rounding.RNE.kernel_id, True),
                 21 - sc.mbits, sc.decode_table(), lut, shift, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales, *_thresholds(el),
+                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales,
             )
             amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
             data = out.reshape(moved[:-1] + (out.shape[1],))
@@ -639,7 +621,7 @@ def quantize(
             SK.quantize_mx_rne(
                 X, BR, BC, sch.scale_rule.kernel_id, el.emax, el.mbits, np.float32(1.0) / np.float32(el.max),
                 sch.scale.kernel_params(), lut, shift, el.nan_code, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales, *_thresholds(el)[:2],
+                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales,
             )
             data = out.reshape(moved[:-1] + (out.shape[1],))
             return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), np.array(nan32), sch, shape, dtype, ax)
