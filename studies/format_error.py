@@ -96,7 +96,8 @@ def main(argv=None):
     ax.set_ylabel("SQNR (dB)")
     ax.set_xlabel("captured tensor (tiny LM, bundled capture)")
     ax.set_title("Per-tensor SQNR on real weights, activations and gradients")
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, piv.to_numpy().max() * 1.35)
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
     save_fig(fig, args.dir / "sqnr_real.png")
 
     gap = (real[real["scheme"] == "NVFP4"]["sqnr_db"].to_numpy()
