@@ -11,9 +11,9 @@ test-slow:
 	$(PYTHON) -m pytest -q -m slow
 
 bench:
-	$(PYTHON) studies/bench_codecs.py --out reports/bench_codecs.md
-	$(PYTHON) studies/bench_scaling.py --out reports/bench_scaling.md
-	$(PYTHON) studies/bench_gemm.py --out reports/bench_gemm.md
+	$(PYTHON) -m studies.bench_codecs --out reports/bench_codecs.md
+	$(PYTHON) -m studies.bench_scaling --out reports/bench_scaling.md
+	$(PYTHON) -m studies.bench_gemm --out reports/bench_gemm.md
 
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:

@@ -7,7 +7,7 @@ read-only pass (``x.max()``).  Ratios are against those same-run baselines.
 Also the latency of a CLI call and of a first ``encode`` in a fresh process,
 with an empty and with a warm Numba cache.  Results are written as Markdown.
 
-    python studies/bench_codecs.py --out reports/bench_codecs.md [--n 16777216] [--repeat 5]
+    python -m studies.bench_codecs --out reports/bench_codecs.md [--n 16777216] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import numpy as np
 
 import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
+from studies.benchlib import best_time, write_report
 
 CASES = [
     # (format, rounding, ml_dtypes dtype or None)
@@ -39,14 +40,6 @@ CASES = [
 ]
 
 
-def best_time(fn, repeat: int) -> float:
-    fn()  # warm-up: compile / page in
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def latency(cmd: list[str], env: dict) -> float:
@@ -137,12 +130,7 @@ def main() -> None:
               "", "| latency (fresh process) | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in lat.items()]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":

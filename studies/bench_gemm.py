@@ -1,6 +1,6 @@
 """Benchmark of the RHT and the emulated NVFP4 GEMM (`make bench`), against numpy in the same run.
 
-    python studies/bench_gemm.py --out reports/bench_gemm.md [--size 4096] [--rht-n 16777216]
+    python -m studies.bench_gemm --out reports/bench_gemm.md [--size 4096] [--rht-n 16777216]
 """
 
 from __future__ import annotations
@@ -10,23 +10,13 @@ import datetime as dt
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
-
-
-def best_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from studies.benchlib import best_time, write_report
 
 
 def main() -> None:
@@ -99,12 +89,7 @@ def main() -> None:
         f"`blas` and `fp32` results agree to float32 rounding on this input: {same}.",
     ]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":

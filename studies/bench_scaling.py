@@ -7,7 +7,7 @@ ml_dtypes casts for both the scales and the elements, and an ml_dtypes MXFP8
 quantizer.  Each baseline is checked against fpsim's bits before it is timed,
 so the comparison is between implementations that compute the same thing.
 
-    python studies/bench_scaling.py --out reports/bench_scaling.md [--n 16777216] [--repeat 3]
+    python -m studies.bench_scaling --out reports/bench_scaling.md [--n 16777216] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import datetime as dt
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import ml_dtypes
@@ -26,6 +25,7 @@ import numpy as np
 import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
 from fpsim.scaling import dequantize, quantize
+from studies.benchlib import best_time, write_report
 
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
 E2M1_MIDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5], np.float32)
@@ -73,14 +73,6 @@ def numpy_mxfp8(x: np.ndarray) -> np.ndarray:
     return (q * scale[:, None]).reshape(x.shape)
 
 
-def best_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main() -> None:
@@ -156,12 +148,7 @@ def main() -> None:
     lines += ["", "The ml_dtypes-cast column compares NVFP4/MXFP4 rows with the NVFP4 ml_dtypes baseline and "
               "the MXFP8 row with the MXFP8 ml_dtypes baseline."]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+    write_report(text, args.out)
 
 
 if __name__ == "__main__":
