@@ -12,8 +12,10 @@ reference's, expressed as whole-tensor torch operations:
   without fast-math, so division and multiplication are IEEE-rounded and
   subnormals are kept).
 
-Not yet: stochastic rounding (needs Philox in torch), 2-D tiles, MX rules
-other than ``rceil``, the GEMM and the tensor-core dispatch.
+Stochastic rounding uses the same Philox4x32-10 stream as the CPU path, so a
+seed gives the same codes on every device.  Not yet: SR inside block
+quantization, 2-D tiles, MX rules other than ``rceil``, the GEMM and the
+tensor-core dispatch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import numpy as np
 from .codecs import Rounding, _encode_lut
 from .formats import FormatSpec, get_format
 
-__all__ = ["encode", "decode", "quantize_nvfp4", "dequantize_nvfp4", "quantize_mx", "dequantize_mx"]
+__all__ = ["encode", "decode", "random_bits", "philox4x32", "quantize_nvfp4", "dequantize_nvfp4", "quantize_mx",
+           "dequantize_mx"]
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -52,13 +55,94 @@ def _bits(x):
     return x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
 
-def encode(x, fmt: str | FormatSpec, rounding: str = "rne", saturate: bool = True):
-    """Codes of a float32 tensor (same bits as :func:`fpsim.encode`); int64 tensor of the same shape."""
+def philox4x32(c0, c1, k0: int, k1: int):
+    """Philox4x32-10 on int64 tensors of 32-bit counters (words c0, c1; c2 = c3 = 0): four int64 word tensors.
+
+    The 32×32 → 64-bit products are split into 16-bit halves so that every
+    intermediate fits a signed int64 on every device.
+    """
+    torch = _t()
+    m32 = 0xFFFFFFFF
+    x0, x1 = c0 & m32, c1 & m32
+    x2 = torch.zeros_like(x0)
+    x3 = torch.zeros_like(x0)
+    k0, k1 = k0 & m32, k1 & m32
+
+    def mulhilo(m, v):
+        lo_part = m * (v & 0xFFFF)
+        hi_part = m * (v >> 16)
+        return (hi_part + (lo_part >> 16)) >> 16, (((hi_part & 0xFFFF) << 16) + lo_part) & m32
+
+    for _ in range(10):
+        h0, l0 = mulhilo(0xD2511F53, x0)
+        h1, l1 = mulhilo(0xCD9E8D57, x2)
+        x0, x1, x2, x3 = (h1 ^ x1 ^ k0), l1, (h0 ^ x3 ^ k1), l0
+        k0 = (k0 + 0x9E3779B9) & m32
+        k1 = (k1 + 0xBB67AE85) & m32
+    return x0, x1, x2, x3
+
+
+def random_bits(seed: int, n: int, k: int = 8, counter: int = 0, device="cpu"):
+    """The same k-bit integers as :func:`fpsim.random.random_bits` (Philox stream of SPEC §3), as int64."""
+    from .random import seed_key, stream_width
+
+    torch = _t()
+    k0, k1 = seed_key(seed)
+    width = stream_width(k)
+    per_block = 128 // width
+    nblocks = -(-n // per_block)
+    c = torch.arange(nblocks, dtype=torch.int64, device=device) + int(counter)
+    words = torch.stack(philox4x32(c & 0xFFFFFFFF, c >> 32, k0, k1), dim=-1)  # (blocks, 4)
+    per_word = 32 // width
+    shifts = torch.arange(per_word, dtype=torch.int64, device=device) * width
+    vals = (words.unsqueeze(-1) >> shifts) & ((1 << width) - 1)  # (blocks, 4, per_word)
+    return vals.reshape(-1)[:n] & ((1 << k) - 1)
+
+
+def _encode_sr(u, r, k: int, spec: FormatSpec):
+    """fpsim._kernels encode_one_sr on int64 tensors: t = fl32(|x| + r·2^(qexp−k)), then truncate (SPEC §3)."""
+    torch = _t()
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
+    if not subn or emin_b < 1:
+        raise NotImplementedError(f"{spec.name}: SR for formats without subnormals is not supported here")
+    a = u & 0x7FFFFFFF
+    s = (u >> 31) & signed
+    e = a >> 23
+    ep = e.clamp(min=1)
+    sig = (a & 0x7FFFFF) | (e.clamp(max=1) << 23)
+    sh = (23 - mbits + (emin_b - ep).clamp(min=0)).clamp(max=25)
+    one = torch.ones_like(sh)
+    t = sig >> sh
+    rem = sig & ((one << sh) - 1)
+    mag = ((ep.clamp(min=emin_b) - emin_b) << mbits) + t
+    qexp = ep.clamp(min=emin_b) - 127 - mbits
+
+    def pow2(ex):  # 2**ex as float64, built from its bits (exact)
+        return ((ex + 1023) << 52).view(torch.float64)
+
+    val = sig.to(torch.float64) * pow2(ep - 150) + r.to(torch.float64) * pow2(qexp - k)
+    t32 = val.to(torch.float32).to(torch.float64)  # the one float32 rounding of the FMA
+    up = (t32 >= (t + 1).to(torch.float64) * pow2(qexp)) & (rem != 0)
+    mag = (mag + up.to(torch.int64)).clamp(max=max_code)
+    res = (s << (bits - 1)) | mag
+    return torch.where(a > 0x7F800000, nan_code, res)
+
+
+def encode(x, fmt: str | FormatSpec, rounding: str = "rne", saturate: bool = True, *, seed: int | None = None,
+           rbits=None, k: int | None = None, counter: int = 0):
+    """Codes of a float32 tensor (same bits as :func:`fpsim.encode`, SR included); int64 tensor of the same shape."""
     torch = _t()
     spec = get_format(fmt)
     mode = Rounding.parse(rounding)
     if mode is Rounding.SR:
-        raise NotImplementedError("stochastic rounding is not implemented in the torch backend yet")
+        if not saturate:
+            raise ValueError("stochastic rounding is satfinite only (cvt.rs.satfinite)")
+        if (seed is None) == (rbits is None):
+            raise ValueError("rounding='sr' needs exactly one of rbits= or seed=")
+        kbits = spec.sr_bits if k is None else int(k)
+        x = x.to(torch.float32)
+        r = rbits if rbits is not None else random_bits(seed, x.numel(), kbits, counter, x.device).reshape(x.shape)
+        return _encode_sr(_bits(x), r.to(torch.int64), kbits, spec)
     x = x.to(torch.float32)
     u = _bits(x)
     dev = str(x.device)

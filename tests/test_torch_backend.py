@@ -80,5 +80,31 @@ def test_registry():
     with pytest.raises(ValueError, match="not available"):
         with backends.use("tpu"):
             pass
-    with pytest.raises(NotImplementedError, match="stochastic"):
+    with pytest.raises(ValueError, match="exactly one of"):
         tb.encode(torch.zeros(2), "e2m1", "sr")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_philox_stream_equals_the_cpu_generator(device):
+    from fpsim.random import philox4x32, random_bits
+
+    for counter, key, _ in [((0, 0, 0, 0), (0, 0), None), ((0xFFFFFFFF, 0xFFFFFFFF, 0, 0), (0xFFFFFFFF,) * 2, None)]:
+        w = tb.philox4x32(torch.tensor([counter[0]], device=device), torch.tensor([counter[1]], device=device), *key)
+        assert tuple(int(v) for v in w) == philox4x32(counter, key)
+    for k in (1, 8, 13, 16, 24):
+        for seed in (0, 7, 2**40 + 3):
+            want = random_bits(seed, 1000, k, counter=5)
+            assert np.array_equal(tb.random_bits(seed, 1000, k, 5, device).cpu().numpy(), want.astype(np.int64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", [n for n in CODED if n != "float8_e8m0fnu"])
+def test_stochastic_rounding_equals_the_reference(device, fmt):
+    spec = fpsim.get_format(fmt)
+    rng = np.random.default_rng(11)
+    x = np.concatenate([probes_for(spec)[::7].view(np.float32),
+                        (rng.standard_normal(20000) * min(spec.max, 1e30) / 3).astype(np.float32)])
+    for k in (spec.sr_bits, 24):
+        want = fpsim.encode(x, spec, "sr", seed=5, k=k, counter=3)
+        got = tb.encode(torch.from_numpy(x).to(device), spec, "sr", seed=5, k=k, counter=3).cpu().numpy()
+        assert np.array_equal(got, want.astype(np.int64)), (fmt, k)
