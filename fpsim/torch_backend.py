@@ -27,7 +27,7 @@ import numpy as np
 from .codecs import Rounding, _encode_lut
 from .formats import FormatSpec, get_format
 
-__all__ = ["encode", "decode", "random_bits", "philox4x32", "quantize_nvfp4", "dequantize_nvfp4", "quantize_mx",
+__all__ = ["encode", "decode", "random_bits", "philox4x32", "rht", "quantize_nvfp4", "dequantize_nvfp4", "quantize_mx",
            "dequantize_mx"]
 
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -280,3 +280,47 @@ def dequantize_mx(codes, scales, c: int, element: str = "float4_e2m1fn"):
     p2 = torch.from_numpy(np.append(np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.float32),
                                     np.float32(np.nan))).to(codes.device)
     return (e * p2[scales.to(torch.int64)].repeat_interleave(32, dim=-1))[..., :c]
+
+
+def _bf16_round(x):
+    """float32 → nearest BF16 value as float32 (RNE; NaN → 0x7FC00000; inf kept), as fpsim.transforms does."""
+    torch = _t()
+    b = _bits(x)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000)
+    r = torch.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, r)
+    return r.to(torch.int32).view(torch.float32) if r.dtype != torch.int32 else r.view(torch.float32)
+
+
+def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf16_out: bool = True,
+        inverse: bool = False):
+    """Random Hadamard transform with the same float32 operations, in the same order, as :func:`fpsim.rht`.
+
+    Each butterfly stage computes (a + b, a − b) on the same pairs as the Numba
+    kernel, so every output element sees the identical sequence of roundings.
+    """
+    from .transforms import sign_vector
+
+    torch = _t()
+    s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
+    v = torch.movedim(x.to(torch.float32), axis, -1)
+    n = v.shape[-1]
+    if n % d:
+        raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
+    lead = v.shape[:-1]
+    t = v.reshape(-1, n // d, d)
+    if bf16_in:
+        t = _bf16_round(t)
+    if not inverse:
+        t = t * s
+    h = 1
+    while h < d:
+        t4 = t.reshape(t.shape[0], t.shape[1], d // (2 * h), 2, h)
+        a, b = t4[..., 0, :], t4[..., 1, :]
+        t = torch.stack([a + b, a - b], dim=-2).reshape(t.shape[0], t.shape[1], d)
+        h *= 2
+    t = t * torch.tensor(np.float32(1.0 / np.sqrt(d)), device=x.device)
+    if inverse:
+        t = t * s
+    if bf16_out:
+        t = _bf16_round(t)
+    return torch.movedim(t.reshape(*lead, n), -1, axis)
