@@ -47,6 +47,8 @@ def main() -> None:
         ("NVFP4 quantize (1×16, incl. amax)", lambda: tb.quantize_nvfp4(x), gb * (2 + 0.5625)),
         ("MXFP8 E4M3 quantize (rceil)", lambda: tb.quantize_mx(x, "float8_e4m3fn"), gb * (1 + 0.25 + 0.03)),
         ("E4M3 encode", lambda: tb.encode(x, "e4m3"), gb * 3),
+        ("E2M1 stochastic rounding (Philox, k = 8)", lambda: tb.encode(x, "e2m1", "sr", seed=1), gb * 3),
+        ("RHT d = 16 (recipe signs, BF16 in/out)", lambda: tb.rht(x), gb * 2),
     ]:
         t = cuda_time(fn, 5)
         rows.append((label, gb / t, traffic / t / copy_bw))
@@ -67,6 +69,12 @@ def main() -> None:
     c, sb = tb.quantize_mx(xs, "float8_e4m3fn")
     same_mx = bool(np.array_equal(c.cpu().numpy(), qm.data) and np.array_equal(sb.cpu().numpy(), qm.scales))
     same_bf = bool(np.array_equal(tb.encode(xs, "bf16").cpu().numpy(), fpsim.encode(xc, "bf16").astype(np.int64)))
+    same_sr = bool(np.array_equal(tb.encode(xs, "e2m1", "sr", seed=3).cpu().numpy(),
+                                  fpsim.encode(xc, "e2m1", "sr", seed=3).astype(np.int64)))
+    fin = np.isfinite(xc).all(axis=1)
+    r_ref = fpsim.rht(xc[fin])
+    same_rht = bool(np.array_equal(tb.rht(xs[torch.from_numpy(fin).to(dev)]).cpu().numpy().view(np.uint32),
+                                   r_ref.view(np.uint32)))
 
     # NVFP4 GEMM on Hopper: exact dequantize of e2m1 × e4m3 to BF16, BF16 GEMM (FP32 accumulate), × S_dec_a·S_dec_b
     n = args.gemm
@@ -98,7 +106,8 @@ def main() -> None:
     lines += [
         "",
         f"Bit identity with the Numba CPU reference on a {tuple(xs.shape)} sample with zero / tiny / NaN / inf rows: "
-        f"NVFP4 codes+scales {same_nv}, MXFP8 codes+scales {same_mx}, BF16 codes {same_bf}.",
+        f"NVFP4 codes+scales {same_nv}, MXFP8 codes+scales {same_mx}, BF16 codes {same_bf}, E2M1 SR codes (seed 3) "
+        f"{same_sr}, RHT16 output bits (finite rows) {same_rht}.",
         "",
         f"GEMM {n}³: BF16 `torch.matmul` {t_bf16 * 1e3:.2f} ms; emulated NVFP4 (quantize both, exact dequantize to "
         f"BF16, BF16 GEMM, × alpha) {t_emul * 1e3:.2f} ms = **{t_emul / t_bf16:.2f}×**.",
