@@ -324,3 +324,63 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
     if bf16_out:
         t = _bf16_round(t)
     return torch.movedim(t.reshape(*lead, n), -1, axis)
+
+
+def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = None, counter: int = 0):
+    """Quantize-dequantize a 2-D tensor (blocks along the last axis) under any block scheme, on torch.
+
+    RNE results equal ``fpsim.quantize(x, scheme).dequantize()`` bit for bit (tested): two-level
+    (NVFP4-style, 1×N or N×N tiles), E8M0 with the ``rceil`` rule (MX), FP32-scaled (FP8 per-tensor or
+    blockwise) and casts.  With ``rounding="sr"`` the elements are stochastically rounded with bits
+    from the Philox stream of ``seed`` in flat element order (the CPU quantizer orders them by
+    block, so SR draws differ from :func:`fpsim.quantize`'s while following the same formula).
+    """
+    from .scaling import _Kind, get_scheme
+
+    torch = _t()
+    sch = get_scheme(scheme)
+    mode = Rounding.parse(rounding) if rounding is not None else sch.rounding
+    el = sch.element
+    x = x.to(torch.float32)
+    sr_kw = {"seed": seed, "k": sch.k, "counter": counter} if mode is Rounding.SR else {}
+    kind = sch.kind
+    if kind is _Kind.CAST:
+        return decode(encode(x, el, mode.value, **sr_kw), el)
+    r, c = x.shape
+    dev = x.device
+    br, bc = sch.block if sch.block is not None else (r, c)
+    rp, cp = -(-r // br) * br, -(-c // bc) * bc
+    xp = torch.nn.functional.pad(x, (0, cp - c, 0, rp - r))
+    tiles = xp.reshape(rp // br, br, cp // bc, bc)
+    vmax = tiles.abs().amax(dim=(1, 3), keepdim=True)  # NaN-propagating, like the reference
+    one = _f32(1.0, dev)
+    if kind is _Kind.TWO_LEVEL:
+        amax = x.abs().amax()
+        if sch.tensor_scale:
+            num = _f32(float(np.float32(el.max) * np.float32(256.0 if sch.four_over_six else sch.scale.max)), dev)
+            s_enc = torch.minimum(num / amax, _f32(_FLT_MAX, dev))
+            s_enc = torch.where((amax == 0) | (s_enc == 0), one, s_enc)
+        else:
+            s_enc = one
+        s_dec = one / s_enc
+        sdb = torch.minimum(vmax * (s_enc * (one / _f32(el.max, dev))), _f32(sch.scale.max, dev))
+        sv = decode(encode(sdb, sch.scale), sch.scale)
+        enc = torch.minimum(one / (sv * s_dec), _f32(_FLT_MAX, dev))
+        codes = encode((tiles * enc).reshape(rp, cp), el, mode.value, **sr_kw).reshape(tiles.shape)
+        out = (decode(codes, el) * sv) * s_dec
+    elif kind is _Kind.POW2:
+        if sch.scale_rule.value != "rceil":
+            raise NotImplementedError("the torch backend implements the rceil MX scale rule only")
+        sb = encode(vmax * (one / _f32(el.max, dev)), "float8_e8m0fnu", "rup", True)
+        exp = 127 - sb
+        mul = ((exp + 127) << 23).to(torch.int32).view(torch.float32)  # 2**(127 - b): exact float32
+        mul = torch.where(exp == -127, _f32(2.0**-127, dev), mul)  # b = 254: 2**-127 is subnormal
+        codes = encode((tiles * mul).reshape(rp, cp), el, mode.value, **sr_kw).reshape(tiles.shape)
+        back = torch.where(sb == 255, _f32(float("nan"), dev), one / mul)
+        out = torch.where(sb == 255, _f32(float("nan"), dev), decode(codes, el) * back)
+    else:  # FP32 scales
+        d = vmax / _f32(el.max, dev)
+        d = torch.where((d == 0) | torch.isinf(d), one, d)
+        codes = encode((tiles / d).reshape(rp, cp), el, mode.value, **sr_kw).reshape(tiles.shape)
+        out = decode(codes, el) * d
+    return out.reshape(rp, cp)[:r, :c]

@@ -127,7 +127,30 @@ def test_rht_equals_the_reference(device, d, signs, bf16):
 
 
 def same_bits(got, want):
-    """Bit-identical, except that the payload of an arithmetic NaN is not part of the contract (GPUs canonicalise it)."""
+    """Bit-identical, except arithmetic NaN payloads, which are not part of the contract (GPUs canonicalise)."""
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scheme,block", [("nvfp4", None), ("nvfp4", (16, 16)), ("mxfp4", None),
+                                          ("mxfp8_e4m3", None), ("fp8_block128", None), ("fp8_block128", (128, 128)),
+                                          ("fp8_e4m3", None), ("bf16", None), ("mxfp6_e3m2", None)])
+def test_fake_quantize_rne_equals_the_reference(device, scheme, block):
+    rng = np.random.default_rng(13)
+    x = (rng.standard_t(3, (160, 272)) * 10.0 ** rng.uniform(-4, 4, (160, 1))).astype(np.float32)
+    s = fpsim.get_scheme(scheme) if block is None else fpsim.get_scheme(scheme).replace(block=block)
+    want = fpsim.quantize(x, s).dequantize()
+    got = tb.fake_quantize(torch.from_numpy(x).to(device), s).cpu().numpy()
+    same_bits(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fake_quantize_sr_is_unbiased(device):
+    x = torch.full((64, 64), 1.2 / 6 * 448 / 448, device=device)
+    x[:, ::16] = 1.0  # block max: scaled values are 6 (the max) and 1.2
+    draws = torch.stack([tb.fake_quantize(x, "nvfp4", rounding="sr", seed=s) for s in range(64)])
+    assert abs(float(draws.mean()) - float(x.mean())) < 0.003 * float(x.mean())
+    rne = tb.fake_quantize(x, "nvfp4")
+    assert abs(float(rne.mean()) - float(x.mean())) > 0.05 * float(x.mean())
