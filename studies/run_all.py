@@ -29,6 +29,7 @@ STUDIES = [
     "weight_2d",
     "stochastic_rounding",
     "layer_sensitivity",
+    "training",
 ]
 
 

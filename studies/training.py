@@ -1,0 +1,111 @@
+"""Study 8 — training-scale evidence: loss curves of a small LM under the emulated recipes (issue 9).
+
+Reads the CSVs that ``studies/train_lm.py`` wrote on the H200 (committed in studies/data/training/, so
+this study needs no GPU) and draws the loss curves, the relative validation-loss gap to BF16 over
+tokens (as the paper's Fig. 2/4/6) and a table of final gaps with the seed spread.
+"""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from studies.common import ROOT, md_table, parse_args, progress, save_fig, write_csv, write_section
+
+NAME = "training"
+DATA = ROOT / "studies" / "data" / "training"
+LABELS = {
+    "bf16": "BF16", "fp8_blockwise": "FP8 blockwise", "nvfp4": "NVFP4 recipe (last block BF16)",
+    "nvfp4_all_layers": "NVFP4 all layers", "nvfp4_no_sr": "NVFP4 − SR", "nvfp4_no_rht": "NVFP4 − RHT",
+    "nvfp4_no_2d": "NVFP4 − 2D weights", "mxfp4": "MXFP4 recipe",
+}
+
+
+def main(argv=None):
+    args = parse_args(NAME, __doc__, argv)
+    meta = json.loads((DATA / "runs.json").read_text())
+    frames = []
+    for csv in sorted(DATA.glob("*.csv")):
+        run = csv.stem
+        df = pd.read_csv(csv)
+        df["run"] = run.removesuffix("_seed1")
+        df["seed"] = 1 if run.endswith("_seed1") else 0
+        frames.append(df)
+        progress(f"[{NAME}] {run}: {len(df)} steps")
+    df = pd.concat(frames, ignore_index=True)
+    val = df.dropna(subset=["val_loss"])[["run", "seed", "step", "tokens", "val_loss"]]
+    base = val[(val.run == "bf16")].groupby("step")["val_loss"].mean()
+    val = val.assign(gap_vs_bf16=val.apply(lambda r: r.val_loss / base[r.step] - 1, axis=1))
+    write_csv(val.sort_values(["run", "seed", "step"]), args.dir / f"{NAME}.csv")
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for run, g in val[val.seed == 0].groupby("run", sort=False):
+        ax.plot(g.tokens / 1e6, g.val_loss, label=LABELS.get(run, run), lw=1.4)
+    ax.set_xlabel("training tokens (millions)")
+    ax.set_ylabel("validation loss (nats per byte)")
+    ax.set_title("Small byte-level LM (6 blocks, d = 256) under emulated low-precision recipes")
+    ax.set_ylim(0.85, 1.6)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    save_fig(fig, args.dir / "loss_curves.png")
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for run, g in val[(val.seed == 0) & (val.run != "bf16")].groupby("run", sort=False):
+        ax.plot(g.tokens / 1e6, 100 * g.gap_vs_bf16, label=LABELS.get(run, run), lw=1.4)
+    bf = val[val.run == "bf16"].pivot(index="tokens", columns="seed", values="val_loss")
+    ax.fill_between(bf.index / 1e6, 100 * (bf.min(axis=1) / bf.mean(axis=1) - 1),
+                    100 * (bf.max(axis=1) / bf.mean(axis=1) - 1), color="grey", alpha=0.3, label="BF16 seed spread")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xlabel("training tokens (millions)")
+    ax.set_ylabel("validation loss gap vs BF16 (%)")
+    ax.set_title("Relative loss gap to BF16 (mean of BF16 seeds 0 and 1)")
+    ax.set_ylim(-8, 8)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    save_fig(fig, args.dir / "loss_gap.png")
+
+    last = val[val.step == val.step.max()]
+    table = last.pivot_table(index="run", columns="seed", values="val_loss").reset_index()
+    table.columns = ["run"] + [f"val loss seed {c}" for c in table.columns[1:]]
+    table["gap vs BF16 (seed 0)"] = table["val loss seed 0"] / base.iloc[-1] - 1
+    table["run"] = table["run"].map(lambda r: LABELS.get(r, r))
+    table = table.sort_values("val loss seed 0")
+    bf_spread = abs(last[(last.run == "bf16") & (last.seed == 1)].val_loss.iloc[0]
+                    - last[(last.run == "bf16") & (last.seed == 0)].val_loss.iloc[0]) / base.iloc[-1]
+    nv = last[last.run == "nvfp4"].set_index("seed").val_loss
+    nv_spread = abs(nv[1] - nv[0]) / base.iloc[-1]
+    g = last[last.seed == 0].set_index("run").val_loss / base.iloc[-1] - 1
+    secs = sum(r["seconds"] for r in meta["runs"].values())
+    measured = (
+        f"{meta['args']['steps']} steps of {meta['args']['batch']}×{meta['args']['seq']} bytes "
+        f"({last.tokens.iloc[0] / 1e6:.1f} M tokens) per run on the {meta['device']}, {secs / 60:.1f} min of training "
+        f"in all. Final validation-loss gap to BF16: NVFP4 recipe {100 * g['nvfp4']:+.1f} % (seed 1: "
+        f"{100 * (nv[1] / base.iloc[-1] - 1):+.1f} %), NVFP4 on all layers {100 * g['nvfp4_all_layers']:+.1f} %, MXFP4 "
+        f"{100 * g['mxfp4']:+.1f} %, FP8 blockwise {100 * g['fp8_blockwise']:+.1f} %; ablations: without SR "
+        f"{100 * g['nvfp4_no_sr']:+.1f} %, without RHT {100 * g['nvfp4_no_rht']:+.1f} %, without 2D weights "
+        f"{100 * g['nvfp4_no_2d']:+.1f} %. Seed-to-seed spread of the final loss: BF16 {100 * bf_spread:.1f} %, "
+        f"NVFP4 {100 * nv_spread:.1f} %."
+    )
+    verdict = (
+        "Partly reproduced. NVFP4 with the recipe trains this model to within a few per cent of BF16 and MXFP4 and "
+        "all-layers NVFP4 end behind it, in the paper's direction; but the seed spread at this scale (1.6 M tokens, "
+        "32 k validation bytes) is as large as the ablation effects, so the paper's per-component claims (SR, RHT, "
+        "2D weights each needed) are not resolved here — removing SR even ended lower than the recipe. Longer runs "
+        "and more seeds on the GPU are the next step."
+    )
+    write_section(
+        args, "8. Training: a small LM under the emulated recipes",
+        "Pretraining with NVFP4 (the full recipe, with the last blocks in BF16) tracks the BF16 loss closely; removing "
+        "SR, RHT or 2D weight scaling, quantizing every layer, or using MXFP4 widens the gap (paper Fig. 2, 4, 6).",
+        measured, verdict, ["loss_curves.png", "loss_gap.png"],
+        ["Final validation loss (nats per byte):\n\n" + md_table(table, ".4f"),
+         f"Command: `{meta['command']}` (GEMMs in FP32 on exactly fake-quantized operands; quantization by "
+         "`fpsim.torch_backend`, bit-identical to the CPU reference)."],
+    )
+    return args.dir
+
+
+if __name__ == "__main__":
+    main()
