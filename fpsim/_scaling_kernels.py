@@ -179,6 +179,44 @@ def _tile_error(X, r0, r1, c0, c1, j, enc, sv, sd, etable, lut, shift, ep, sr, k
     return err
 
 
+@njit
+def _encode_tile_rows(X, r0, r1, j, c0, BC, nb, op, f32k, f64k, lut, shift, ep, sr, kbits, seq, rb, use_rb, packed,
+                      nan_code, nan_block, out):
+    """Encode the elements of block column ``j`` for rows r0..r1-1 (the general, SR-capable path).
+
+    The scaled element is ``op`` 0: fl(x · f32k), 1: fl32(x · f64k) (an exact power of two in float64),
+    2: fl(x / f32k).  SR bits come from the Philox call of the row's block (SPEC §3) or from ``rb``;
+    a NaN block (MX scale 0xFF) gives ``nan_code`` everywhere; columns past the tensor encode to 0.
+    """
+    C = X.shape[1]
+    k0, k1, counter0, width, per_call, calls, _nb = seq
+    kmask = np.uint64((1 << kbits) - 1)
+    for r in range(r0, r1):
+        bidx = r * nb + j
+        for cc in range(calls):
+            words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
+            for q in range(per_call):
+                t = cc * per_call + q
+                if t >= BC:
+                    break
+                c = c0 + t
+                if c >= C:
+                    code = np.uint8(0)
+                elif nan_block:
+                    code = np.uint8(nan_code)
+                else:
+                    rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
+                    x = bits_f32(X[r, c])
+                    if op == 0:
+                        y = x * f32k
+                    elif op == 1:
+                        y = np.float32(np.float64(x) * f64k)
+                    else:
+                        y = x / f32k
+                    code = _elem_code(y, lut, shift, ep, sr, rr, kbits)
+                _store(out, r, c, code, packed)
+
+
 @pjit
 def quantize_two_level(
     X,
@@ -217,8 +255,6 @@ def quantize_two_level(
     R, C = X.shape
     nb = scales.shape[1]
     ng = (R + BR - 1) // BR
-    k0, k1, counter0, width, per_call, calls, _nb = seq
-    kmask = np.uint64((1 << kbits) - 1)
     for tile in prange(ng * nb):
         g = tile // nb
         j = tile % nb
@@ -244,20 +280,8 @@ def quantize_two_level(
                 sb, sv, enc = sb4, sv4, enc4
         for r in range(r0, r1):
             scales[r, j] = sb
-            bidx = r * nb + j
-            for cc in range(calls):
-                words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
-                for q in range(per_call):
-                    t = cc * per_call + q
-                    if t >= BC:
-                        break
-                    c = c0 + t
-                    if c < C:
-                        rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
-                        code = _elem_code(bits_f32(X[r, c]) * enc, lut, shift, ep, sr, rr, kbits)
-                    else:
-                        code = np.uint8(0)
-                    _store(out, r, c, code, packed)
+        _encode_tile_rows(X, r0, r1, j, c0, BC, nb, 0, enc, 1.0, lut, shift, ep, sr, kbits, seq, rb, use_rb, packed,
+                          0, False, out)
 
 
 @njit
@@ -326,8 +350,6 @@ def quantize_mx(
     R, C = X.shape
     nb = scales.shape[1]
     ng = (R + BR - 1) // BR
-    k0, k1, counter0, width, per_call, calls, _nb = seq
-    kmask = np.uint64((1 << kbits) - 1)
     for tile in prange(ng * nb):
         g = tile // nb
         j = tile % nb
@@ -339,24 +361,8 @@ def quantize_mx(
         p = _POW2[127 - sb + _P2]  # 2**(-E), E = sb - 127
         for r in range(r0, r1):
             scales[r, j] = sb
-            bidx = r * nb + j
-            for cc in range(calls):
-                words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
-                for q in range(per_call):
-                    t = cc * per_call + q
-                    if t >= BC:
-                        break
-                    c = c0 + t
-                    if c < C:
-                        if sb == 0xFF:
-                            code = np.uint8(nan_code)
-                        else:
-                            rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
-                            y = np.float32(np.float64(bits_f32(X[r, c])) * p)
-                            code = _elem_code(y, lut, shift, ep, sr, rr, kbits)
-                    else:
-                        code = np.uint8(0)
-                    _store(out, r, c, code, packed)
+        _encode_tile_rows(X, r0, r1, j, c0, BC, nb, 1, np.float32(1.0), p, lut, shift, ep, sr, kbits, seq, rb, use_rb,
+                          packed, nan_code, sb == 0xFF, out)
 
 
 @pjit
@@ -368,8 +374,6 @@ def quantize_fp32_scaled(X, BR, BC, emax_f, ep, lut, shift, sr, kbits, seq, rb, 
     R, C = X.shape
     nb = scales.shape[1]
     ng = (R + BR - 1) // BR
-    k0, k1, counter0, width, per_call, calls, _nb = seq
-    kmask = np.uint64((1 << kbits) - 1)
     for tile in prange(ng * nb):
         g = tile // nb
         j = tile % nb
@@ -380,20 +384,8 @@ def quantize_fp32_scaled(X, BR, BC, emax_f, ep, lut, shift, sr, kbits, seq, rb, 
         d = fp32_block_scale(amax, emax_f)
         for r in range(r0, r1):
             scales[r, j] = d
-            bidx = r * nb + j
-            for cc in range(calls):
-                words = _words(sr and not use_rb, counter0 + bidx * calls + cc, k0, k1)
-                for q in range(per_call):
-                    t = cc * per_call + q
-                    if t >= BC:
-                        break
-                    c = c0 + t
-                    if c < C:
-                        rr = _rand(words, t, per_call, width, kmask, rb, r, c, use_rb) if sr else np.int64(0)
-                        code = _elem_code(bits_f32(X[r, c]) / d, lut, shift, ep, sr, rr, kbits)
-                    else:
-                        code = np.uint8(0)
-                    out[r, c] = code
+        _encode_tile_rows(X, r0, r1, j, c0, BC, nb, 2, d, 1.0, lut, shift, ep, sr, kbits, seq, rb, use_rb, False,
+                          0, False, out)
 
 
 @njit
