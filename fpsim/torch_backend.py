@@ -103,18 +103,7 @@ def _encode_sr(u, r, k: int, spec: FormatSpec):
     """fpsim._kernels encode_one_sr on int64 tensors: t = fl32(|x| + r·2^(qexp−k)), then truncate (SPEC §3)."""
     torch = _t()
     bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
-    if not subn or emin_b < 1:
-        raise NotImplementedError(f"{spec.name}: SR for formats without subnormals is not supported here")
-    a = u & 0x7FFFFFFF
-    s = (u >> 31) & signed
-    e = a >> 23
-    ep = e.clamp(min=1)
-    sig = (a & 0x7FFFFF) | (e.clamp(max=1) << 23)
-    sh = (23 - mbits + (emin_b - ep).clamp(min=0)).clamp(max=25)
-    one = torch.ones_like(sh)
-    t = sig >> sh
-    rem = sig & ((one << sh) - 1)
-    mag = ((ep.clamp(min=emin_b) - emin_b) << mbits) + t
+    a, s, ep, sig, t, rem, _half, mag = _fields(u, spec)
     qexp = ep.clamp(min=emin_b) - 127 - mbits
 
     def pow2(ex):  # 2**ex as float64, built from its bits (exact)
@@ -153,23 +142,35 @@ def encode(x, fmt: str | FormatSpec, rounding: str = "rne", saturate: bool = Tru
     return _encode_wide(u, spec, mode.kernel_id, bool(saturate))
 
 
-def _encode_wide(u, spec: FormatSpec, mode: int, sat: bool):
-    """fpsim._kernels._encode_branchfree on int64 tensors (formats with subnormals, emin_b ≥ 1)."""
+def _fields(u, spec: FormatSpec):
+    """The integer decomposition both wide encoders start from (fpsim._kernels._encode_branchfree's prologue).
+
+    Returns |x| bits, sign, E' = max(E, 1), the 24-bit significand, the kept quanta ``t``, the discarded
+    remainder, half a quantum, and the code magnitude of ``t`` before rounding.
+    """
     torch = _t()
     bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
     if not subn or emin_b < 1:
-        raise NotImplementedError(f"{spec.name}: wide formats without subnormals are not supported")
+        raise NotImplementedError(f"{spec.name}: formats without subnormals are not supported by this path")
     a = u & 0x7FFFFFFF
     s = (u >> 31) & signed
     e = a >> 23
     ep = e.clamp(min=1)
     sig = (a & 0x7FFFFF) | (e.clamp(max=1) << 23)
     sh = (23 - mbits + (emin_b - ep).clamp(min=0)).clamp(max=25)
-    t = sig >> sh
     one = torch.ones_like(sh)
+    t = sig >> sh
     rem = sig & ((one << sh) - 1)
     half = one << (sh - 1)
-    base = ((ep.clamp(min=emin_b) - emin_b) << mbits) + t
+    mag = ((ep.clamp(min=emin_b) - emin_b) << mbits) + t
+    return a, s, ep, sig, t, rem, half, mag
+
+
+def _encode_wide(u, spec: FormatSpec, mode: int, sat: bool):
+    """fpsim._kernels._encode_branchfree on int64 tensors (formats with subnormals, emin_b ≥ 1)."""
+    torch = _t()
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
+    a, s, ep, sig, t, rem, half, base = _fields(u, spec)
     if mode == 0:  # RNE
         up = (rem > half) | ((rem == half) & ((base & 1) == 1))
         away = torch.ones_like(up)

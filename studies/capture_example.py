@@ -27,11 +27,11 @@ from fpsim.io import write_safetensors
 CTX, EMB, HID, VOCAB = 8, 32, 256, 256
 
 
-def corpus(max_bytes: int) -> np.ndarray:
-    """Bytes of the stdlib's .py files, sorted by path (the same text on every machine with this Python)."""
+def corpus(max_bytes: int, recursive: bool = False) -> np.ndarray:
+    """Bytes of the stdlib's .py files (top level, or every package with ``recursive``), sorted by path."""
     root = Path(sysconfig.get_paths()["stdlib"])
     chunks, total = [], 0
-    for p in sorted(root.glob("*.py")):
+    for p in sorted(root.rglob("*.py") if recursive else root.glob("*.py")):
         b = p.read_bytes()
         chunks.append(b)
         total += len(b)

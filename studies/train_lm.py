@@ -8,8 +8,8 @@ W 16×16; Dgrad dY with SR, Wᵀ; Wgrad dYᵀ with RHT16 + SR, Xᵀ with RHT16),
 Embedding, attention products, norms, LM head and optimizer stay in FP32.  The recipe's BF16 layer set
 is scaled to this depth (the paper: first 2 + last 8 of 62 blocks ≈ 16 %; here the last block of 6).
 
-    python studies/train_lm.py --runs bf16,nvfp4 --steps 600 --out reports/training   (on a GPU)
-    python studies/train_lm.py --tiny --runs nvfp4 --steps 3                         (CPU smoke test)
+    python -m studies.train_lm --runs bf16,nvfp4 --steps 400 --out studies/data/training   (on a GPU)
+    python -m studies.train_lm --tiny --runs nvfp4 --steps 3                               (CPU smoke test)
 
 Writes ``<out>/<run>.csv`` (step, tokens, lr, train_loss, val_loss) per run and ``<out>/runs.json``.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sysconfig
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from fpsim import torch_backend as tb
 from fpsim.recipe import LayerPolicy, get_recipe
 from fpsim.transforms import derive_seed
+from studies.capture_example import corpus
 
 RUNS = {
     "bf16": ("bf16", ()),
@@ -41,18 +41,6 @@ RUNS = {
     "nvfp4_no_2d": ("nvfp4_paper", ("2d",)),
     "mxfp4": ("mxfp4", ()),
 }
-
-
-def corpus(n_bytes: int) -> np.ndarray:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out, total = [], 0
-    for p in sorted(root.rglob("*.py")):
-        b = p.read_bytes()
-        out.append(b)
-        total += len(b)
-        if total >= n_bytes:
-            break
-    return np.frombuffer(b"".join(out)[:n_bytes], dtype=np.uint8)
 
 
 def fq(t: torch.Tensor, policy, seed: int, rht_seeds=(0, 0)) -> torch.Tensor:
@@ -232,7 +220,7 @@ def main(argv=None):
         args.layers, args.d, args.heads, args.seq, args.batch = 2, 64, 2, 32, 4
         args.eval_every, args.eval_tokens = 1, 512
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    raw = torch.from_numpy(corpus(3_000_000).astype(np.int64))
+    raw = torch.from_numpy(corpus(3_000_000, recursive=True).astype(np.int64))
     data, val = raw[: int(0.93 * raw.numel())], raw[int(0.93 * raw.numel()) :]
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
