@@ -11,6 +11,7 @@ fpsim measured, verdict).  ``studies/run_all.py`` runs them all and assembles
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
@@ -37,6 +38,23 @@ def parse_args(name: str, doc: str, argv=None) -> argparse.Namespace:
     args.dir = args.out / name
     args.dir.mkdir(parents=True, exist_ok=True)
     return args
+
+
+@contextlib.contextmanager
+def numba_threads(n: int):
+    """Run fpsim's parallel kernels on ``n`` threads inside a study (restored afterwards).
+
+    The studies quantize many small tensors: on a loaded 2-core machine the thread pool's wake-ups and
+    the oversubscription with BLAS threads cost more than the work.  Results do not depend on the count.
+    """
+    import numba
+
+    old = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
 
 
 def progress(msg: str) -> None:

@@ -8,8 +8,6 @@ each block's largest element).
 
 from __future__ import annotations
 
-import contextlib
-
 import matplotlib.pyplot as plt
 import numba
 import numpy as np
@@ -20,6 +18,7 @@ from fpsim.scaling import BlockScheme
 from studies.common import (
     DISTRIBUTIONS,
     md_table,
+    numba_threads,
     parse_args,
     progress,
     real_tensors,
@@ -56,19 +55,6 @@ E2M1_MAGS = ["0", "0.5", "1", "1.5", "2", "3", "4", "6"]
 NEAR_FP8 = 2.0**-4  # half an E4M3 ulp at 1.0 (3 mantissa bits): "near-FP8 precision"
 
 
-@contextlib.contextmanager
-def numba_threads(n: int):
-    """Run fpsim's parallel kernels on ``n`` threads (restored afterwards).
-
-    The studies quantize many small tensors: on a loaded 2-core machine the thread pool's wake-up costs
-    ~50× the work of a 32k-element call.  Results do not depend on the thread count.
-    """
-    old = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
 
 
 def nominal_bits(sch: BlockScheme, numel: int) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 import matplotlib.pyplot as plt
-import numba
 import numpy as np
 import pandas as pd
 
@@ -20,6 +19,7 @@ from fpsim.recipe import get_recipe, linear
 from fpsim.transforms import derive_seed, sign_vector
 from studies.common import (
     md_table,
+    numba_threads,
     parse_args,
     progress,
     real_tensors,
@@ -322,23 +322,10 @@ def fig_placement(df, path):
 
 
 # ------------------------------------------------------------------------------------------------ main
-class _serial_kernels:
-    """Run fpsim's parallel kernels on one thread inside the study (restored afterwards).
-
-    On a loaded 2-core machine Numba's worker threads and BLAS threads oversubscribe the cores and the
-    study runs 3× slower; results do not depend on the thread count.
-    """
-
-    def __enter__(self):
-        self.n = numba.get_num_threads()
-        numba.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        numba.set_num_threads(self.n)
 
 
 def main(argv=None):
-    with _serial_kernels():
+    with numba_threads(1):
         return _main(argv)
 
 

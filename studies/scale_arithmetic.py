@@ -9,8 +9,6 @@ vs standard NVFP4: SQNR gain and the share of blocks choosing 4.
 
 from __future__ import annotations
 
-import contextlib
-
 import matplotlib.pyplot as plt
 import numba
 import numpy as np
@@ -20,6 +18,7 @@ import fpsim
 from studies.common import (
     DISTRIBUTIONS,
     md_table,
+    numba_threads,
     parse_args,
     progress,
     real_tensors,
@@ -63,15 +62,6 @@ SHORT = {
 SWEEP_AMAX = (1.0, 1.5, 6.0, 0.73412, 4.125, 0.0078125)
 
 
-@contextlib.contextmanager
-def numba_threads(n: int):
-    """Run fpsim's parallel kernels on ``n`` threads (restored afterwards); results do not depend on it."""
-    old = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
 
 
 def e4m3_byte(v, mode: str = "rne") -> np.ndarray:

@@ -10,7 +10,6 @@ SQNR cost of 16×16 tiles vs 1×16 blocks.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import numba
 import numpy as np
 import pandas as pd
 
@@ -18,6 +17,7 @@ import fpsim
 from fpsim.recipe import get_recipe, linear
 from studies.common import (
     md_table,
+    numba_threads,
     parse_args,
     progress,
     real_tensors,
@@ -96,20 +96,10 @@ def measure_recipe(name, x, w, dy, seeds, seed0):
     return rows
 
 
-class _serial_kernels:
-    """fpsim's parallel kernels on one thread inside the study (restored afterwards): on a loaded 2-core
-    machine Numba and BLAS threads oversubscribe the cores; results do not depend on the thread count."""
-
-    def __enter__(self):
-        self.n = numba.get_num_threads()
-        numba.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        numba.set_num_threads(self.n)
 
 
 def main(argv=None):
-    with _serial_kernels():
+    with numba_threads(1):
         return _main(argv)
 
 
