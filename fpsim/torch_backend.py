@@ -385,3 +385,249 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
         codes = encode((tiles / d).reshape(rp, cp), el, mode.value, **sr_kw).reshape(tiles.shape)
         out = decode(codes, el) * d
     return out.reshape(rp, cp)[:r, :c]
+
+
+# ---------------------------------------------------------------------------
+# Fused Triton path (CUDA): one kernel for block amax + scale + encode + pack.
+
+
+def triton_available() -> bool:
+    """Whether the fused Triton kernels can be imported here (they run on CUDA, or on CPU under TRITON_INTERPRET=1)."""
+    try:
+        from . import _triton_kernels  # noqa: F401
+    except Exception:  # ImportError, or a Triton that cannot initialise its backend
+        return False
+    return True
+
+
+def _impl(x, impl: str) -> bool:
+    """True when the Triton kernels should run on ``x`` (``impl``: "auto" = on CUDA tensors, "triton", "eager")."""
+    if impl not in ("auto", "triton", "eager"):
+        raise ValueError("impl must be 'auto', 'triton' or 'eager'")
+    if impl == "eager":
+        return False
+    if impl == "triton":
+        if not triton_available():
+            raise RuntimeError("impl='triton' needs Triton (pip install triton)")
+        return True
+    return x.is_cuda and triton_available()
+
+
+_BB = 64  # blocks per Triton program (1024 NVFP4 elements, 2048 MX elements)
+
+
+def _as_rows(x):
+    """float32 contiguous (R, C) view of ``x`` with its last axis as C, and the leading shape."""
+    torch = _t()
+    x = x.to(torch.float32)
+    lead, c = tuple(x.shape[:-1]), x.shape[-1]
+    return x.reshape(-1, c).contiguous(), lead, c
+
+
+def absmax(x, ignore_nan: bool = False):
+    """max |x| as a 0-d float32 tensor in one fused pass (NaN-propagating unless ``ignore_nan``); 0 when empty."""
+    torch = _t()
+    from . import _triton_kernels as K
+
+    x = x.to(torch.float32).contiguous()
+    out = torch.zeros(1, dtype=torch.int32, device=x.device)
+    n = x.numel()
+    if n:
+        block, iters = 1024, 16
+        K.absmax_kernel[(-(-n // (block * iters)),)](x, out, n, BLOCK=block, ITERS=iters, IGNORE_NAN=bool(ignore_nan))
+    return out.view(torch.float32).reshape(())
+
+
+def _tile_absmax(X, tr: int, bw: int, ignore_nan: bool):
+    torch = _t()
+    from . import _triton_kernels as K
+
+    R, C = X.shape
+    nb = -(-C // bw)
+    out = torch.empty((-(-R // tr), nb), dtype=torch.int32, device=X.device)
+    bb = 16
+    K.tile_absmax_kernel[(out.shape[0], -(-nb // bb))](X, out, R, C, nb, TR=tr, BW=bw, BB=bb,
+                                                       IGNORE_NAN=bool(ignore_nan))
+    return out
+
+
+def nvfp4_params(amax, num: float = 2688.0):
+    """Per-tensor NVFP4 constants on amax's device: ``par`` = [fl(S_enc·fl(1/6)), S_dec] and the table
+    ``enc[b] = min(fl(1/fl(f32(b)·S_dec)), FLT_MAX)`` for the 128 E4M3 scale bytes (IEEE divisions, by torch)."""
+    torch = _t()
+    dev = amax.device
+    amax = amax.to(torch.float32).reshape(1)
+    one = _f32(1.0, dev)
+    s_enc = torch.minimum(_f32(num, dev) / amax, _f32(_FLT_MAX, dev))
+    s_enc = torch.where((amax == 0) | (s_enc == 0), one, s_enc)
+    s_dec = one / s_enc
+    sek = s_enc * _f32(float(np.float32(1.0) / np.float32(6.0)), dev)
+    sv = _table("dec", get_format("float8_e4m3fn"), 0, True, str(dev))[:128]
+    enc = one / (sv * s_dec)
+    enc = torch.where(enc > _FLT_MAX, _f32(_FLT_MAX, dev), enc)
+    return torch.cat([sek, s_dec]), enc.contiguous()
+
+
+def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
+    torch = _t()
+    from . import _triton_kernels as K
+
+    R, C = X.shape
+    nb = -(-C // 16)
+    nblk = R * nb
+    par, enc = nvfp4_params(amax)
+    dev = X.device
+    tmax = _tile_absmax(X, 16, 16, ignore_nan) if tile else torch.zeros(1, dtype=torch.int32, device=dev)
+    dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
+    grid = (max(-(-nblk // _BB), 1),)
+    if fake:
+        out = torch.empty((R, C), dtype=torch.float32, device=dev)
+        if nblk:
+            K.nvfp4_quant_kernel[grid](X, dummy8, dummy8, out, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile,
+                                       FAKE=True, IGNORE_NAN=bool(ignore_nan))
+        return out
+    q = torch.empty((R, nb * 8), dtype=torch.uint8, device=dev)
+    s = torch.empty((R, nb), dtype=torch.uint8, device=dev)
+    if nblk:
+        K.nvfp4_quant_kernel[grid](X, q, s, X, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile, FAKE=False,
+                                   IGNORE_NAN=bool(ignore_nan))
+    return q, s
+
+
+def quantize_nvfp4_fused(x, *, tensor_amax=None, tile: bool = False, nan_amax: str = "propagate"):
+    """NVFP4 quantization by the fused Triton kernels: (packed uint8, E4M3 scale bytes, float32 amax).
+
+    Same bits and shapes as :func:`fpsim.quantize` with ``"nvfp4"`` (``tile=True``: 16×16 tiles, 2-D
+    input) along the last axis.  ``tensor_amax`` (a float or 0-d tensor) skips the amax pass, as
+    :func:`fpsim.quantize`'s argument of that name does.
+    """
+    torch = _t()
+    ignore = nan_amax == "ignore"
+    X, lead, c = _as_rows(x)
+    if tile and len(lead) != 1:
+        raise ValueError("16×16 tiles need a 2-D tensor")
+    if tensor_amax is None:
+        amax = absmax(X, ignore)
+    else:
+        amax = torch.as_tensor(tensor_amax, dtype=torch.float32, device=X.device).reshape(())
+    q, s = _nvfp4_triton(X, amax, tile, ignore, False)
+    return q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1]), amax
+
+
+def _out_view(out):
+    """The output buffer as the kernels write it: float32 as is, bfloat16 as its int16 bits."""
+    torch = _t()
+    if out.dtype == torch.float32:
+        return out
+    if out.dtype == torch.bfloat16:
+        return out.view(torch.int16)
+    raise ValueError(f"dequantize writes float32 or bfloat16, not {out.dtype}")
+
+
+def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec: bool = True):
+    """Decode NVFP4 by one Triton kernel: fl((e · f32(s_b)) · S_dec) in ``dtype`` (float32 default).
+
+    ``apply_s_dec=False`` gives the exact products e · s_b, which bfloat16 holds exactly (an E2M1
+    value times an E4M3 value has at most 5 significant bits): the operands of the exact
+    dequantize-to-BF16 GEMM.
+    """
+    torch = _t()
+    from . import _triton_kernels as K
+
+    dtype = torch.float32 if dtype is None else dtype
+    lead = tuple(packed.shape[:-1])
+    Q = packed.reshape(-1, packed.shape[-1]).contiguous()
+    S = scales.reshape(-1, scales.shape[-1]).contiguous()
+    R, nb = S.shape
+    out = torch.empty((R, c), dtype=dtype, device=packed.device)
+    par, _ = nvfp4_params(torch.as_tensor(amax, dtype=torch.float32, device=packed.device))
+    nblk = R * nb
+    if nblk:
+        K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q, S, par, _out_view(out), c, nb, nblk, BB=_BB,
+                                                   APPLY_SDEC=bool(apply_s_dec), OUT_BF16=out.dtype == torch.bfloat16)
+    return out.reshape(*lead, c)
+
+
+def _mx_consts(el: FormatSpec):
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = el.kernel_params()
+    return {"EMAX": int(el.emax), "MBITS": int(mbits), "EMIN_B": int(emin_b), "MAX_CODE": int(max_code),
+            "NAN_CODE": int(nan_code), "SIGN_SHIFT": int(bits - 1), "PACK4": bits == 4}
+
+
+def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake: bool):
+    torch = _t()
+    from . import _triton_kernels as K
+
+    R, C = X.shape
+    nb = -(-C // 32)
+    nblk = R * nb
+    dev = X.device
+    inv_max = float(np.float32(1.0) / np.float32(el.max))
+    dec = _table("dec", el, 0, True, str(dev)).contiguous()
+    tmax = _tile_absmax(X, 32, 32, ignore_nan) if tile else torch.zeros(1, dtype=torch.int32, device=dev)
+    kw = dict(BB=_BB // 2, RULE=int(rule), TILE=tile, IGNORE_NAN=bool(ignore_nan), **_mx_consts(el))
+    grid = (max(-(-nblk // (_BB // 2)), 1),)
+    dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
+    if fake:
+        out = torch.empty((R, C), dtype=torch.float32, device=dev)
+        if nblk:
+            K.mx_quant_kernel[grid](X, dummy8, dummy8, out, dec, tmax, inv_max, R, C, nb, nblk, FAKE=True, **kw)
+        return out
+    q = torch.empty((R, nb * (16 if el.bits == 4 else 32)), dtype=torch.uint8, device=dev)
+    s = torch.empty((R, nb), dtype=torch.uint8, device=dev)
+    if nblk:
+        K.mx_quant_kernel[grid](X, q, s, X, dec, tmax, inv_max, R, C, nb, nblk, FAKE=False, **kw)
+    return q, s
+
+
+def quantize_mx_fused(x, element: str = "float4_e2m1fn", scale_rule: str = "rceil", *, tile: bool = False,
+                      nan_amax: str = "propagate"):
+    """MX quantization (blocks of 32 along the last axis, or 32×32 tiles) by one Triton kernel.
+
+    Any of the four E8M0 scale rules of SPEC §5; RNE satfinite elements.  Returns (codes, scale bytes)
+    with :func:`fpsim.quantize`'s bits and shapes.
+    """
+    from .scaling import ScaleRule
+
+    el = get_format(element)
+    X, lead, c = _as_rows(x)
+    q, s = _mx_triton(X, el, ScaleRule.parse(scale_rule).kernel_id, tile, nan_amax == "ignore", False)
+    return q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1])
+
+
+def encode_fused(x, fmt: str | FormatSpec):
+    """RNE satfinite codes (uint8) of a float32 tensor for a ≤ 8-bit format with subnormals, by one Triton kernel."""
+    torch = _t()
+    from . import _triton_kernels as K
+
+    spec = get_format(fmt)
+    if spec.bits > 8 or spec.is_passthrough or spec.kernel_params()[5] == 0:
+        raise ValueError(f"{spec.name}: the fused encoder covers ≤ 8-bit formats with subnormals")
+    x = x.to(torch.float32).contiguous()
+    out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    n = x.numel()
+    c = _mx_consts(spec)
+    del c["EMAX"], c["PACK4"]
+    if n:
+        K.encode_kernel[(-(-n // 1024),)](x, out, n, BLOCK=1024, **c)
+    return out
+
+
+def dequantize_mx_fused(codes, scales, c: int, element: str = "float4_e2m1fn", dtype=None):
+    """x̂ = fl(e · 2^(b − 127)) by one Triton kernel, in ``dtype`` (float32 default)."""
+    torch = _t()
+    from . import _triton_kernels as K
+
+    el = get_format(element)
+    dtype = torch.float32 if dtype is None else dtype
+    lead = tuple(codes.shape[:-1])
+    Q = codes.reshape(-1, codes.shape[-1]).contiguous()
+    S = scales.reshape(-1, scales.shape[-1]).contiguous()
+    R, nb = S.shape
+    out = torch.empty((R, c), dtype=dtype, device=codes.device)
+    dec = _table("dec", el, 0, True, str(codes.device)).contiguous()
+    nblk = R * nb
+    if nblk:
+        K.mx_dequant_kernel[(-(-nblk // (_BB // 2)),)](Q, S, dec, _out_view(out), c, nb, nblk, BB=_BB // 2,
+                                                       PACK4=el.bits == 4, OUT_BF16=out.dtype == torch.bfloat16)
+    return out.reshape(*lead, c)

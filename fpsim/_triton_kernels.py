@@ -1,0 +1,283 @@
+"""Fused Triton kernels for block quantization on CUDA (issue 8): one pass per tensor, bit-identical to Numba.
+
+Imported only by :mod:`fpsim.torch_backend` when Triton is importable.  Every kernel
+works on float32 *bit patterns* in int32 registers; the only float operations are
+the multiplications of SPEC §4–§5 (``fl(vmax · sek)``, ``fl(x · enc_b)``,
+``fl(x · 2^-E)``, ``fl((e · s_b) · S_dec)``), each a single IEEE ``mul.rn.f32``
+(no additions follow a multiplication, so FMA contraction cannot change a bit;
+the kernels are launched with ``enable_fp_fusion=False`` all the same).  The two
+divisions of the NVFP4 recipe (S_enc = 2688/amax and enc_b = 1/(s_b · S_dec))
+never run inside a kernel: Triton's ``/`` lowers to ``div.full.f32`` (up to 2 ulp
+off, triton-lang/triton#10661), so the host computes S_enc, S_dec and a
+128-entry table ``enc[s_b]`` with PyTorch's IEEE division, and the kernels look
+``enc_b`` up by scale byte.
+
+The element encoder :func:`_encode_rne` is fpsim._kernels' branch-free integer
+rounding (round-to-nearest-even, satfinite) for any format with subnormals;
+:func:`_e8m0_byte` is the MX scale byte under the four rules of SPEC §5.
+Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (the CPU tests).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_INF = 0x7F800000
+
+
+@triton.jit
+def _encode_rne(a, s, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
+                SIGN_SHIFT: tl.constexpr):
+    """RNE satfinite code of |x| bits ``a`` (int32) with sign ``s`` (0/1): fpsim._kernels._encode_branchfree."""
+    e = a >> 23
+    ep = tl.maximum(e, 1)
+    sig = (a & 0x7FFFFF) | (tl.minimum(e, 1) << 23)
+    sh = tl.minimum(23 - MBITS + tl.maximum(EMIN_B - ep, 0), 25)
+    t = sig >> sh
+    rem = sig & ((1 << sh) - 1)
+    half = 1 << (sh - 1)
+    mag = ((tl.maximum(ep, EMIN_B) - EMIN_B) << MBITS) + t
+    up = (rem > half) | ((rem == half) & ((t & 1) == 1))
+    mag = tl.minimum(mag + up.to(tl.int32), MAX_CODE)
+    return tl.where(a > 0x7F800000, NAN_CODE, (s << SIGN_SHIFT) | mag)
+
+
+@triton.jit
+def _e8m0_byte(m, inv_max, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr):
+    """E8M0 scale byte of a block with amax bits ``m`` (fpsim._scaling_kernels.mx_scale_byte).
+
+    RULE 0 floor, 1 ceil, 2 even, 3 rceil (``cvt.rp.satfinite.ue8m0`` of fl(amax · fl(1/max))).
+    A subnormal amax gives byte 0 under floor/ceil/even: its exponent is below −127 + emax.
+    """
+    e = m >> 23
+    mant = m & 0x7FFFFF
+    if RULE == 3:
+        t = (m.to(tl.float32, bitcast=True) * inv_max).to(tl.int32, bitcast=True)
+        te = t >> 23
+        tm = t & 0x7FFFFF
+        b = tl.where(te >= 1, te + (tm != 0).to(tl.int32), (t > 0x400000).to(tl.int32))
+        b = tl.minimum(b, 254)
+    else:
+        fl2 = e - 127
+        if RULE == 1:
+            fl2 += (mant != 0).to(tl.int32)
+        elif RULE == 2:
+            fl2 += ((mant | 0x800000) + (1 << (22 - MBITS)) >= 0x1000000).to(tl.int32)
+        b = tl.minimum(tl.maximum(fl2 - EMAX, -127), 127) + 127
+        b = tl.where(e == 0, 0, b)
+    b = tl.where(m == _INF, 254, b)
+    return tl.where(m > _INF, 255, b)
+
+
+@triton.jit
+def _e2m1_value(c):
+    """float32 value of an E2M1 code (0–15): exact, from bits."""
+    m = c & 7
+    e = m >> 1
+    f = m & 1
+    bits = tl.where(e == 0, f * 0x3F000000, ((e + 126) << 23) | (f << 22))
+    return (bits | ((c >> 3) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_value(sb):
+    """float32 value of an E4M3 byte 0–127 (127 = NaN): exact, from bits."""
+    sv = tl.where((sb >> 3) == 0, (sb & 7).to(tl.float32) * 0.001953125,
+                  ((((sb >> 3) + 120) << 23) | ((sb & 7) << 20)).to(tl.float32, bitcast=True))
+    return tl.where(sb == 127, float("nan"), sv)
+
+
+@triton.jit
+def _store_f32_or_bf16(ptr, v, mask, OUT_BF16: tl.constexpr):
+    """Store float32 ``v``, or its RNE BFloat16 bits (NaN → 0x7FC0, as c10's conversion) into an int16 view.
+
+    The rounding is spelled out in integer arithmetic so that the interpreter (whose cast truncates)
+    and the GPU (``cvt.rn.bf16.f32``) store the same bits.
+    """
+    if OUT_BF16:
+        b = v.to(tl.int32, bitcast=True)
+        r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+        r = tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r)
+        tl.store(ptr, r.to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr, v, mask=mask)
+
+
+@triton.jit
+def absmax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, IGNORE_NAN: tl.constexpr):
+    """atomic max of |x| bits into ``out_ptr`` (int32, zeroed): NaN bits exceed inf's, so NaN propagates."""
+    base = tl.program_id(0).to(tl.int64) * (BLOCK * ITERS)
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in tl.static_range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        a = tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if IGNORE_NAN:
+            a = tl.where(a > 0x7F800000, 0, a)
+        acc = tl.maximum(acc, a)
+    tl.atomic_max(out_ptr, tl.max(acc, axis=0))
+
+
+@triton.jit
+def tile_absmax_kernel(x_ptr, out_ptr, R, C, NB, TR: tl.constexpr, BW: tl.constexpr, BB: tl.constexpr,
+                       IGNORE_NAN: tl.constexpr):
+    """|x| bits max over BW-wide, TR-tall tiles: out[tile_row, block] (int32)."""
+    tr = tl.program_id(0)
+    bc = tl.program_id(1) * BB + tl.arange(0, BB)
+    j = tl.arange(0, BW)
+    col = bc[:, None] * BW + j[None, :]
+    acc = tl.zeros([BB, BW], tl.int32)
+    for i in tl.static_range(TR):
+        row = tr * TR + i
+        m = (col < C) & (col * 0 + row < R)
+        a = tl.load(x_ptr + row.to(tl.int64) * C + col, mask=m, other=0).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if IGNORE_NAN:
+            a = tl.where(a > 0x7F800000, 0, a)
+        acc = tl.maximum(acc, a)
+    tl.store(out_ptr + tr * NB + bc, tl.max(acc, axis=1), mask=bc < NB)
+
+
+@triton.jit
+def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, enc_ptr, par_ptr, R, C, NB, NBLK,
+                       BB: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr):
+    """NVFP4 (E2M1 elements, E4M3 block scales, TE's operation order, RNE) on BB blocks of 16.
+
+    ``par`` = [sek = fl(S_enc · fl(1/6)), S_dec]; ``enc[b]`` = min(fl(1/fl(f32(b) · S_dec)), FLT_MAX).
+    TILE: the block amax comes from ``tmax`` (16×16 tiles).  FAKE: write the decoded
+    float32 values ``fl((e · s_b) · S_dec)`` to ``f_ptr`` instead of codes and scales.
+    """
+    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    gm = g < NBLK
+    row = g // NB
+    bc = g - row * NB
+    j = tl.arange(0, 16)
+    col = bc[:, None] * 16 + j[None, :]
+    m = gm[:, None] & (col < C)
+    x = tl.load(x_ptr + row[:, None] * C + col, mask=m, other=0.0)
+    u = x.to(tl.int32, bitcast=True)
+    if TILE:
+        vmax = tl.load(tmax_ptr + (row // 16) * NB + bc, mask=gm, other=0)
+    else:
+        a = u & 0x7FFFFFFF
+        if IGNORE_NAN:
+            a = tl.where(a > 0x7F800000, 0, a)
+        vmax = tl.max(a, axis=1)
+    sek = tl.load(par_ptr)
+    sdb = vmax.to(tl.float32, bitcast=True) * sek
+    sdb = tl.where(sdb > 448.0, 448.0, sdb)  # fmin_nan: a NaN stays NaN
+    sb = _encode_rne(sdb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0, 3, 121, 126, 127, 7)
+    enc = tl.load(enc_ptr + sb)
+    y = (x * enc[:, None]).to(tl.int32, bitcast=True)
+    code = _encode_rne(y & 0x7FFFFFFF, (y >> 31) & 1, 1, 127, 7, 7, 3)
+    code = tl.where(m, code, 0)
+    if FAKE:
+        sv = _e4m3_value(sb)
+        sdec = tl.load(par_ptr + 1)
+        v = (_e2m1_value(code) * sv[:, None]) * sdec
+        tl.store(f_ptr + row[:, None] * C + col, v, mask=m)
+    else:
+        lo, hi = tl.split(tl.reshape(code, [BB, 8, 2]))
+        tl.store(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], (lo | (hi << 4)).to(tl.uint8), mask=gm[:, None])
+        tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
+
+
+@triton.jit
+def nvfp4_dequant_kernel(q_ptr, s_ptr, par_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr, APPLY_SDEC: tl.constexpr,
+                         OUT_BF16: tl.constexpr):
+    """x̂ = fl((e · f32(s_b)) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype."""
+    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    gm = g < NBLK
+    row = g // NB
+    bc = g - row * NB
+    b = tl.load(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], mask=gm[:, None], other=0).to(tl.int32)
+    sv = _e4m3_value(tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32))[:, None]
+    lo = _e2m1_value(b & 0xF) * sv
+    hi = _e2m1_value(b >> 4) * sv
+    if APPLY_SDEC:
+        sdec = tl.load(par_ptr + 1)
+        lo = lo * sdec
+        hi = hi * sdec
+    v = tl.reshape(tl.join(lo, hi), [BB, 16])
+    col = bc[:, None] * 16 + tl.arange(0, 16)[None, :]
+    _store_f32_or_bf16(out_ptr + row[:, None] * C + col, v, gm[:, None] & (col < C), OUT_BF16)
+
+
+@triton.jit
+def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C, NB, NBLK,
+                    BB: tl.constexpr, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
+                    EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                    PACK4: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr):
+    """MX (E8M0 scales, blocks of 32): scale byte by RULE, elements fl(x · 2^(127−b)) RNE satfinite.
+
+    A NaN block (byte 0xFF) takes the element NaN code; padding past C is code 0.
+    FAKE: write ``fl(e · 2^(b−127))`` (``dec`` = the element decode table) to ``f_ptr``.
+    """
+    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    gm = g < NBLK
+    row = g // NB
+    bc = g - row * NB
+    j = tl.arange(0, 32)
+    col = bc[:, None] * 32 + j[None, :]
+    m = gm[:, None] & (col < C)
+    x = tl.load(x_ptr + row[:, None] * C + col, mask=m, other=0.0)
+    if TILE:
+        vmax = tl.load(tmax_ptr + (row // 32) * NB + bc, mask=gm, other=0)
+    else:
+        a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if IGNORE_NAN:
+            a = tl.where(a > 0x7F800000, 0, a)
+        vmax = tl.max(a, axis=1)
+    sb = _e8m0_byte(vmax, inv_max, RULE, EMAX, MBITS)
+    ex = 127 - sb  # 2^ex, exact float32 (2^-127 is subnormal)
+    mul = tl.where(ex >= -126, (ex + 127) << 23, 0x00400000).to(tl.float32, bitcast=True)
+    y = (x * mul[:, None]).to(tl.int32, bitcast=True)
+    code = _encode_rne(y & 0x7FFFFFFF, (y >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    code = tl.where((sb == 255)[:, None], NAN_CODE, code)
+    code = tl.where(m, code, 0)
+    if FAKE:
+        back = tl.where(sb >= 1, sb << 23, 0x00400000).to(tl.float32, bitcast=True)
+        back = tl.where(sb == 255, float("nan"), back)
+        v = tl.load(dec_ptr + code) * back[:, None]
+        tl.store(f_ptr + row[:, None] * C + col, v, mask=m)
+    else:
+        if PACK4:
+            lo, hi = tl.split(tl.reshape(code, [BB, 16, 2]))
+            tl.store(q_ptr + g[:, None] * 16 + tl.arange(0, 16)[None, :], (lo | (hi << 4)).to(tl.uint8),
+                     mask=gm[:, None])
+        else:
+            tl.store(q_ptr + g[:, None] * 32 + j[None, :], code.to(tl.uint8), mask=gm[:, None])
+        tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
+
+
+@triton.jit
+def mx_dequant_kernel(q_ptr, s_ptr, dec_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr, PACK4: tl.constexpr,
+                      OUT_BF16: tl.constexpr):
+    """x̂ = fl(e · 2^(b − 127)); byte 0xFF decodes to NaN."""
+    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    gm = g < NBLK
+    row = g // NB
+    bc = g - row * NB
+    sb = tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32)
+    back = tl.where(sb >= 1, sb << 23, 0x00400000).to(tl.float32, bitcast=True)
+    back = tl.where(sb == 255, float("nan"), back)[:, None]
+    if PACK4:
+        b = tl.load(q_ptr + g[:, None] * 16 + tl.arange(0, 16)[None, :], mask=gm[:, None], other=0).to(tl.int32)
+        lo = tl.load(dec_ptr + (b & 0xF)) * back
+        hi = tl.load(dec_ptr + (b >> 4)) * back
+        v = tl.reshape(tl.join(lo, hi), [BB, 32])
+    else:
+        b = tl.load(q_ptr + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=gm[:, None], other=0).to(tl.int32)
+        v = tl.load(dec_ptr + b) * back
+    col = bc[:, None] * 32 + tl.arange(0, 32)[None, :]
+    _store_f32_or_bf16(out_ptr + row[:, None] * C + col, v, gm[:, None] & (col < C), OUT_BF16)
+
+
+@triton.jit
+def encode_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr,
+                  MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
+    """Element codes (RNE, satfinite) of float32 values, one uint8 per code."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    u = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.int32, bitcast=True)
+    code = _encode_rne(u & 0x7FFFFFFF, (u >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    tl.store(out_ptr + offs, code.to(tl.uint8), mask=m)

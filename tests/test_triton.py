@@ -1,0 +1,187 @@
+"""The fused Triton kernels give the Numba reference's bits.
+
+On a machine without CUDA the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``,
+set here before Triton is imported), which executes the same kernel source on CPU tensors;
+on the device machine they compile for the GPU.  Skipped where torch or Triton is missing.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]')")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="Triton not installed")
+
+import fpsim  # noqa: E402
+from fpsim import torch_backend as tb  # noqa: E402
+from tests import scaling_golden as G  # noqa: E402
+from tests.probes import float32_probes, probes_for  # noqa: E402
+
+if not tb.triton_available():
+    pytest.skip("Triton cannot run here", allow_module_level=True)
+
+# The interpreter evaluates float32 products with NumPy, which warns on overflow to inf (the IEEE result).
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+MX = {"mxfp4": "float4_e2m1fn", "mxfp6_e2m3": "float6_e2m3fn", "mxfp6_e3m2": "float6_e3m2fn",
+      "mxfp8_e4m3": "float8_e4m3fn", "mxfp8_e5m2": "float8_e5m2"}
+RULES = ["floor", "ceil", "even", "rceil"]
+
+
+def T(x):
+    return torch.from_numpy(np.ascontiguousarray(x)).to(DEV)
+
+
+def N(t):
+    return t.cpu().numpy()
+
+
+def same_f32(a, b):
+    return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
+
+
+def wild(rng, shape):
+    """Random data over ~60 binades, with zero, subnormal, tiny, tie-prone, NaN-free adversarial rows."""
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-30, 30, shape))).astype(np.float32)
+    x2 = x.reshape(-1, shape[-1])
+    if x2.shape[0] >= 6:
+        x2[0, :] = 0
+        x2[1, :17] = -0.0
+        x2[2, :] = rng.standard_normal(shape[-1]).astype(np.float32) * np.float32(1e-41)  # float32 subnormals
+        x2[3, :] = np.float32(2.5 * 448 / 6)  # an E4M3 scale tie after scaling
+        x2[4, ::5] *= 1e6
+        x2[5, :] = rng.integers(-12, 13, shape[-1]).astype(np.float32) / 2  # E2M1 ties
+    return x
+
+
+@pytest.mark.parametrize("fmt", ["float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn", "float8_e4m3fn", "float8_e5m2"])
+def test_element_encoder_on_every_exponent_class(fmt):
+    """Every float32 exponent, every rounding-relevant mantissa pattern, sticky bits, ±0, inf, NaN."""
+    spec = fpsim.get_format(fmt)
+    x = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).view(np.float32)
+    got = N(tb.encode_fused(T(x), spec))
+    assert np.array_equal(got, fpsim.encode(x, spec).astype(np.uint8))
+
+
+def test_absmax_propagates_nan_unless_ignored():
+    x = np.array([1.0, -3.0, np.nan, 2.0], np.float32)
+    assert np.isnan(float(tb.absmax(T(x))))
+    assert float(tb.absmax(T(x), ignore_nan=True)) == 3.0
+    assert float(tb.absmax(T(np.array([-np.inf, 1], np.float32)))) == np.inf
+    assert float(tb.absmax(T(np.zeros(0, np.float32)))) == 0.0
+    assert np.signbit(float(tb.absmax(T(np.array([-0.0], np.float32))))) == np.False_
+
+
+def _unpack(data, packed):
+    if not packed:
+        return data.astype(np.int64)
+    return np.stack([data & 0xF, data >> 4], -1).reshape(*data.shape[:-1], -1).astype(np.int64)
+
+
+@pytest.mark.parametrize("case", G.NVFP4, ids=[c[0] for c in G.NVFP4])
+def test_nvfp4_golden_cases(case):
+    name, scheme, kw, x, codes, scales, decoded = case
+    x = np.asarray(x, np.float32)
+    if set(kw) - {"block", "axis", "nan_amax"} or kw.get("block", (1, 16)) not in ((1, 16), (16, 16)):
+        pytest.skip(f"option {kw} is not a fused-kernel option")
+    xt = np.moveaxis(x, kw.get("axis", -1), -1)
+    tile = kw.get("block") == (16, 16)
+    q, s, amax = tb.quantize_nvfp4_fused(T(xt), tile=tile, nan_amax=kw.get("nan_amax", "propagate"))
+    assert np.array_equal(_unpack(N(q), True).reshape(len(codes), -1), np.asarray(codes)), name
+    assert np.array_equal(N(s).reshape(len(scales), -1), np.asarray(scales)), name
+    if decoded is not None:
+        d = N(tb.dequantize_nvfp4_fused(q, s, amax, xt.shape[-1]))
+        want = np.moveaxis(np.asarray(decoded, np.float32), kw.get("axis", -1), -1)
+        assert same_f32(d, want) or np.array_equal(np.isnan(d), np.isnan(want)) and same_f32(
+            np.nan_to_num(d), np.nan_to_num(want)), name
+
+
+@pytest.mark.parametrize("shape", [(6, 16), (7, 53), (33, 40), (3, 5, 48), (64, 1024), (1, 1)])
+@pytest.mark.parametrize("nan_amax", ["propagate", "ignore"])
+def test_nvfp4_fused_equals_the_reference(shape, nan_amax):
+    rng = np.random.default_rng(sum(shape))
+    x = wild(rng, shape)
+    if nan_amax == "ignore":
+        x.reshape(-1)[::7] = np.nan
+    q = fpsim.quantize(x, "nvfp4", nan_amax=nan_amax)
+    data, scales, amax = tb.quantize_nvfp4_fused(T(x), nan_amax=nan_amax)
+    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
+    assert same_f32(N(amax), q.amax)
+    assert same_f32(N(tb.dequantize_nvfp4_fused(data, scales, amax, shape[-1])), q.dequantize())
+    bf = tb.dequantize_nvfp4_fused(data, scales, amax, shape[-1], dtype=torch.bfloat16)
+    assert torch.equal(bf, torch.from_numpy(q.dequantize()).to(DEV).to(torch.bfloat16))
+    assert same_f32(N(tb._nvfp4_triton(T(x.reshape(-1, shape[-1])), amax, False, nan_amax == "ignore", True)),
+                    q.dequantize().reshape(-1, shape[-1]))
+
+
+def test_nvfp4_nan_tensor_and_given_amax():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    q = fpsim.quantize(x, "nvfp4", tensor_amax=0.5)  # an amax below the data: saturating scales
+    data, scales, _ = tb.quantize_nvfp4_fused(T(x), tensor_amax=0.5)
+    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
+    x[2, 3] = np.nan
+    q = fpsim.quantize(x, "nvfp4")
+    data, scales, amax = tb.quantize_nvfp4_fused(T(x))
+    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales) and np.isnan(float(amax))
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (40, 70), (33, 128)])
+def test_nvfp4_2d_tiles(shape):
+    x = wild(np.random.default_rng(shape[1]), shape)
+    q = fpsim.quantize(x, "nvfp4", block=(16, 16))
+    data, scales, amax = tb.quantize_nvfp4_fused(T(x), tile=True)
+    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
+    assert same_f32(N(tb._nvfp4_triton(T(x), amax, True, False, True)), q.dequantize())
+
+
+def test_nvfp4_apply_s_dec_false_gives_exact_bf16_products():
+    x = wild(np.random.default_rng(9), (8, 64))
+    data, scales, amax = tb.quantize_nvfp4_fused(T(x))
+    e = N(tb.dequantize_nvfp4_fused(data, scales, amax, 64, dtype=torch.float32, apply_s_dec=False))
+    b = N(tb.dequantize_nvfp4_fused(data, scales, amax, 64, dtype=torch.bfloat16, apply_s_dec=False).float())
+    assert same_f32(e, b)  # e · s_b is exact in BF16
+    q = fpsim.quantize(x, "nvfp4")
+    vals = fpsim.decode(fpsim.unpack_fp4(q.data), "float4_e2m1fn") * np.repeat(
+        fpsim.decode(q.scales, "float8_e4m3fn"), 16, axis=-1)
+    assert same_f32(e, vals)
+
+
+@pytest.mark.parametrize("scheme", list(MX))
+@pytest.mark.parametrize("rule", RULES)
+def test_mx_fused_equals_the_reference(scheme, rule):
+    rng = np.random.default_rng(len(scheme) + len(rule))
+    x = wild(rng, (9, 75))
+    x[6, 40] = np.nan
+    x[7, 2] = -np.inf
+    x[8, :] = np.float32(7.0) * np.exp2(rng.integers(-20, 20, 75)).astype(np.float32)  # floor saturates
+    q = fpsim.quantize(x, scheme, scale_rule=rule)
+    el = MX[scheme]
+    codes, scales = tb.quantize_mx_fused(T(x), el, rule)
+    assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales)
+    d = N(tb.dequantize_mx_fused(codes, scales, 75, el))
+    assert same_f32(d, q.dequantize())
+    f = N(tb._mx_triton(T(x), fpsim.get_format(el), fpsim.ScaleRule(rule).kernel_id, False, False, True))
+    assert same_f32(f, q.dequantize())
+
+
+@pytest.mark.parametrize("case", G.MX_RULES, ids=[c[0] for c in G.MX_RULES])
+def test_mx_scale_rule_golden_cases(case):
+    name, el, vals, bytes_ = case
+    x = np.asarray([G.blk(*vals, n=32)], np.float32)
+    for rule, b in bytes_.items():
+        _, s = tb.quantize_mx_fused(T(x), {"e2m1": "float4_e2m1fn", "e4m3": "float8_e4m3fn"}[el], rule)
+        assert int(N(s)[0, 0]) == b, (name, rule)
+
+
+def test_mx_32x32_tiles_and_ignore_nan():
+    x = wild(np.random.default_rng(3), (64, 96))
+    x[10, 10] = np.nan
+    for nan_amax in ("propagate", "ignore"):
+        q = fpsim.quantize(x, "mxfp8_e4m3", block=(32, 32), nan_amax=nan_amax)
+        codes, scales = tb.quantize_mx_fused(T(x), "float8_e4m3fn", tile=True, nan_amax=nan_amax)
+        assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales), nan_amax
