@@ -20,6 +20,7 @@ tensor-core dispatch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -631,3 +632,317 @@ def dequantize_mx_fused(codes, scales, c: int, element: str = "float4_e2m1fn", d
         K.mx_dequant_kernel[(-(-nblk // (_BB // 2)),)](Q, S, dec, _out_view(out), c, nb, nblk, BB=_BB // 2,
                                                        PACK4=el.bits == 4, OUT_BF16=out.dtype == torch.bfloat16)
     return out.reshape(*lead, c)
+
+
+# ---------------------------------------------------------------------------
+# Quantized tensors on torch devices, and the GEMM dispatch.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TorchQuantized:
+    """:class:`fpsim.QuantizedTensor`'s fields as torch tensors on one device (same bits, same layouts)."""
+
+    data: object
+    scales: object
+    amax: object
+    scheme: object
+    shape: tuple
+    axis: int = -1
+
+    @classmethod
+    def from_quantized(cls, q, device="cpu") -> TorchQuantized:
+        torch = _t()
+        return cls(torch.from_numpy(np.ascontiguousarray(q.data)).to(device),
+                   torch.from_numpy(np.ascontiguousarray(q.scales)).to(device),
+                   torch.from_numpy(np.asarray(q.amax, np.float32).copy()).to(device), q.scheme, tuple(q.shape), q.axis)
+
+    def to_quantized(self, dtype: str = "float32"):
+        """The numpy :class:`fpsim.QuantizedTensor` with these bits."""
+        from .scaling import QuantizedTensor
+
+        return QuantizedTensor(self.data.cpu().numpy(), self.scales.cpu().numpy(), self.amax.cpu().numpy(),
+                               self.scheme, tuple(self.shape), dtype, self.axis % len(self.shape))
+
+    def dequantize(self, dtype=None):
+        """Decode (fused kernels on CUDA for NVFP4 and MX along the last axis; the reference otherwise)."""
+        torch = _t()
+        sch = self.scheme
+        c = self.shape[-1]
+        if self.axis % len(self.shape) == len(self.shape) - 1 and _nvfp4_like(sch) and _impl(self.data, "auto"):
+            return dequantize_nvfp4_fused(self.data, self.scales, self.amax, c, dtype)
+        if self.axis % len(self.shape) == len(self.shape) - 1 and _mx_like(sch) and _impl(self.data, "auto"):
+            return dequantize_mx_fused(self.data, self.scales, c, sch.element.name, dtype)
+        out = torch.from_numpy(self.to_quantized().dequantize()).to(self.data.device)
+        return out if dtype is None else out.to(dtype)
+
+
+def _nvfp4_like(sch) -> bool:
+    from .scaling import _Kind
+
+    return (sch.kind is _Kind.TWO_LEVEL and sch.element.name == "float4_e2m1fn" and sch.scale.name == "float8_e4m3fn"
+            and sch.block in ((1, 16), (16, 16)) and sch.tensor_scale and not sch.per_row_scale
+            and not sch.four_over_six)
+
+
+def _mx_like(sch) -> bool:
+    from .scaling import _Kind
+
+    return (sch.kind is _Kind.POW2 and sch.block in ((1, 32), (32, 32)) and sch.element.bits <= 8
+            and sch.element.kernel_params()[5] == 1)
+
+
+def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs) -> TorchQuantized:
+    """:func:`fpsim.quantize` for a torch tensor, result on the tensor's device (same bits).
+
+    NVFP4 (1×16, 16×16) and MX (any rule) with RNE elements run the fused Triton kernels on CUDA
+    (``impl="triton"`` forces them, e.g. under ``TRITON_INTERPRET=1``); every other scheme or
+    option (SR, four-over-six, per-row scales, FP8, casts) is computed by the Numba reference on
+    the host and moved back, so the bits never depend on the path.
+    """
+    import dataclasses as dc
+
+    from .codecs import Rounding
+    from .scaling import ScaleRule, get_scheme
+    from .scaling import quantize as np_quantize
+
+    torch = _t()
+    sch = get_scheme(scheme)
+    changes = {k: kwargs.pop(k) for k in ("block", "rounding", "scale_rule") if kwargs.get(k) is not None}
+    for k in ("block", "rounding", "scale_rule"):
+        kwargs.pop(k, None)
+    if changes:
+        if "block" in changes:
+            changes["block"] = tuple(changes["block"])
+        sch = dc.replace(sch, **changes)
+    nd = x.dim()
+    ax = axis % nd if nd else 0
+    shape = tuple(x.shape)
+    fused_kw = set(kwargs) <= {"nan_amax", "tensor_amax"}
+    rne = Rounding.parse(sch.rounding) is Rounding.RNE
+    if nd and fused_kw and rne and _impl(x, impl) and (_nvfp4_like(sch) or _mx_like(sch)):
+        tile = sch.block[0] > 1
+        xm = torch.movedim(x, ax, -1)
+        if tile and xm.dim() != 2:
+            raise ValueError(f"2-D blocks {sch.block} need a 2-D tensor, got shape {shape}")
+        nan_amax = kwargs.get("nan_amax", "propagate")
+        if _nvfp4_like(sch):
+            q, s, amax = quantize_nvfp4_fused(xm, tensor_amax=kwargs.get("tensor_amax"), tile=tile,
+                                              nan_amax=nan_amax)
+        else:
+            if "tensor_amax" in kwargs:
+                raise ValueError(f"tensor_amax applies to schemes with a per-tensor scale, not {sch.name}")
+            q, s = quantize_mx_fused(xm, sch.element.name, ScaleRule.parse(sch.scale_rule).value, tile=tile,
+                                     nan_amax=nan_amax)
+            amax = torch.tensor(float("nan"), dtype=torch.float32, device=x.device)
+        return TorchQuantized(q, s, amax, sch, shape, ax)
+    qn = np_quantize(x.detach().cpu().numpy(), sch, axis=axis, **kwargs)
+    return TorchQuantized.from_quantized(qn, x.device)
+
+
+def _alpha_t(a_amax, b_amax, num_a: float, num_b: float):
+    """SPEC §8's alpha = fl(fl(amax_a·amax_b) / fl(N_a·N_b)), or fl(S_dec_a·S_dec_b) where that formula fails."""
+    torch = _t()
+    dev = a_amax.device
+    aa, ab = a_amax.to(torch.float32).reshape(()), b_amax.to(torch.float32).reshape(())
+    alpha = (aa * ab) / _f32(float(np.float32(num_a) * np.float32(num_b)), dev)
+
+    def sdec(amax, num):
+        s_enc = torch.minimum(_f32(num, dev) / amax, _f32(_FLT_MAX, dev))
+        s_enc = torch.where((amax == 0) | (s_enc == 0), _f32(1.0, dev), s_enc)
+        return _f32(1.0, dev) / s_enc
+
+    def ok(amax, num):
+        return torch.isfinite(amax) & (amax > 0) & (_f32(num, dev) / amax < _FLT_MAX)
+
+    good = ok(aa, num_a) & ok(ab, num_b) & torch.isfinite(alpha) & (alpha > 0)
+    return torch.where(good, alpha, sdec(aa, num_a) * sdec(ab, num_b))
+
+
+def _mm_f32(a, b_t):
+    """a · b_tᵀ with float32 output: BF16 tensor cores with FP32 accumulation on CUDA (``mm.dtype``); exact
+    float32 products on CPU."""
+    torch = _t()
+    if a.is_cuda and a.dtype == torch.bfloat16:
+        return torch.mm(a, b_t.t(), out_dtype=torch.float32)
+    return torch.mm(a.float(), b_t.float().t())
+
+
+def gemm_nvfp4_bf16(a: TorchQuantized, b: TorchQuantized):
+    """NVFP4 × NVFP4 on Hopper/Ada tensor cores: exact dequantize-to-BF16 then one BF16 GEMM (SPEC §8).
+
+    e · s_b (an E2M1 value times an E4M3 scale) is exact in BF16, so the tensor cores multiply the
+    exact block-scaled values and accumulate in FP32 in their own order; the result is
+    fl(acc · alpha).  Equal to :func:`fpsim.gemm`'s ``"blas"`` model up to FP32 summation order.
+    """
+    torch = _t()
+    ka, kb = a.shape[-1], b.shape[-1]
+    if ka != kb:
+        raise ValueError(f"reduction lengths differ: {ka} and {kb}")
+    return _mm_f32(_scaled_values_bf16(a), _scaled_values_bf16(b)) * _alpha_t(a.amax, b.amax, 2688.0, 2688.0)
+
+
+def _scaled_values_bf16(q: TorchQuantized):
+    """e · s_b of an NVFP4 operand in BF16 (exact): the fused kernel on CUDA, torch ops elsewhere."""
+    torch = _t()
+    k = q.shape[-1]
+    if _impl(q.data, "auto"):
+        return dequantize_nvfp4_fused(q.data, q.scales, q.amax, k, torch.bfloat16, apply_s_dec=False)
+    p = q.data.to(torch.int64)
+    codes = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*q.data.shape[:-1], -1)
+    sv = decode(q.scales, "float8_e4m3fn").repeat_interleave(16, dim=-1)
+    return (decode(codes, "float4_e2m1fn") * sv)[..., :k].to(torch.bfloat16)
+
+
+def _operand_t(q: TorchQuantized):
+    """(element values, chunk-able block scales, block width, two-level?, N) of a 2-D operand on its device."""
+    from .gemm import operand
+
+    return operand(q.to_quantized())
+
+
+def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
+    """SPEC §8's bit-defined ``"fp32"`` accumulator model on the operands' device: equal to
+    ``fpsim.gemm(qa, qb, "fp32")`` bit for bit (tested).
+
+    Per K-chunk (ascending): P = Σ e_a·e_b by one matmul over the chunk (BF16 tensor cores where both
+    element formats are E2M1, whose 16-term block sums are exact in FP32; float64 otherwise, as the
+    reference), then term = fl(fl(s_a ⊗ s_b) · fl(P)) and acc = fl(acc + term) as three separate
+    float32 operations, and finally fl(acc · alpha).
+    """
+    from .gemm import _alpha, _chunk, _chunk_scales
+
+    torch = _t()
+    dev = a.data.device
+    oa, ob = _operand_t(a), _operand_t(b)
+    k = oa.values.shape[1]
+    if ob.values.shape[1] != k:
+        raise ValueError(f"reduction lengths differ: {oa.values.shape} and {ob.values.shape}")
+    chunk = _chunk(oa, ob)
+    nch = -(-k // chunk)
+    sa = torch.from_numpy(_chunk_scales(oa, chunk, nch)).to(dev)
+    sb = torch.from_numpy(_chunk_scales(ob, chunk, nch)).to(dev)
+    fp4 = a.scheme.element.name == b.scheme.element.name == "float4_e2m1fn"
+    wdt = torch.bfloat16 if (fp4 and dev.type == "cuda") else torch.float64
+    ea = torch.zeros((oa.values.shape[0], nch * chunk), dtype=torch.float32, device=dev)
+    eb = torch.zeros((ob.values.shape[0], nch * chunk), dtype=torch.float32, device=dev)
+    ea[:, :k] = torch.from_numpy(oa.values).to(dev)
+    eb[:, :k] = torch.from_numpy(ob.values).to(dev)
+    ea, eb = ea.to(wdt), eb.to(wdt)
+    acc = torch.zeros((ea.shape[0], eb.shape[0]), dtype=torch.float32, device=dev)
+    for c in range(nch):
+        s = slice(c * chunk, (c + 1) * chunk)
+        p = _mm_f32(ea[:, s], eb[:, s]) if wdt == torch.bfloat16 else (ea[:, s] @ eb[:, s].t()).float()
+        acc = acc + (sa[:, c, None] * sb[None, :, c]) * p
+    return acc * torch.from_numpy(_alpha(oa, ob)).to(dev)
+
+
+def gemm_fp8_scaled_mm(a: TorchQuantized, b: TorchQuantized, out_dtype=None):
+    """Per-tensor-scaled FP8 × FP8 on FP8 tensor cores (compute capability ≥ 8.9) via ``torch._scaled_mm``.
+
+    The codes are reinterpreted as torch's float8_e4m3fn / float8_e5m2 (the same OCP bit layouts);
+    ``scale_a``/``scale_b`` are the stored FP32 decode scales d = amax / max_elem.  cuBLAS accumulates
+    in its own order (and, on Hopper, with a narrower-than-FP32 accumulator): compare with the
+    ``"exact"`` model, not bit for bit.  E5M2 × E5M2 is not a cuBLAS FP8 combination.
+    """
+    torch = _t()
+    dt = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+    ea, eb = a.scheme.element.name, b.scheme.element.name
+    if ea == eb == "float8_e5m2":
+        raise ValueError("cuBLAS has no E5M2 × E5M2 FP8 GEMM")
+    ma = a.data.view(dt[ea])
+    mb = b.data.view(dt[eb])
+    sa = a.scales.to(torch.float32).reshape(())
+    sb = b.scales.to(torch.float32).reshape(())
+    return torch._scaled_mm(ma, mb.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype or torch.float32)
+
+
+def blackwell_scaled_mm_args(a: TorchQuantized, b: TorchQuantized) -> dict:
+    """Arguments of ``torch._scaled_mm`` for a native block-scaled GEMM on Blackwell (compute capability 10.x).
+
+    NVFP4: ``mat_a`` (M, K/2) float4_e2m1fn_x2 (element 2j in the low nibble, as fpsim packs),
+    ``mat_b`` the (N, K/2) codes transposed to a column-major (K/2, N) view, block scales as
+    float8_e4m3fn in the swizzled layout of SPEC §4 (:func:`fpsim.swizzle_scales`), flattened;
+    the second level is applied after the GEMM as ``alpha`` (SPEC §8).  MXFP4/MXFP8: the same with
+    float8_e8m0fnu scales and blocks of 32 (MXFP8 codes as float8_e4m3fn/e5m2, one per byte).
+    Unit-tested on CPU for layout and dtypes only: never run on Blackwell hardware.
+    """
+    from .scaling import _Kind, swizzle_scales
+
+    torch = _t()
+    sa, sb = a.scheme, b.scheme
+    if len(a.shape) != 2 or len(b.shape) != 2 or a.axis % 2 != 1 or b.axis % 2 != 1:
+        raise ValueError("operands must be 2-D and quantized along K (their last axis)")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"reduction lengths differ: {a.shape} and {b.shape}")
+    k = a.shape[1]
+    nv = _nvfp4_like(sa) and _nvfp4_like(sb) and sa.block == sb.block == (1, 16)
+    mx = sa.kind is sb.kind is _Kind.POW2 and sa.block == sb.block == (1, 32) and sa.element == sb.element
+    if not (nv or mx):
+        raise ValueError(f"no native block-scaled GEMM for {sa.name} × {sb.name}")
+    blk = 16 if nv else 32
+    if k % (4 * blk):
+        raise ValueError(f"K = {k} must be a multiple of {4 * blk} for the tensor-core scale layout")
+    el = sa.element.name
+    mdt = {"float4_e2m1fn": torch.float4_e2m1fn_x2, "float8_e4m3fn": torch.float8_e4m3fn,
+           "float8_e5m2": torch.float8_e5m2}
+    if el not in mdt:
+        raise ValueError(f"no native tensor-core GEMM for {el} elements")
+    sdt = torch.float8_e4m3fn if nv else torch.float8_e8m0fnu
+
+    def scales(q):
+        sw = swizzle_scales(q.scales.cpu().numpy())
+        return torch.from_numpy(sw).to(q.data.device).view(sdt)
+
+    args = {
+        "mat_a": a.data.contiguous().view(mdt[el]),
+        "mat_b": b.data.contiguous().view(mdt[el]).t(),
+        "scale_a": scales(a),
+        "scale_b": scales(b),
+        "out_dtype": torch.float32 if nv else torch.bfloat16,
+    }
+    alpha = _alpha_t(a.amax, b.amax, 2688.0, 2688.0) if nv else None
+    return {"args": args, "alpha": alpha}
+
+
+def gemm_blackwell(a: TorchQuantized, b: TorchQuantized):
+    """Native NVFP4/MX GEMM on Blackwell tensor cores (untested on hardware; see :func:`blackwell_scaled_mm_args`)."""
+    torch = _t()
+    prep = blackwell_scaled_mm_args(a, b)
+    out = torch._scaled_mm(**prep["args"]).float()
+    return out * prep["alpha"] if prep["alpha"] is not None else out
+
+
+def gemm(a: TorchQuantized, b: TorchQuantized, accumulator: str = "fp32"):
+    """``A · Bᵀ`` of two quantized operands on their device, dispatched by capability (issue 8).
+
+    ``"fp32"``: :func:`gemm_fp32_model`, bit-identical to the reference on every device.
+    ``"blas"`` (fast; FP32 summation order is the hardware's): on Blackwell (10.x) NVFP4/MX go to
+    native block-scaled tensor cores; on compute capability ≥ 8.9 per-tensor FP8 goes to FP8 tensor
+    cores; NVFP4 anywhere on CUDA to :func:`gemm_nvfp4_bf16`; everything else to the reference's
+    ``"blas"`` model on the host.  ``"exact"`` / ``"truncated"`` run the reference on the host.
+    """
+    from .gemm import gemm as np_gemm
+    from .scaling import _Kind
+
+    torch = _t()
+    dev = a.data.device
+    if accumulator == "fp32":
+        return gemm_fp32_model(a, b)
+    if accumulator == "blas" and dev.type == "cuda":
+        cc = torch.cuda.get_device_capability(dev)
+        nv = _nvfp4_like(a.scheme) and _nvfp4_like(b.scheme)
+        if cc[0] == 10:
+            try:
+                blackwell_scaled_mm_args(a, b)
+                return gemm_blackwell(a, b)
+            except ValueError:
+                pass
+        fp8 = {"float8_e4m3fn", "float8_e5m2"}
+        if (cc >= (8, 9) and a.scheme.kind is b.scheme.kind is _Kind.FP32 and a.scheme.block is None
+                and b.scheme.block is None and {a.scheme.element.name, b.scheme.element.name} <= fp8
+                and not a.scheme.element.name == b.scheme.element.name == "float8_e5m2"):
+            return gemm_fp8_scaled_mm(a, b)
+        if nv and a.shape[-1] == b.shape[-1]:
+            return gemm_nvfp4_bf16(a, b)
+    out = np_gemm(a.to_quantized(), b.to_quantized(), accumulator)
+    return torch.from_numpy(out).to(dev)

@@ -6,6 +6,11 @@ from hypothesis import HealthCheck, settings
 
 import fpsim
 
+# Without a CUDA GPU the Triton kernels run under Triton's interpreter (on CPU tensors).  The switch is
+# read when a kernel is decorated, so it must be set before any test imports fpsim._triton_kernels.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 settings.register_profile(
     "default", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
