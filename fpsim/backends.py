@@ -1,13 +1,26 @@
-"""Backend registry: which implementations of fpsim's kernels this machine can run (issue 8, first step).
+"""Backend registry: which implementations of fpsim's kernels this machine can run (issue 8).
 
 * ``numba-cpu`` — the reference kernels (always available);
 * ``torch-cpu`` / ``torch-cuda`` — :mod:`fpsim.torch_backend` on torch tensors
-  (torch is optional and imported only here, lazily);
+  (torch is optional and imported only when a torch backend is asked for or
+  could be picked); on CUDA, NVFP4/MX block quantization runs fused Triton kernels;
 * ``blackwell-native`` — listed when a GPU of compute capability 10.x is
-  present (its tensor-core dispatch is not written yet).
+  present: ``torch-cuda`` plus native block-scaled tensor-core GEMMs (written
+  and unit-tested for layout on CPU, never run on Blackwell hardware).
 
-Every backend must give the same bits as ``numba-cpu``; the torch backend is
-tested against it on CPU in CI and on CUDA on the device machine.
+Selecting one: ``backend="torch-cuda"`` on :func:`fpsim.quantize`,
+:func:`fpsim.dequantize`, :func:`fpsim.fake_quantize`, :func:`fpsim.gemm`,
+:func:`fpsim.encode`, :func:`fpsim.decode` and :func:`fpsim.rht`, or a
+``with fpsim.backends.use("torch-cuda"):`` block.  With neither, numpy inputs of
+at least :data:`AUTO_GPU_MIN` elements go to ``torch-cuda`` when a GPU is present
+(the transfer is cheaper than the CPU kernels from that size on), all others to
+``numba-cpu``.  Results are numpy arrays either way.
+
+Every backend gives the same bits as ``numba-cpu`` (the torch backend is tested
+against it on CPU in CI and on CUDA on the device machine); options the torch
+path does not implement are computed by the reference and moved, never approximated.
+The one exception is GEMM's ``"blas"`` model, whose FP32 summation order is the
+hardware's by definition.
 """
 
 from __future__ import annotations
@@ -15,7 +28,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 
-__all__ = ["available", "default", "use", "current"]
+__all__ = ["available", "default", "use", "current", "resolve", "AUTO_GPU_MIN"]
+
+#: numpy inputs with at least this many elements go to the GPU when no backend is named.
+AUTO_GPU_MIN = 1 << 22
 
 _CURRENT: list[str] = []
 
@@ -62,3 +78,48 @@ def use(name: str):
         yield name
     finally:
         _CURRENT.pop()
+
+
+def resolve(backend: str | None = None, size: int = 0) -> str:
+    """The backend for one call: ``backend`` if given, else the innermost :func:`use` block, else by size.
+
+    Touches torch only when the answer could be a torch backend.
+    """
+    if backend is None:
+        if _CURRENT:
+            return _CURRENT[-1]
+        if size < AUTO_GPU_MIN:
+            return "numba-cpu"
+        return default()
+    if backend == "numba-cpu":
+        return backend
+    if backend not in available():
+        raise ValueError(f"backend {backend!r} is not available here; available: {', '.join(available())}")
+    return backend
+
+
+def torch_device(name: str) -> str:
+    """The torch device of a torch backend name."""
+    return "cpu" if name == "torch-cpu" else "cuda"
+
+
+def pick(backend: str | None, x) -> str | None:
+    """A torch backend name for this call, or None for the Numba reference (cheap when nothing is asked for)."""
+    if backend is None and not _CURRENT:
+        try:
+            n = int(getattr(x, "size", 0) or 0)
+        except TypeError:
+            n = 0
+        if n < AUTO_GPU_MIN:
+            return None
+    name = resolve(backend, int(getattr(x, "size", 0) or 0))
+    return None if name == "numba-cpu" else name
+
+
+def to_torch(x, name: str, dtype=None):
+    """numpy (or array-like) → torch tensor on the backend's device."""
+    import numpy as np
+    import torch
+
+    a = np.ascontiguousarray(x if dtype is None else np.asarray(x, dtype))
+    return torch.from_numpy(a).to(torch_device(name))

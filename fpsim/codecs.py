@@ -28,6 +28,7 @@ import functools
 import numpy as np
 
 from . import _kernels as K
+from . import backends
 from ._arrays import as_codes, as_float32
 from .formats import FormatSpec, get_format
 from .random import seed_key, stream_width
@@ -119,6 +120,7 @@ def encode(
     k: int | None = None,
     counter: int = 0,
     out: np.ndarray | None = None,
+    backend: str | None = None,
 ) -> np.ndarray:
     """Encode values to the codes of element format ``fmt`` (SPEC §2–§3).
 
@@ -147,6 +149,8 @@ def encode(
         Optional C-contiguous array of the shape of ``x`` and dtype
         ``spec.code_dtype`` to write the codes into (saves the allocation and
         its page faults on large arrays).
+    backend
+        See :mod:`fpsim.backends` (same codes on every backend; ``out`` is then filled by a copy).
 
     Returns
     -------
@@ -168,6 +172,12 @@ def encode(
             raise ValueError("rbits/seed apply only to rounding='sr'")
         if spec.is_passthrough:
             return x32.view(np.uint32).copy()
+        name = backends.pick(backend, x32)
+        if name is not None:
+            from . import torch_backend as tb
+
+            res = tb.encode(backends.to_torch(x32, name), spec, mode.value, bool(saturate))
+            return _fill(out, res.cpu().numpy().astype(spec.code_dtype))
         bits = x32.reshape(-1).view(np.uint32)
         out = _output(out, x32.shape, spec.code_dtype)
         flat = out.reshape(-1)
@@ -188,6 +198,12 @@ def encode(
         raise ValueError("rounding='sr' needs exactly one of rbits= or seed=")
     if spec.is_passthrough:
         return x32.view(np.uint32).copy()
+    name = backends.pick(backend, x32)
+    if name is not None and seed is not None:
+        from . import torch_backend as tb
+
+        res = tb.encode(backends.to_torch(x32, name), spec, "sr", True, seed=seed, k=kbits, counter=int(counter))
+        return _fill(out, res.cpu().numpy().astype(spec.code_dtype))
     bits = x32.reshape(-1).view(np.uint32)
     out = _output(out, x32.shape, spec.code_dtype)
     flat = out.reshape(-1)
@@ -207,7 +223,15 @@ def encode(
     return out
 
 
-def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | None = None) -> np.ndarray:
+def _fill(out: np.ndarray | None, res: np.ndarray) -> np.ndarray:
+    if out is None:
+        return res
+    _output(out, res.shape, res.dtype)[...] = res
+    return out
+
+
+def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | None = None,
+           backend: str | None = None) -> np.ndarray:
     """Decode codes of element format ``fmt`` to float32 (exact).
 
     NaN codes give the positive canonical float32 NaN (0x7FC00000); E8M0 code
@@ -215,6 +239,7 @@ def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | 
     may be any integer array, or an ml_dtypes array of the format's dtype
     (read as its bits).  Codes outside ``[0, 2**bits)`` raise ``ValueError``.
     ``out``: optional C-contiguous float32 array of the codes' shape to fill.
+    ``backend``: see :mod:`fpsim.backends` (same values on every backend).
 
     >>> decode([0x2, 0x4, 0xF], "e2m1")
     array([ 1. ,  2. , -6. ], dtype=float32)
@@ -223,6 +248,13 @@ def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | 
     c = as_codes(codes, spec)
     if spec.is_passthrough:
         return c.view(np.float32).copy()
+    name = backends.pick(backend, c)
+    if name is not None:
+        from . import torch_backend as tb
+
+        if c.size and (int(c.min()) < 0 or int(c.max()) >= (1 << spec.bits)):
+            raise ValueError(f"code(s) outside the {spec.bits}-bit range of {spec.name}")
+        return _fill(out, tb.decode(backends.to_torch(c.astype(np.int64), name), spec).cpu().numpy())
     out = _output(out, c.shape, np.dtype(np.float32))
     bad = K.decode_array(c.reshape(-1), spec.decode_table(), out.reshape(-1))
     if bad:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import backends
 from ._jit import pjit, prange
 from ._scaling_kernels import bits_f32, f32_bits
 from .packing import unpack_fp4
@@ -206,6 +207,7 @@ def gemm(
     qb: QuantizedTensor | np.typing.ArrayLike,
     accumulator: str = "fp32",
     acc_bits: int = 23,
+    backend: str | None = None,
 ) -> np.ndarray:
     """Emulated block-scaled GEMM ``A · Bᵀ`` (SPEC §8); see the module docstring for the models.
 
@@ -218,6 +220,11 @@ def gemm(
         ``"truncated"`` (``acc_bits`` fraction bits, truncating), ``"blas"`` (fast).
     acc_bits
         Fraction bits of the truncated accumulator (1–23; 23 = float32 with RTZ).
+    backend
+        See :mod:`fpsim.backends`.  ``"fp32"`` gives the same bits on every backend; ``"blas"`` on
+        ``torch-cuda`` runs the tensor-core path of :func:`fpsim.torch_backend.gemm` (NVFP4 through
+        exact BF16 values, per-tensor FP8 through FP8 tensor cores, native block scaling on
+        Blackwell), whose FP32 summation order is the hardware's.
 
     Returns
     -------
@@ -236,6 +243,15 @@ def gemm(
         raise ValueError(f"unknown accumulator {accumulator!r}; known: {', '.join(ACCUMULATORS)}")
     if accumulator == "truncated" and not 1 <= int(acc_bits) <= 23:
         raise ValueError("acc_bits must be in 1..23")
+    if isinstance(qa, QuantizedTensor) and isinstance(qb, QuantizedTensor) and accumulator in ("fp32", "blas"):
+        name = backends.pick(backend, qa if qa.size >= qb.size else qb)
+        if name is not None:
+            from . import torch_backend as tb
+
+            dev = backends.torch_device(name)
+            out = tb.gemm(tb.TorchQuantized.from_quantized(qa, dev), tb.TorchQuantized.from_quantized(qb, dev),
+                          accumulator)
+            return out.cpu().numpy()
     a, b = operand(qa), operand(qb)
     k = a.values.shape[1]
     if b.values.shape[1] != k:

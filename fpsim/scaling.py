@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _scaling_kernels as SK
+from . import backends
 from ._arrays import as_float32
 from .codecs import Rounding, _encode_lut, decode, encode
 from .formats import FORMATS, FormatSpec, NanStyle, get_format
@@ -443,6 +444,7 @@ def quantize(
     counter: int = 0,
     nan_amax: str = "propagate",
     tensor_amax: float | None = None,
+    backend: str | None = None,
 ) -> QuantizedTensor:
     """Quantize a tensor with a block-scaled scheme (SPEC §4–§6).
 
@@ -476,6 +478,18 @@ def quantize(
     >>> q.scales, float(q.amax), q.dequantize()[[1, 15]]
     (array([126], dtype=uint8), 15.0, array([ 1.25, 15.  ], dtype=float32))
     """
+    name = backends.pick(backend, x)
+    if name is not None:
+        from . import torch_backend as tb
+
+        kw = {k: v for k, v in dict(block=block, rounding=rounding, scale_rule=scale_rule, seed=seed, rbits=rbits,
+                                    k=k, tensor_amax=tensor_amax).items() if v is not None}
+        if counter:
+            kw["counter"] = counter
+        if nan_amax != "propagate":
+            kw["nan_amax"] = nan_amax
+        x32 = as_float32(x)
+        return tb.quantize(backends.to_torch(x32, name), scheme, axis, **kw).to_quantized(_dtype_name(x))
     sch = get_scheme(scheme)
     changes = {}
     if block is not None:
@@ -659,12 +673,18 @@ def quantize(
     return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), amax, sch, shape, dtype, ax)
 
 
-def dequantize(qt: QuantizedTensor) -> np.ndarray:
+def dequantize(qt: QuantizedTensor, backend: str | None = None) -> np.ndarray:
     """Decode a :class:`QuantizedTensor` to float32 in its original shape.
 
     NVFP4: ``fl((e2m1 · f32(s_b)) · S_dec)`` with S_dec recomputed from the
     stored amax; MX: ``fl(e · 2^(b−127))``, scale byte 0xFF → NaN; FP32 scales: ``fl(e · d)``.
+    ``backend``: as for :func:`quantize` (same bits on every backend).
     """
+    name = backends.pick(backend, qt)
+    if name is not None:
+        from . import torch_backend as tb
+
+        return tb.TorchQuantized.from_quantized(qt, backends.torch_device(name)).dequantize().cpu().numpy()
     sch = qt.scheme
     kind = sch.kind
     el = sch.element
@@ -691,9 +711,10 @@ def dequantize(qt: QuantizedTensor) -> np.ndarray:
     return np.moveaxis(out.reshape(moved), -1, qt.axis)
 
 
-def fake_quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme = "nvfp4", **kwargs) -> np.ndarray:
+def fake_quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme = "nvfp4", backend: str | None = None,
+                  **kwargs) -> np.ndarray:
     """``quantize(x, scheme, **kwargs).dequantize()``: the float32 values the scheme can represent."""
-    return quantize(x, scheme, **kwargs).dequantize()
+    return dequantize(quantize(x, scheme, backend=backend, **kwargs), backend=backend)
 
 
 # ---------------------------------------------------------------------------

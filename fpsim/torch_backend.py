@@ -134,6 +134,9 @@ def encode(x, fmt: str | FormatSpec, rounding: str = "rne", saturate: bool = Tru
         r = rbits if rbits is not None else random_bits(seed, x.numel(), kbits, counter, x.device).reshape(x.shape)
         return _encode_sr(_bits(x), r.to(torch.int64), kbits, spec)
     x = x.to(torch.float32)
+    if (mode is Rounding.RNE and saturate and spec.bits <= 8 and spec.kernel_params()[5] == 1 and spec.signed
+            and _impl(x, "auto")):
+        return encode_fused(x, spec).to(torch.int64)
     u = _bits(x)
     dev = str(x.device)
     if spec.bits <= 8:
@@ -348,6 +351,12 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
     kind = sch.kind
     if kind is _Kind.CAST:
         return decode(encode(x, el, mode.value, **sr_kw), el)
+    if mode is Rounding.RNE and x.dim() == 2 and _impl(x, "auto") and (_nvfp4_like(sch) or _mx_like(sch)):
+        X = x.contiguous()
+        tile = sch.block[0] > 1
+        if _nvfp4_like(sch):
+            return _nvfp4_triton(X, absmax(X), tile, False, True)
+        return _mx_triton(X, el, sch.scale_rule.kernel_id, tile, False, True)
     r, c = x.shape
     dev = x.device
     br, bc = sch.block if sch.block is not None else (r, c)
@@ -664,15 +673,22 @@ class TorchQuantized:
                                self.scheme, tuple(self.shape), dtype, self.axis % len(self.shape))
 
     def dequantize(self, dtype=None):
-        """Decode (fused kernels on CUDA for NVFP4 and MX along the last axis; the reference otherwise)."""
+        """Decode to the original shape (fused kernels on CUDA for NVFP4 and MX; the reference otherwise)."""
         torch = _t()
         sch = self.scheme
-        c = self.shape[-1]
-        if self.axis % len(self.shape) == len(self.shape) - 1 and _nvfp4_like(sch) and _impl(self.data, "auto"):
-            return dequantize_nvfp4_fused(self.data, self.scales, self.amax, c, dtype)
-        if self.axis % len(self.shape) == len(self.shape) - 1 and _mx_like(sch) and _impl(self.data, "auto"):
-            return dequantize_mx_fused(self.data, self.scales, c, sch.element.name, dtype)
-        out = torch.from_numpy(self.to_quantized().dequantize()).to(self.data.device)
+        nd = len(self.shape)
+        ax = self.axis % nd
+        c = self.shape[ax]
+        fused = None
+        if _impl(self.data, "auto") and _nvfp4_like(sch):
+            fused = dequantize_nvfp4_fused(self.data, self.scales, self.amax, c, dtype)
+        elif _impl(self.data, "auto") and _mx_like(sch):
+            fused = dequantize_mx_fused(self.data, self.scales, c, sch.element.name, dtype)
+        if fused is not None:
+            return torch.movedim(fused, -1, ax)
+        from .scaling import dequantize as np_dequantize
+
+        out = torch.from_numpy(np_dequantize(self.to_quantized(), backend="numba-cpu")).to(self.data.device)
         return out if dtype is None else out.to(dtype)
 
 
@@ -735,7 +751,7 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
                                      nan_amax=nan_amax)
             amax = torch.tensor(float("nan"), dtype=torch.float32, device=x.device)
         return TorchQuantized(q, s, amax, sch, shape, ax)
-    qn = np_quantize(x.detach().cpu().numpy(), sch, axis=axis, **kwargs)
+    qn = np_quantize(x.detach().cpu().numpy(), sch, axis=axis, backend="numba-cpu", **kwargs)
     return TorchQuantized.from_quantized(qn, x.device)
 
 
@@ -774,7 +790,6 @@ def gemm_nvfp4_bf16(a: TorchQuantized, b: TorchQuantized):
     exact block-scaled values and accumulate in FP32 in their own order; the result is
     fl(acc · alpha).  Equal to :func:`fpsim.gemm`'s ``"blas"`` model up to FP32 summation order.
     """
-    torch = _t()
     ka, kb = a.shape[-1], b.shape[-1]
     if ka != kb:
         raise ValueError(f"reduction lengths differ: {ka} and {kb}")
@@ -944,5 +959,5 @@ def gemm(a: TorchQuantized, b: TorchQuantized, accumulator: str = "fp32"):
             return gemm_fp8_scaled_mm(a, b)
         if nv and a.shape[-1] == b.shape[-1]:
             return gemm_nvfp4_bf16(a, b)
-    out = np_gemm(a.to_quantized(), b.to_quantized(), accumulator)
+    out = np_gemm(a.to_quantized(), b.to_quantized(), accumulator, backend="numba-cpu")
     return torch.from_numpy(out).to(dev)

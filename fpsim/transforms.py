@@ -21,6 +21,7 @@ import hashlib
 
 import numpy as np
 
+from . import backends
 from ._arrays import as_float32
 from ._jit import njit, pjit, prange
 from ._kernels import bits_f32, f32_bits
@@ -134,6 +135,7 @@ def rht(
     bf16_in: bool = True,
     bf16_out: bool = True,
     inverse: bool = False,
+    backend: str | None = None,
 ) -> np.ndarray:
     """Random Hadamard transform of ``x`` in tiles of ``d`` along ``axis`` (SPEC §7).
 
@@ -151,6 +153,8 @@ def rht(
         off for the exact float32 transform.
     inverse
         Apply ``Rᵀ`` instead of ``R`` (``rht(rht(x), inverse=True) ≈ x``).
+    backend
+        See :mod:`fpsim.backends` (same bits on every backend).
 
     Returns
     -------
@@ -172,6 +176,12 @@ def rht(
     n = moved.shape[-1]
     if n % d:
         raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
+    name = backends.pick(backend, x32)
+    if name is not None:
+        from . import torch_backend as tb
+
+        out = tb.rht(backends.to_torch(x32, name), d, s, axis, bf16_in, bf16_out, inverse)
+        return np.ascontiguousarray(out.cpu().numpy())
     src = np.ascontiguousarray(moved).reshape(-1, n)
     dst = np.empty_like(src)
     if src.size:

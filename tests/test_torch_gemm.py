@@ -139,3 +139,31 @@ def test_fp8_tensor_core_path_on_gpu():
     wb = np.abs(fpsim.dequantize(qb)).astype(np.float64)
     # Hopper's FP8 accumulator keeps fewer than 24 bits: allow 2^-14 relative to Σ|a||b|.
     assert np.all(np.abs(got - exact) <= 2.0**-14 * (wa @ wb.T) + 1e-30)
+
+
+def test_public_api_backend_argument_and_context_give_the_reference_bits():
+    from fpsim import backends
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((6, 64)).astype(np.float32)
+    q = fpsim.quantize(x, "nvfp4")
+    qb = fpsim.quantize(rng.standard_normal((5, 64)).astype(np.float32), "nvfp4")
+    name = "torch-cuda" if DEV == "cuda" else "torch-cpu"
+    assert fpsim.quantize(x, "nvfp4", backend=name).equals(q)
+    assert fpsim.quantize(x, "mxfp4", axis=0, backend=name).equals(fpsim.quantize(x, "mxfp4", axis=0))
+    assert same_f32(fpsim.dequantize(q, backend=name), q.dequantize())
+    assert same_f32(fpsim.fake_quantize(x, "mxfp6_e3m2", backend=name), fpsim.fake_quantize(x, "mxfp6_e3m2"))
+    assert same_f32(fpsim.gemm(q, qb, backend=name), fpsim.gemm(q, qb))
+    assert np.array_equal(fpsim.encode(x, "e4m3", backend=name), fpsim.encode(x, "e4m3"))
+    assert np.array_equal(fpsim.encode(x, "e2m1", "sr", seed=4, backend=name), fpsim.encode(x, "e2m1", "sr", seed=4))
+    assert same_f32(fpsim.decode(np.arange(256), "e5m2", backend=name), fpsim.decode(np.arange(256), "e5m2"))
+    assert same_f32(fpsim.rht(x, backend=name), fpsim.rht(x))
+    with backends.use(name):
+        assert backends.pick(None, x) == name
+        assert fpsim.quantize(x, "nvfp4").equals(q)
+    assert backends.pick(None, x) is None  # small numpy input, no block: the Numba reference
+    assert backends.pick("numba-cpu", x) is None
+    with pytest.raises(ValueError, match="not available"):
+        fpsim.quantize(x, "nvfp4", backend="tpu")
+    with pytest.raises(ValueError, match="outside"):
+        fpsim.decode([300], "e4m3", backend=name)
