@@ -23,7 +23,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_INF = 0x7F800000
 
 
 @triton.jit
@@ -66,8 +65,8 @@ def _e8m0_byte(m, inv_max, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.con
             fl2 += ((mant | 0x800000) + (1 << (22 - MBITS)) >= 0x1000000).to(tl.int32)
         b = tl.minimum(tl.maximum(fl2 - EMAX, -127), 127) + 127
         b = tl.where(e == 0, 0, b)
-    b = tl.where(m == _INF, 254, b)
-    return tl.where(m > _INF, 255, b)
+    b = tl.where(m == 0x7F800000, 254, b)
+    return tl.where(m > 0x7F800000, 255, b)
 
 
 @triton.jit
