@@ -88,6 +88,32 @@ def _e4m3_value(sb):
 
 
 @triton.jit
+def _pack_words(code, BB: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """[BB, N] codes → [BB, N·BITS/32] little-endian int32 words (code i at bit BITS·(i mod 32/BITS)).
+
+    Four-bit codes pack as fpsim.pack_fp4 does (element 2j in the low nibble of byte j); stores of
+    whole words are what lets a program write its contiguous output at full bandwidth.
+    """
+    K: tl.constexpr = 32 // BITS
+    c3 = tl.reshape(code, [BB, N // K, K])
+    return tl.sum(c3 << (tl.arange(0, K) * BITS)[None, None, :], axis=2)
+
+
+@triton.jit
+def _unpack_words(w, BB: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`_pack_words`: [BB, N·BITS/32] int32 words → [BB, N] codes."""
+    K: tl.constexpr = 32 // BITS
+    c3 = (w[:, :, None] >> (tl.arange(0, K) * BITS)[None, None, :]) & ((1 << BITS) - 1)
+    return tl.reshape(c3, [BB, N])
+
+
+@triton.jit
+def _canonical_nan(v):
+    """NaN results as the reference's canonical 0x7FC00000 (GPU arithmetic makes 0x7FFFFFFF)."""
+    return tl.where(v != v, 0x7FC00000, v.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _store_f32_or_bf16(ptr, v, mask, OUT_BF16: tl.constexpr):
     """Store float32 ``v``, or its RNE BFloat16 bits (NaN → 0x7FC0, as c10's conversion) into an int16 view.
 
@@ -172,11 +198,10 @@ def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, enc_ptr, par_ptr, R
     if FAKE:
         sv = _e4m3_value(sb)
         sdec = tl.load(par_ptr + 1)
-        v = (_e2m1_value(code) * sv[:, None]) * sdec
+        v = _canonical_nan((_e2m1_value(code) * sv[:, None]) * sdec)
         tl.store(f_ptr + row[:, None] * C + col, v, mask=m)
     else:
-        lo, hi = tl.split(tl.reshape(code, [BB, 8, 2]))
-        tl.store(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], (lo | (hi << 4)).to(tl.uint8), mask=gm[:, None])
+        tl.store(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], _pack_words(code, BB, 16, 4), mask=gm[:, None])
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
 
 
@@ -188,15 +213,12 @@ def nvfp4_dequant_kernel(q_ptr, s_ptr, par_ptr, out_ptr, C, NB, NBLK, BB: tl.con
     gm = g < NBLK
     row = g // NB
     bc = g - row * NB
-    b = tl.load(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], mask=gm[:, None], other=0).to(tl.int32)
+    w = tl.load(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], mask=gm[:, None], other=0)
     sv = _e4m3_value(tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32))[:, None]
-    lo = _e2m1_value(b & 0xF) * sv
-    hi = _e2m1_value(b >> 4) * sv
+    v = _e2m1_value(_unpack_words(w, BB, 16, 4)) * sv
     if APPLY_SDEC:
-        sdec = tl.load(par_ptr + 1)
-        lo = lo * sdec
-        hi = hi * sdec
-    v = tl.reshape(tl.join(lo, hi), [BB, 16])
+        v = v * tl.load(par_ptr + 1)
+    v = _canonical_nan(v)
     col = bc[:, None] * 16 + tl.arange(0, 16)[None, :]
     _store_f32_or_bf16(out_ptr + row[:, None] * C + col, v, gm[:, None] & (col < C), OUT_BF16)
 
@@ -236,15 +258,15 @@ def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C
     if FAKE:
         back = tl.where(sb >= 1, sb << 23, 0x00400000).to(tl.float32, bitcast=True)
         back = tl.where(sb == 255, float("nan"), back)
-        v = tl.load(dec_ptr + code) * back[:, None]
+        v = _canonical_nan(tl.load(dec_ptr + code) * back[:, None])
         tl.store(f_ptr + row[:, None] * C + col, v, mask=m)
     else:
         if PACK4:
-            lo, hi = tl.split(tl.reshape(code, [BB, 16, 2]))
-            tl.store(q_ptr + g[:, None] * 16 + tl.arange(0, 16)[None, :], (lo | (hi << 4)).to(tl.uint8),
+            tl.store(q_ptr + g[:, None] * 4 + tl.arange(0, 4)[None, :], _pack_words(code, BB, 32, 4),
                      mask=gm[:, None])
         else:
-            tl.store(q_ptr + g[:, None] * 32 + j[None, :], code.to(tl.uint8), mask=gm[:, None])
+            tl.store(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], _pack_words(code, BB, 32, 8),
+                     mask=gm[:, None])
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
 
 
@@ -260,13 +282,12 @@ def mx_dequant_kernel(q_ptr, s_ptr, dec_ptr, out_ptr, C, NB, NBLK, BB: tl.conste
     back = tl.where(sb >= 1, sb << 23, 0x00400000).to(tl.float32, bitcast=True)
     back = tl.where(sb == 255, float("nan"), back)[:, None]
     if PACK4:
-        b = tl.load(q_ptr + g[:, None] * 16 + tl.arange(0, 16)[None, :], mask=gm[:, None], other=0).to(tl.int32)
-        lo = tl.load(dec_ptr + (b & 0xF)) * back
-        hi = tl.load(dec_ptr + (b >> 4)) * back
-        v = tl.reshape(tl.join(lo, hi), [BB, 32])
+        w = tl.load(q_ptr + g[:, None] * 4 + tl.arange(0, 4)[None, :], mask=gm[:, None], other=0)
+        code = _unpack_words(w, BB, 32, 4)
     else:
-        b = tl.load(q_ptr + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=gm[:, None], other=0).to(tl.int32)
-        v = tl.load(dec_ptr + b) * back
+        w = tl.load(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], mask=gm[:, None], other=0)
+        code = _unpack_words(w, BB, 32, 8)
+    v = _canonical_nan(tl.load(dec_ptr + code) * back)
     col = bc[:, None] * 32 + tl.arange(0, 32)[None, :]
     _store_f32_or_bf16(out_ptr + row[:, None] * C + col, v, gm[:, None] & (col < C), OUT_BF16)
 

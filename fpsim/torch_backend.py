@@ -499,7 +499,8 @@ def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
     q = torch.empty((R, nb * 8), dtype=torch.uint8, device=dev)
     s = torch.empty((R, nb), dtype=torch.uint8, device=dev)
     if nblk:
-        K.nvfp4_quant_kernel[grid](X, q, s, X, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile, FAKE=False,
+        K.nvfp4_quant_kernel[grid](X, q.view(torch.int32), s, X, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile,
+                                   FAKE=False,
                                    IGNORE_NAN=bool(ignore_nan))
     return q, s
 
@@ -553,7 +554,7 @@ def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec
     par, _ = nvfp4_params(torch.as_tensor(amax, dtype=torch.float32, device=packed.device))
     nblk = R * nb
     if nblk:
-        K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q, S, par, _out_view(out), c, nb, nblk, BB=_BB,
+        K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q.view(torch.int32), S, par, _out_view(out), c, nb, nblk, BB=_BB,
                                                    APPLY_SDEC=bool(apply_s_dec), OUT_BF16=out.dtype == torch.bfloat16)
     return out.reshape(*lead, c)
 
@@ -586,7 +587,7 @@ def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake:
     q = torch.empty((R, nb * (16 if el.bits == 4 else 32)), dtype=torch.uint8, device=dev)
     s = torch.empty((R, nb), dtype=torch.uint8, device=dev)
     if nblk:
-        K.mx_quant_kernel[grid](X, q, s, X, dec, tmax, inv_max, R, C, nb, nblk, FAKE=False, **kw)
+        K.mx_quant_kernel[grid](X, q.view(torch.int32), s, X, dec, tmax, inv_max, R, C, nb, nblk, FAKE=False, **kw)
     return q, s
 
 
@@ -638,7 +639,8 @@ def dequantize_mx_fused(codes, scales, c: int, element: str = "float4_e2m1fn", d
     dec = _table("dec", el, 0, True, str(codes.device)).contiguous()
     nblk = R * nb
     if nblk:
-        K.mx_dequant_kernel[(-(-nblk // (_BB // 2)),)](Q, S, dec, _out_view(out), c, nb, nblk, BB=_BB // 2,
+        K.mx_dequant_kernel[(-(-nblk // (_BB // 2)),)](Q.view(torch.int32), S, dec, _out_view(out), c, nb, nblk,
+                                                       BB=_BB // 2,
                                                        PACK4=el.bits == 4, OUT_BF16=out.dtype == torch.bfloat16)
     return out.reshape(*lead, c)
 
