@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def _encode_rne(a, s, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
                 SIGN_SHIFT: tl.constexpr):
@@ -40,6 +39,22 @@ def _encode_rne(a, s, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.co
     up = (rem > half) | ((rem == half) & ((t & 1) == 1))
     mag = tl.minimum(mag + up.to(tl.int32), MAX_CODE)
     return tl.where(a > 0x7F800000, NAN_CODE, (s << SIGN_SHIFT) | mag)
+
+
+@triton.jit
+def _e2m1_rne(y):
+    """E2M1 code of float32 ``y`` (RNE, satfinite, NaN → 7): the same codes as :func:`_encode_rne` in fewer operations.
+
+    |y| ≥ 1: round the float32 to one mantissa bit with the integer carry trick (the exponent carries
+    into the code); |y| < 1: the code is RNE(2|y|) ∈ {0, 1, 2}, by the float32 magic-number addition.
+    """
+    u = y.to(tl.int32, bitcast=True)
+    a = u & 0x7FFFFFFF
+    ac = tl.minimum(a, 0x41000000)  # ≥ 8, inf and NaN all saturate to code 7
+    hi = tl.minimum(((ac + 0x1FFFFF + ((ac >> 22) & 1)) >> 22) - 252, 7)
+    lo = ((a.to(tl.float32, bitcast=True) * 2.0 + 12582912.0).to(tl.int32, bitcast=True)) - 0x4B400000
+    s = tl.where(a > 0x7F800000, 0, (u >> 28) & 8)
+    return tl.where(a < 0x3F800000, lo, hi) | s
 
 
 @triton.jit
@@ -163,86 +178,107 @@ def tile_absmax_kernel(x_ptr, out_ptr, R, C, NB, TR: tl.constexpr, BW: tl.conste
 
 
 @triton.jit
+def _block_offsets(pid, NB, C, NBLK, BB: tl.constexpr, W: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr):
+    """Global block ids ``g`` of a program, the element offsets of its [BB, W] tile, and their masks.
+
+    EVEN (C a multiple of W): the tile is the contiguous run g·W … g·W + W − 1 (no division per block,
+    no ragged mask); otherwise rows are located by g // NB and the columns past C are masked.
+    """
+    if IDX64:
+        g = pid.to(tl.int64) * BB + tl.arange(0, BB)
+    else:
+        g = pid * BB + tl.arange(0, BB)
+    gm = g < NBLK
+    j = tl.arange(0, W)
+    if EVEN:
+        offs = g[:, None] * W + j[None, :]
+        m = gm[:, None] & (j[None, :] < W)
+    else:
+        row = g // NB
+        col = (g - row * NB)[:, None] * W + j[None, :]
+        offs = row[:, None] * C + col
+        m = gm[:, None] & (col < C)
+    return g, gm, offs, m
+
+
+@triton.jit
 def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, enc_ptr, par_ptr, R, C, NB, NBLK,
-                       BB: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr):
+                       BB: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
+                       EVEN: tl.constexpr, IDX64: tl.constexpr, ENC_DIV: tl.constexpr):
     """NVFP4 (E2M1 elements, E4M3 block scales, TE's operation order, RNE) on BB blocks of 16.
 
-    ``par`` = [sek = fl(S_enc · fl(1/6)), S_dec]; ``enc[b]`` = min(fl(1/fl(f32(b) · S_dec)), FLT_MAX).
+    ``par`` = [sek = fl(S_enc · fl(1/6)), S_dec]; ``enc[b]`` = min(fl(1/fl(f32(b) · S_dec)), FLT_MAX), looked
+    up by scale byte, or (ENC_DIV) computed per block with the IEEE division ``div_rn``.
     TILE: the block amax comes from ``tmax`` (16×16 tiles).  FAKE: write the decoded
     float32 values ``fl((e · s_b) · S_dec)`` to ``f_ptr`` instead of codes and scales.
     """
-    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
-    gm = g < NBLK
-    row = g // NB
-    bc = g - row * NB
-    j = tl.arange(0, 16)
-    col = bc[:, None] * 16 + j[None, :]
-    m = gm[:, None] & (col < C)
-    x = tl.load(x_ptr + row[:, None] * C + col, mask=m, other=0.0)
-    u = x.to(tl.int32, bitcast=True)
+    g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 16, EVEN, IDX64)
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
     if TILE:
-        vmax = tl.load(tmax_ptr + (row // 16) * NB + bc, mask=gm, other=0)
+        row = g // NB
+        vmax = tl.load(tmax_ptr + (row // 16) * NB + (g - row * NB), mask=gm, other=0)
     else:
-        a = u & 0x7FFFFFFF
+        a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         if IGNORE_NAN:
             a = tl.where(a > 0x7F800000, 0, a)
         vmax = tl.max(a, axis=1)
     sek = tl.load(par_ptr)
+    sdec = tl.load(par_ptr + 1)
     sdb = vmax.to(tl.float32, bitcast=True) * sek
     sdb = tl.where(sdb > 448.0, 448.0, sdb)  # fmin_nan: a NaN stays NaN
     sb = _encode_rne(sdb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0, 3, 121, 126, 127, 7)
-    enc = tl.load(enc_ptr + sb)
-    y = (x * enc[:, None]).to(tl.int32, bitcast=True)
-    code = _encode_rne(y & 0x7FFFFFFF, (y >> 31) & 1, 1, 127, 7, 7, 3)
-    code = tl.where(m, code, 0)
+    if ENC_DIV:
+        enc = tl.math.div_rn(tl.full([BB], 1.0, tl.float32), _e4m3_value(sb) * sdec)
+        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+    else:
+        enc = tl.load(enc_ptr + sb)
+    code = tl.where(m, _e2m1_rne(x * enc[:, None]), 0)
     if FAKE:
-        sv = _e4m3_value(sb)
-        sdec = tl.load(par_ptr + 1)
-        v = _canonical_nan((_e2m1_value(code) * sv[:, None]) * sdec)
-        tl.store(f_ptr + row[:, None] * C + col, v, mask=m)
+        v = _canonical_nan((_e2m1_value(code) * _e4m3_value(sb)[:, None]) * sdec)
+        tl.store(f_ptr + offs, v, mask=m)
     else:
         tl.store(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], _pack_words(code, BB, 16, 4), mask=gm[:, None])
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
 
 
 @triton.jit
-def nvfp4_dequant_kernel(q_ptr, s_ptr, par_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr, APPLY_SDEC: tl.constexpr,
-                         OUT_BF16: tl.constexpr):
-    """x̂ = fl((e · f32(s_b)) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype."""
-    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
-    gm = g < NBLK
-    row = g // NB
-    bc = g - row * NB
+def nvfp4_dequant_kernel(q_ptr, s_ptr, par_ptr, e2m1_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr,
+                         APPLY_SDEC: tl.constexpr, OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr,
+                         TABLE: tl.constexpr):
+    """x̂ = fl((e · f32(s_b)) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype.
+
+    TABLE: E2M1 values from the 16-entry table ``e2m1`` (one cache line) instead of from bits.
+    """
+    g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 16, EVEN, IDX64)
     w = tl.load(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], mask=gm[:, None], other=0)
     sv = _e4m3_value(tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32))[:, None]
-    v = _e2m1_value(_unpack_words(w, BB, 16, 4)) * sv
+    code = _unpack_words(w, BB, 16, 4)
+    if TABLE:
+        e = tl.load(e2m1_ptr + code)
+    else:
+        e = _e2m1_value(code)
+    v = e * sv
     if APPLY_SDEC:
         v = v * tl.load(par_ptr + 1)
-    v = _canonical_nan(v)
-    col = bc[:, None] * 16 + tl.arange(0, 16)[None, :]
-    _store_f32_or_bf16(out_ptr + row[:, None] * C + col, v, gm[:, None] & (col < C), OUT_BF16)
+    _store_f32_or_bf16(out_ptr + offs, _canonical_nan(v), m, OUT_BF16)
 
 
 @triton.jit
 def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C, NB, NBLK,
                     BB: tl.constexpr, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
                     EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr,
-                    PACK4: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr):
+                    PACK4: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
+                    EVEN: tl.constexpr, IDX64: tl.constexpr):
     """MX (E8M0 scales, blocks of 32): scale byte by RULE, elements fl(x · 2^(127−b)) RNE satfinite.
 
     A NaN block (byte 0xFF) takes the element NaN code; padding past C is code 0.
     FAKE: write ``fl(e · 2^(b−127))`` (``dec`` = the element decode table) to ``f_ptr``.
     """
-    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
-    gm = g < NBLK
-    row = g // NB
-    bc = g - row * NB
-    j = tl.arange(0, 32)
-    col = bc[:, None] * 32 + j[None, :]
-    m = gm[:, None] & (col < C)
-    x = tl.load(x_ptr + row[:, None] * C + col, mask=m, other=0.0)
+    g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 32, EVEN, IDX64)
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
     if TILE:
-        vmax = tl.load(tmax_ptr + (row // 32) * NB + bc, mask=gm, other=0)
+        row = g // NB
+        vmax = tl.load(tmax_ptr + (row // 32) * NB + (g - row * NB), mask=gm, other=0)
     else:
         a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         if IGNORE_NAN:
@@ -251,15 +287,19 @@ def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C
     sb = _e8m0_byte(vmax, inv_max, RULE, EMAX, MBITS)
     ex = 127 - sb  # 2^ex, exact float32 (2^-127 is subnormal)
     mul = tl.where(ex >= -126, (ex + 127) << 23, 0x00400000).to(tl.float32, bitcast=True)
-    y = (x * mul[:, None]).to(tl.int32, bitcast=True)
-    code = _encode_rne(y & 0x7FFFFFFF, (y >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    y = x * mul[:, None]
+    if MBITS == 1 and MAX_CODE == 7:
+        code = _e2m1_rne(y)
+    else:
+        yb = y.to(tl.int32, bitcast=True)
+        code = _encode_rne(yb & 0x7FFFFFFF, (yb >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     code = tl.where((sb == 255)[:, None], NAN_CODE, code)
     code = tl.where(m, code, 0)
     if FAKE:
         back = tl.where(sb >= 1, sb << 23, 0x00400000).to(tl.float32, bitcast=True)
         back = tl.where(sb == 255, float("nan"), back)
         v = _canonical_nan(tl.load(dec_ptr + code) * back[:, None])
-        tl.store(f_ptr + row[:, None] * C + col, v, mask=m)
+        tl.store(f_ptr + offs, v, mask=m)
     else:
         if PACK4:
             tl.store(q_ptr + g[:, None] * 4 + tl.arange(0, 4)[None, :], _pack_words(code, BB, 32, 4),
@@ -272,12 +312,9 @@ def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C
 
 @triton.jit
 def mx_dequant_kernel(q_ptr, s_ptr, dec_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr, PACK4: tl.constexpr,
-                      OUT_BF16: tl.constexpr):
+                      OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr):
     """x̂ = fl(e · 2^(b − 127)); byte 0xFF decodes to NaN."""
-    g = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
-    gm = g < NBLK
-    row = g // NB
-    bc = g - row * NB
+    g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 32, EVEN, IDX64)
     sb = tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32)
     back = tl.where(sb >= 1, sb << 23, 0x00400000).to(tl.float32, bitcast=True)
     back = tl.where(sb == 255, float("nan"), back)[:, None]
@@ -288,8 +325,7 @@ def mx_dequant_kernel(q_ptr, s_ptr, dec_ptr, out_ptr, C, NB, NBLK, BB: tl.conste
         w = tl.load(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], mask=gm[:, None], other=0)
         code = _unpack_words(w, BB, 32, 8)
     v = _canonical_nan(tl.load(dec_ptr + code) * back)
-    col = bc[:, None] * 32 + tl.arange(0, 32)[None, :]
-    _store_f32_or_bf16(out_ptr + row[:, None] * C + col, v, gm[:, None] & (col < C), OUT_BF16)
+    _store_f32_or_bf16(out_ptr + offs, v, m, OUT_BF16)
 
 
 @triton.jit
@@ -298,6 +334,10 @@ def encode_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, MBITS: tl.constexpr, E
     """Element codes (RNE, satfinite) of float32 values, one uint8 per code."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    u = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.int32, bitcast=True)
-    code = _encode_rne(u & 0x7FFFFFFF, (u >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    if MBITS == 1 and MAX_CODE == 7:
+        code = _e2m1_rne(x)
+    else:
+        u = x.to(tl.int32, bitcast=True)
+        code = _encode_rne(u & 0x7FFFFFFF, (u >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=m)

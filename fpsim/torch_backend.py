@@ -423,7 +423,15 @@ def _impl(x, impl: str) -> bool:
     return x.is_cuda and triton_available()
 
 
-_BB = 64  # blocks per Triton program (1024 NVFP4 elements, 2048 MX elements)
+_BB = 64  # NVFP4 blocks per Triton program (1024 elements; MX programs take _BB // 2 blocks of 32)
+_ENC_DIV = False  # NVFP4 enc_b by in-kernel IEEE division instead of the 128-entry table
+_DEQ_TABLE = False  # E2M1 values by a 16-entry table instead of from bits
+_WARPS = 4
+
+
+def _layout(R: int, C: int, w: int) -> dict:
+    """Kernel switches: EVEN (no ragged tail: contiguous blocks), IDX64 (offsets past 2^31)."""
+    return {"EVEN": C % w == 0, "IDX64": R * (-(-C // w) * w) >= (1 << 31) - 4096, "num_warps": _WARPS}
 
 
 def _as_rows(x):
@@ -494,14 +502,14 @@ def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
         out = torch.empty((R, C), dtype=torch.float32, device=dev)
         if nblk:
             K.nvfp4_quant_kernel[grid](X, dummy8, dummy8, out, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile,
-                                       FAKE=True, IGNORE_NAN=bool(ignore_nan))
+                                       FAKE=True, IGNORE_NAN=bool(ignore_nan), ENC_DIV=_ENC_DIV,
+                                       **_layout(R, C, 16))
         return out
     q = torch.empty((R, nb * 8), dtype=torch.uint8, device=dev)
     s = torch.empty((R, nb), dtype=torch.uint8, device=dev)
     if nblk:
         K.nvfp4_quant_kernel[grid](X, q.view(torch.int32), s, X, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile,
-                                   FAKE=False,
-                                   IGNORE_NAN=bool(ignore_nan))
+                                   FAKE=False, IGNORE_NAN=bool(ignore_nan), ENC_DIV=_ENC_DIV, **_layout(R, C, 16))
     return q, s
 
 
@@ -554,8 +562,11 @@ def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec
     par, _ = nvfp4_params(torch.as_tensor(amax, dtype=torch.float32, device=packed.device))
     nblk = R * nb
     if nblk:
-        K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q.view(torch.int32), S, par, _out_view(out), c, nb, nblk, BB=_BB,
-                                                   APPLY_SDEC=bool(apply_s_dec), OUT_BF16=out.dtype == torch.bfloat16)
+        e2m1 = _table("dec", get_format("float4_e2m1fn"), 0, True, str(packed.device))
+        K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q.view(torch.int32), S, par, e2m1, _out_view(out), c, nb, nblk,
+                                                   BB=_BB, APPLY_SDEC=bool(apply_s_dec),
+                                                   OUT_BF16=out.dtype == torch.bfloat16, TABLE=_DEQ_TABLE,
+                                                   **_layout(R, c, 16))
     return out.reshape(*lead, c)
 
 
@@ -576,7 +587,8 @@ def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake:
     inv_max = float(np.float32(1.0) / np.float32(el.max))
     dec = _table("dec", el, 0, True, str(dev)).contiguous()
     tmax = _tile_absmax(X, 32, 32, ignore_nan) if tile else torch.zeros(1, dtype=torch.int32, device=dev)
-    kw = dict(BB=_BB // 2, RULE=int(rule), TILE=tile, IGNORE_NAN=bool(ignore_nan), **_mx_consts(el))
+    kw = dict(BB=_BB // 2, RULE=int(rule), TILE=tile, IGNORE_NAN=bool(ignore_nan), **_mx_consts(el),
+              **_layout(R, C, 32))
     grid = (max(-(-nblk // (_BB // 2)), 1),)
     dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
     if fake:
@@ -640,8 +652,8 @@ def dequantize_mx_fused(codes, scales, c: int, element: str = "float4_e2m1fn", d
     nblk = R * nb
     if nblk:
         K.mx_dequant_kernel[(-(-nblk // (_BB // 2)),)](Q.view(torch.int32), S, dec, _out_view(out), c, nb, nblk,
-                                                       BB=_BB // 2,
-                                                       PACK4=el.bits == 4, OUT_BF16=out.dtype == torch.bfloat16)
+                                                       BB=_BB // 2, PACK4=el.bits == 4,
+                                                       OUT_BF16=out.dtype == torch.bfloat16, **_layout(R, c, 32))
     return out.reshape(*lead, c)
 
 

@@ -23,8 +23,11 @@ from tests.probes import float32_probes, probes_for  # noqa: E402
 if not tb.triton_available():
     pytest.skip("Triton cannot run here", allow_module_level=True)
 
-# The interpreter evaluates float32 products with NumPy, which warns on overflow to inf (the IEEE result).
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+# The interpreter evaluates float32 arithmetic with NumPy, which warns on overflow to inf and on NaN
+# operands (the IEEE results are what the kernels want).
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")]
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MX = {"mxfp4": "float4_e2m1fn", "mxfp6_e2m3": "float6_e2m3fn", "mxfp6_e3m2": "float6_e3m2fn",
@@ -185,3 +188,15 @@ def test_mx_32x32_tiles_and_ignore_nan():
         q = fpsim.quantize(x, "mxfp8_e4m3", block=(32, 32), nan_amax=nan_amax)
         codes, scales = tb.quantize_mx_fused(T(x), "float8_e4m3fn", tile=True, nan_amax=nan_amax)
         assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales), nan_amax
+
+
+@pytest.mark.parametrize("enc_div,table", [(True, True), (False, True), (True, False)])
+def test_nvfp4_kernel_variants(monkeypatch, enc_div, table):
+    """The per-block IEEE division and the E2M1 value table give the default variant's bits."""
+    monkeypatch.setattr(tb, "_ENC_DIV", enc_div)
+    monkeypatch.setattr(tb, "_DEQ_TABLE", table)
+    x = wild(np.random.default_rng(77), (9, 96))
+    q = fpsim.quantize(x, "nvfp4")
+    data, scales, amax = tb.quantize_nvfp4_fused(T(x))
+    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
+    assert same_f32(N(tb.dequantize_nvfp4_fused(data, scales, amax, 96)), q.dequantize())
