@@ -5,12 +5,12 @@ works on float32 *bit patterns* in int32 registers; the only float operations ar
 the multiplications of SPEC §4–§5 (``fl(vmax · sek)``, ``fl(x · enc_b)``,
 ``fl(x · 2^-E)``, ``fl((e · s_b) · S_dec)``), each a single IEEE ``mul.rn.f32``
 (no additions follow a multiplication, so FMA contraction cannot change a bit;
-the kernels are launched with ``enable_fp_fusion=False`` all the same).  The two
-divisions of the NVFP4 recipe (S_enc = 2688/amax and enc_b = 1/(s_b · S_dec))
-never run inside a kernel: Triton's ``/`` lowers to ``div.full.f32`` (up to 2 ulp
-off, triton-lang/triton#10661), so the host computes S_enc, S_dec and a
-128-entry table ``enc[s_b]`` with PyTorch's IEEE division, and the kernels look
-``enc_b`` up by scale byte.
+FMA contraction cannot change a bit: a product that feeds an addition is exact).
+The divisions of the NVFP4 recipe (S_enc = 2688/amax, S_dec = 1/S_enc and
+enc_b = 1/(s_b · S_dec)) use ``tl.math.div_rn`` (PTX ``div.rn.f32``, IEEE): Triton's
+``/`` lowers to ``div.full.f32``, up to 2 ulp off (triton-lang/triton#10661).  Each
+program derives S_enc and S_dec from the amax itself, so a quantization is one
+launch after the amax pass, with no host-side arithmetic between them.
 
 The element encoder :func:`_encode_rne` is fpsim._kernels' branch-free integer
 rounding (round-to-nearest-even, satfinite) for any format with subnormals;
@@ -129,6 +129,16 @@ def _canonical_nan(v):
 
 
 @triton.jit
+def _nvfp4_tensor_scales(amax_ptr, NUM: tl.constexpr):
+    """(S_enc, S_dec) from the float32 amax at ``amax_ptr`` (SPEC §4; fpsim._scaling_kernels.encode_scale_factor)."""
+    amax = tl.load(amax_ptr)
+    s = tl.math.div_rn(NUM, amax)
+    s = tl.where(s > 3.4028234663852886e38, 3.4028234663852886e38, s)  # fmin_nan: NaN amax → NaN
+    s = tl.where((amax == 0.0) | (s == 0.0), 1.0, s)
+    return s, tl.math.div_rn(1.0, s)
+
+
+@triton.jit
 def _store_f32_or_bf16(ptr, v, mask, OUT_BF16: tl.constexpr):
     """Store float32 ``v``, or its RNE BFloat16 bits (NaN → 0x7FC0, as c10's conversion) into an int16 view.
 
@@ -202,15 +212,14 @@ def _block_offsets(pid, NB, C, NBLK, BB: tl.constexpr, W: tl.constexpr, EVEN: tl
 
 
 @triton.jit
-def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, enc_ptr, par_ptr, R, C, NB, NBLK,
+def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB, NBLK,
                        BB: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
-                       EVEN: tl.constexpr, IDX64: tl.constexpr, ENC_DIV: tl.constexpr):
+                       EVEN: tl.constexpr, IDX64: tl.constexpr):
     """NVFP4 (E2M1 elements, E4M3 block scales, TE's operation order, RNE) on BB blocks of 16.
 
-    ``par`` = [sek = fl(S_enc · fl(1/6)), S_dec]; ``enc[b]`` = min(fl(1/fl(f32(b) · S_dec)), FLT_MAX), looked
-    up by scale byte, or (ENC_DIV) computed per block with the IEEE division ``div_rn``.
-    TILE: the block amax comes from ``tmax`` (16×16 tiles).  FAKE: write the decoded
-    float32 values ``fl((e · s_b) · S_dec)`` to ``f_ptr`` instead of codes and scales.
+    sdb = min(fl(vmax · fl(S_enc · fl(1/6))), 448); s_b = e4m3(sdb); enc_b = min(fl(1 / fl(f32(s_b) · S_dec)),
+    FLT_MAX); code = e2m1(fl(x · enc_b)).  TILE: the block amax comes from ``tmax`` (16×16 tiles).
+    FAKE: write the decoded float32 values ``fl((e · s_b) · S_dec)`` to ``f_ptr`` instead of codes and scales.
     """
     g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 16, EVEN, IDX64)
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
@@ -222,19 +231,16 @@ def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, enc_ptr, par_ptr, R
         if IGNORE_NAN:
             a = tl.where(a > 0x7F800000, 0, a)
         vmax = tl.max(a, axis=1)
-    sek = tl.load(par_ptr)
-    sdec = tl.load(par_ptr + 1)
-    sdb = vmax.to(tl.float32, bitcast=True) * sek
+    s_enc, s_dec = _nvfp4_tensor_scales(amax_ptr, 2688.0)
+    sdb = vmax.to(tl.float32, bitcast=True) * (s_enc * 0.1666666716337204)  # fl(1/6) = 0x3E2AAAAB
     sdb = tl.where(sdb > 448.0, 448.0, sdb)  # fmin_nan: a NaN stays NaN
     sb = _encode_rne(sdb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0, 3, 121, 126, 127, 7)
-    if ENC_DIV:
-        enc = tl.math.div_rn(tl.full([BB], 1.0, tl.float32), _e4m3_value(sb) * sdec)
-        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
-    else:
-        enc = tl.load(enc_ptr + sb)
+    sv = _e4m3_value(sb)
+    enc = tl.math.div_rn(tl.full([BB], 1.0, tl.float32), sv * s_dec)
+    enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
     code = tl.where(m, _e2m1_rne(x * enc[:, None]), 0)
     if FAKE:
-        v = _canonical_nan((_e2m1_value(code) * _e4m3_value(sb)[:, None]) * sdec)
+        v = _canonical_nan((_e2m1_value(code) * sv[:, None]) * s_dec)
         tl.store(f_ptr + offs, v, mask=m)
     else:
         tl.store(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], _pack_words(code, BB, 16, 4), mask=gm[:, None])
@@ -242,24 +248,16 @@ def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, enc_ptr, par_ptr, R
 
 
 @triton.jit
-def nvfp4_dequant_kernel(q_ptr, s_ptr, par_ptr, e2m1_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr,
-                         APPLY_SDEC: tl.constexpr, OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr,
-                         TABLE: tl.constexpr):
-    """x̂ = fl((e · f32(s_b)) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype.
-
-    TABLE: E2M1 values from the 16-entry table ``e2m1`` (one cache line) instead of from bits.
-    """
+def nvfp4_dequant_kernel(q_ptr, s_ptr, amax_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr,
+                         APPLY_SDEC: tl.constexpr, OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr):
+    """x̂ = fl((e · f32(s_b)) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype."""
     g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 16, EVEN, IDX64)
     w = tl.load(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], mask=gm[:, None], other=0)
     sv = _e4m3_value(tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32))[:, None]
-    code = _unpack_words(w, BB, 16, 4)
-    if TABLE:
-        e = tl.load(e2m1_ptr + code)
-    else:
-        e = _e2m1_value(code)
-    v = e * sv
+    v = _e2m1_value(_unpack_words(w, BB, 16, 4)) * sv
     if APPLY_SDEC:
-        v = v * tl.load(par_ptr + 1)
+        _, s_dec = _nvfp4_tensor_scales(amax_ptr, 2688.0)
+        v = v * s_dec
     _store_f32_or_bf16(out_ptr + offs, _canonical_nan(v), m, OUT_BF16)
 
 

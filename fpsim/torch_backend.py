@@ -424,9 +424,14 @@ def _impl(x, impl: str) -> bool:
 
 
 _BB = 64  # NVFP4 blocks per Triton program (1024 elements; MX programs take _BB // 2 blocks of 32)
-_ENC_DIV = False  # NVFP4 enc_b by in-kernel IEEE division instead of the 128-entry table
-_DEQ_TABLE = False  # E2M1 values by a 16-entry table instead of from bits
 _WARPS = 4
+
+
+@functools.cache
+def _dummy(device: str, dtype_name: str):
+    """A one-element placeholder for a kernel pointer argument the chosen variant never reads."""
+    torch = _t()
+    return torch.zeros(1, dtype=getattr(torch, dtype_name), device=device)
 
 
 def _layout(R: int, C: int, w: int) -> dict:
@@ -469,23 +474,6 @@ def _tile_absmax(X, tr: int, bw: int, ignore_nan: bool):
     return out
 
 
-def nvfp4_params(amax, num: float = 2688.0):
-    """Per-tensor NVFP4 constants on amax's device: ``par`` = [fl(S_enc·fl(1/6)), S_dec] and the table
-    ``enc[b] = min(fl(1/fl(f32(b)·S_dec)), FLT_MAX)`` for the 128 E4M3 scale bytes (IEEE divisions, by torch)."""
-    torch = _t()
-    dev = amax.device
-    amax = amax.to(torch.float32).reshape(1)
-    one = _f32(1.0, dev)
-    s_enc = torch.minimum(_f32(num, dev) / amax, _f32(_FLT_MAX, dev))
-    s_enc = torch.where((amax == 0) | (s_enc == 0), one, s_enc)
-    s_dec = one / s_enc
-    sek = s_enc * _f32(float(np.float32(1.0) / np.float32(6.0)), dev)
-    sv = _table("dec", get_format("float8_e4m3fn"), 0, True, str(dev))[:128]
-    enc = one / (sv * s_dec)
-    enc = torch.where(enc > _FLT_MAX, _f32(_FLT_MAX, dev), enc)
-    return torch.cat([sek, s_dec]), enc.contiguous()
-
-
 def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
     torch = _t()
     from . import _triton_kernels as K
@@ -493,23 +481,21 @@ def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
     R, C = X.shape
     nb = -(-C // 16)
     nblk = R * nb
-    par, enc = nvfp4_params(amax)
     dev = X.device
-    tmax = _tile_absmax(X, 16, 16, ignore_nan) if tile else torch.zeros(1, dtype=torch.int32, device=dev)
-    dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
+    amax = amax.reshape(1).to(torch.float32)
+    tmax = _tile_absmax(X, 16, 16, ignore_nan) if tile else _dummy(str(dev), "int32")
     grid = (max(-(-nblk // _BB), 1),)
+    kw = dict(BB=_BB, TILE=tile, IGNORE_NAN=bool(ignore_nan), **_layout(R, C, 16))
     if fake:
         out = torch.empty((R, C), dtype=torch.float32, device=dev)
         if nblk:
-            K.nvfp4_quant_kernel[grid](X, dummy8, dummy8, out, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile,
-                                       FAKE=True, IGNORE_NAN=bool(ignore_nan), ENC_DIV=_ENC_DIV,
-                                       **_layout(R, C, 16))
+            d8 = _dummy(str(dev), "int32")
+            K.nvfp4_quant_kernel[grid](X, d8, d8, out, tmax, amax, R, C, nb, nblk, FAKE=True, **kw)
         return out
     q = torch.empty((R, nb * 8), dtype=torch.uint8, device=dev)
     s = torch.empty((R, nb), dtype=torch.uint8, device=dev)
     if nblk:
-        K.nvfp4_quant_kernel[grid](X, q.view(torch.int32), s, X, tmax, enc, par, R, C, nb, nblk, BB=_BB, TILE=tile,
-                                   FAKE=False, IGNORE_NAN=bool(ignore_nan), ENC_DIV=_ENC_DIV, **_layout(R, C, 16))
+        K.nvfp4_quant_kernel[grid](X, q.view(torch.int32), s, X, tmax, amax, R, C, nb, nblk, FAKE=False, **kw)
     return q, s
 
 
@@ -559,14 +545,12 @@ def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec
     S = scales.reshape(-1, scales.shape[-1]).contiguous()
     R, nb = S.shape
     out = torch.empty((R, c), dtype=dtype, device=packed.device)
-    par, _ = nvfp4_params(torch.as_tensor(amax, dtype=torch.float32, device=packed.device))
+    amax = torch.as_tensor(amax, dtype=torch.float32, device=packed.device).reshape(1)
     nblk = R * nb
     if nblk:
-        e2m1 = _table("dec", get_format("float4_e2m1fn"), 0, True, str(packed.device))
-        K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q.view(torch.int32), S, par, e2m1, _out_view(out), c, nb, nblk,
+        K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q.view(torch.int32), S, amax, _out_view(out), c, nb, nblk,
                                                    BB=_BB, APPLY_SDEC=bool(apply_s_dec),
-                                                   OUT_BF16=out.dtype == torch.bfloat16, TABLE=_DEQ_TABLE,
-                                                   **_layout(R, c, 16))
+                                                   OUT_BF16=out.dtype == torch.bfloat16, **_layout(R, c, 16))
     return out.reshape(*lead, c)
 
 
@@ -586,11 +570,11 @@ def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake:
     dev = X.device
     inv_max = float(np.float32(1.0) / np.float32(el.max))
     dec = _table("dec", el, 0, True, str(dev)).contiguous()
-    tmax = _tile_absmax(X, 32, 32, ignore_nan) if tile else torch.zeros(1, dtype=torch.int32, device=dev)
+    tmax = _tile_absmax(X, 32, 32, ignore_nan) if tile else _dummy(str(dev), "int32")
     kw = dict(BB=_BB // 2, RULE=int(rule), TILE=tile, IGNORE_NAN=bool(ignore_nan), **_mx_consts(el),
               **_layout(R, C, 32))
     grid = (max(-(-nblk // (_BB // 2)), 1),)
-    dummy8 = torch.empty(1, dtype=torch.uint8, device=dev)
+    dummy8 = _dummy(str(dev), "int32")
     if fake:
         out = torch.empty((R, C), dtype=torch.float32, device=dev)
         if nblk:

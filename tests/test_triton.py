@@ -188,15 +188,3 @@ def test_mx_32x32_tiles_and_ignore_nan():
         q = fpsim.quantize(x, "mxfp8_e4m3", block=(32, 32), nan_amax=nan_amax)
         codes, scales = tb.quantize_mx_fused(T(x), "float8_e4m3fn", tile=True, nan_amax=nan_amax)
         assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales), nan_amax
-
-
-@pytest.mark.parametrize("enc_div,table", [(True, True), (False, True), (True, False)])
-def test_nvfp4_kernel_variants(monkeypatch, enc_div, table):
-    """The per-block IEEE division and the E2M1 value table give the default variant's bits."""
-    monkeypatch.setattr(tb, "_ENC_DIV", enc_div)
-    monkeypatch.setattr(tb, "_DEQ_TABLE", table)
-    x = wild(np.random.default_rng(77), (9, 96))
-    q = fpsim.quantize(x, "nvfp4")
-    data, scales, amax = tb.quantize_nvfp4_fused(T(x))
-    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
-    assert same_f32(N(tb.dequantize_nvfp4_fused(data, scales, amax, 96)), q.dequantize())
