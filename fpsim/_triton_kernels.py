@@ -139,17 +139,21 @@ def _nvfp4_tensor_scales(amax_ptr, NUM: tl.constexpr):
 
 
 @triton.jit
-def _store_f32_or_bf16(ptr, v, mask, OUT_BF16: tl.constexpr):
+def _store_f32_or_bf16(ptr, v, mask, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
     """Store float32 ``v``, or its RNE BFloat16 bits (NaN → 0x7FC0, as c10's conversion) into an int16 view.
 
-    The rounding is spelled out in integer arithmetic so that the interpreter (whose cast truncates)
-    and the GPU (``cvt.rn.bf16.f32``) store the same bits.
+    HW_CVT: the GPU's ``cvt.rn.bf16.f32`` with NaN replaced; otherwise the rounding spelled out in
+    integer arithmetic (the interpreter's cast truncates).  Both give the same bits.
     """
     if OUT_BF16:
-        b = v.to(tl.int32, bitcast=True)
-        r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
-        r = tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r)
-        tl.store(ptr, r.to(tl.int16), mask=mask)
+        if HW_CVT:
+            r = v.to(tl.bfloat16).to(tl.int16, bitcast=True)
+            r = tl.where(v != v, 0x7FC0, r.to(tl.int32)).to(tl.int16)
+        else:
+            b = v.to(tl.int32, bitcast=True)
+            r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+            r = tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, r).to(tl.int16)
+        tl.store(ptr, r, mask=mask)
     else:
         tl.store(ptr, v, mask=mask)
 
@@ -249,7 +253,8 @@ def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB,
 
 @triton.jit
 def nvfp4_dequant_kernel(q_ptr, s_ptr, amax_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr,
-                         APPLY_SDEC: tl.constexpr, OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr):
+                         APPLY_SDEC: tl.constexpr, OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr,
+                         HW_CVT: tl.constexpr):
     """x̂ = fl((e · f32(s_b)) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype."""
     g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 16, EVEN, IDX64)
     w = tl.load(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], mask=gm[:, None], other=0)
@@ -258,7 +263,7 @@ def nvfp4_dequant_kernel(q_ptr, s_ptr, amax_ptr, out_ptr, C, NB, NBLK, BB: tl.co
     if APPLY_SDEC:
         _, s_dec = _nvfp4_tensor_scales(amax_ptr, 2688.0)
         v = v * s_dec
-    _store_f32_or_bf16(out_ptr + offs, _canonical_nan(v), m, OUT_BF16)
+    _store_f32_or_bf16(out_ptr + offs, _canonical_nan(v), m, OUT_BF16, HW_CVT)
 
 
 @triton.jit
@@ -310,7 +315,7 @@ def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C
 
 @triton.jit
 def mx_dequant_kernel(q_ptr, s_ptr, dec_ptr, out_ptr, C, NB, NBLK, BB: tl.constexpr, PACK4: tl.constexpr,
-                      OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr):
+                      OUT_BF16: tl.constexpr, EVEN: tl.constexpr, IDX64: tl.constexpr, HW_CVT: tl.constexpr):
     """x̂ = fl(e · 2^(b − 127)); byte 0xFF decodes to NaN."""
     g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 32, EVEN, IDX64)
     sb = tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32)
@@ -323,7 +328,7 @@ def mx_dequant_kernel(q_ptr, s_ptr, dec_ptr, out_ptr, C, NB, NBLK, BB: tl.conste
         w = tl.load(q_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], mask=gm[:, None], other=0)
         code = _unpack_words(w, BB, 32, 8)
     v = _canonical_nan(tl.load(dec_ptr + code) * back)
-    _store_f32_or_bf16(out_ptr + offs, v, m, OUT_BF16)
+    _store_f32_or_bf16(out_ptr + offs, v, m, OUT_BF16, HW_CVT)
 
 
 @triton.jit

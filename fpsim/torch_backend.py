@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import numpy as np
 
@@ -423,7 +424,7 @@ def _impl(x, impl: str) -> bool:
     return x.is_cuda and triton_available()
 
 
-_BB = 64  # NVFP4 blocks per Triton program (1024 elements; MX programs take _BB // 2 blocks of 32)
+_BB = 128  # NVFP4 blocks per Triton program (2048 elements; MX programs take _BB // 2 blocks of 32): H200 sweep
 _WARPS = 4
 
 
@@ -432,6 +433,11 @@ def _dummy(device: str, dtype_name: str):
     """A one-element placeholder for a kernel pointer argument the chosen variant never reads."""
     torch = _t()
     return torch.zeros(1, dtype=getattr(torch, dtype_name), device=device)
+
+
+def _hw_cvt() -> bool:
+    """Compiled kernels may use the GPU's float conversions; the interpreter's truncate, so it gets integer code."""
+    return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 def _layout(R: int, C: int, w: int) -> dict:
@@ -550,7 +556,8 @@ def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec
     if nblk:
         K.nvfp4_dequant_kernel[(-(-nblk // _BB),)](Q.view(torch.int32), S, amax, _out_view(out), c, nb, nblk,
                                                    BB=_BB, APPLY_SDEC=bool(apply_s_dec),
-                                                   OUT_BF16=out.dtype == torch.bfloat16, **_layout(R, c, 16))
+                                                   OUT_BF16=out.dtype == torch.bfloat16, HW_CVT=_hw_cvt(),
+                                                   **_layout(R, c, 16))
     return out.reshape(*lead, c)
 
 
@@ -637,7 +644,8 @@ def dequantize_mx_fused(codes, scales, c: int, element: str = "float4_e2m1fn", d
     if nblk:
         K.mx_dequant_kernel[(-(-nblk // (_BB // 2)),)](Q.view(torch.int32), S, dec, _out_view(out), c, nb, nblk,
                                                        BB=_BB // 2, PACK4=el.bits == 4,
-                                                       OUT_BF16=out.dtype == torch.bfloat16, **_layout(R, c, 32))
+                                                       OUT_BF16=out.dtype == torch.bfloat16, HW_CVT=_hw_cvt(),
+                                                       **_layout(R, c, 32))
     return out.reshape(*lead, c)
 
 
@@ -772,13 +780,20 @@ def _alpha_t(a_amax, b_amax, num_a: float, num_b: float):
     return torch.where(good, alpha, sdec(aa, num_a) * sdec(ab, num_b))
 
 
-def _mm_f32(a, b_t):
-    """a · b_tᵀ with float32 output: BF16 tensor cores with FP32 accumulation on CUDA (``mm.dtype``); exact
-    float32 products on CPU."""
+def _mm_f32(a, b_t, alpha=None):
+    """fl(alpha · a·b_tᵀ) with float32 output: BF16 tensor cores with FP32 accumulation on CUDA, alpha applied
+    in cuBLAS's FP32 epilogue (one rounding, as a separate multiply would give); exact float32 products on CPU."""
     torch = _t()
     if a.is_cuda and a.dtype == torch.bfloat16:
-        return torch.mm(a, b_t.t(), out_dtype=torch.float32)
-    return torch.mm(a.float(), b_t.float().t())
+        if alpha is None:
+            return torch.mm(a, b_t.t(), out_dtype=torch.float32)
+        zero = torch.zeros((), dtype=torch.float32, device=a.device)
+        try:
+            return torch.addmm(zero, a, b_t.t(), beta=0, alpha=float(alpha), out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # a torch without addmm's out_dtype
+            return torch.mm(a, b_t.t(), out_dtype=torch.float32) * alpha
+    out = torch.mm(a.float(), b_t.float().t())
+    return out if alpha is None else out * alpha
 
 
 def gemm_nvfp4_bf16(a: TorchQuantized, b: TorchQuantized):
@@ -791,7 +806,7 @@ def gemm_nvfp4_bf16(a: TorchQuantized, b: TorchQuantized):
     ka, kb = a.shape[-1], b.shape[-1]
     if ka != kb:
         raise ValueError(f"reduction lengths differ: {ka} and {kb}")
-    return _mm_f32(_scaled_values_bf16(a), _scaled_values_bf16(b)) * _alpha_t(a.amax, b.amax, 2688.0, 2688.0)
+    return _mm_f32(_scaled_values_bf16(a), _scaled_values_bf16(b), _alpha_t(a.amax, b.amax, 2688.0, 2688.0))
 
 
 def _scaled_values_bf16(q: TorchQuantized):
