@@ -780,11 +780,19 @@ def _alpha_t(a_amax, b_amax, num_a: float, num_b: float):
     return torch.where(good, alpha, sdec(aa, num_a) * sdec(ab, num_b))
 
 
-def _mm_f32(a, b_t, alpha=None):
-    """fl(alpha · a·b_tᵀ) with float32 output: BF16 tensor cores with FP32 accumulation on CUDA, alpha applied
-    in cuBLAS's FP32 epilogue (one rounding, as a separate multiply would give); exact float32 products on CPU."""
+def _mm_f32(a, b_t, alpha=None, out_dtype=None):
+    """fl(alpha · a·b_tᵀ): BF16 tensor cores with FP32 accumulation on CUDA, alpha applied in cuBLAS's FP32
+    epilogue (one rounding, as a separate multiply would give), float32 output unless ``out_dtype`` is
+    bfloat16 (then the epilogue's FP32 result is rounded to BF16, like ``torch.matmul``'s); exact float32
+    products on CPU."""
     torch = _t()
+    out_dtype = out_dtype or torch.float32
     if a.is_cuda and a.dtype == torch.bfloat16:
+        if out_dtype == torch.bfloat16:
+            if alpha is None:
+                return torch.mm(a, b_t.t())
+            zero = torch.zeros((), dtype=torch.bfloat16, device=a.device)
+            return torch.addmm(zero, a, b_t.t(), beta=0, alpha=float(alpha))
         if alpha is None:
             return torch.mm(a, b_t.t(), out_dtype=torch.float32)
         zero = torch.zeros((), dtype=torch.float32, device=a.device)
@@ -793,20 +801,23 @@ def _mm_f32(a, b_t, alpha=None):
         except (TypeError, RuntimeError):  # a torch without addmm's out_dtype
             return torch.mm(a, b_t.t(), out_dtype=torch.float32) * alpha
     out = torch.mm(a.float(), b_t.float().t())
-    return out if alpha is None else out * alpha
+    out = out if alpha is None else out * alpha
+    return out.to(out_dtype)
 
 
-def gemm_nvfp4_bf16(a: TorchQuantized, b: TorchQuantized):
+def gemm_nvfp4_bf16(a: TorchQuantized, b: TorchQuantized, out_dtype=None):
     """NVFP4 × NVFP4 on Hopper/Ada tensor cores: exact dequantize-to-BF16 then one BF16 GEMM (SPEC §8).
 
     e · s_b (an E2M1 value times an E4M3 scale) is exact in BF16, so the tensor cores multiply the
     exact block-scaled values and accumulate in FP32 in their own order; the result is
     fl(acc · alpha).  Equal to :func:`fpsim.gemm`'s ``"blas"`` model up to FP32 summation order.
+    ``out_dtype=torch.bfloat16`` rounds that FP32 result to BF16 (the output of a BF16 ``torch.matmul``).
     """
     ka, kb = a.shape[-1], b.shape[-1]
     if ka != kb:
         raise ValueError(f"reduction lengths differ: {ka} and {kb}")
-    return _mm_f32(_scaled_values_bf16(a), _scaled_values_bf16(b), _alpha_t(a.amax, b.amax, 2688.0, 2688.0))
+    return _mm_f32(_scaled_values_bf16(a), _scaled_values_bf16(b), _alpha_t(a.amax, b.amax, 2688.0, 2688.0),
+                   out_dtype)
 
 
 def _scaled_values_bf16(q: TorchQuantized):

@@ -137,6 +137,7 @@ def main() -> None:
     qa = tb.quantize(a_, "nvfp4")
     qb = tb.quantize(b_, "nvfp4")
     t_nv = cuda_time(lambda: tb.gemm_nvfp4_bf16(qa, qb), 10)
+    t_nvb = cuda_time(lambda: tb.gemm_nvfp4_bf16(qa, qb, torch.bfloat16), 10)
     t_nvq = cuda_time(lambda: tb.gemm_nvfp4_bf16(tb.quantize(a_, "nvfp4"), tb.quantize(b_, "nvfp4")), 10)
     fa = tb.TorchQuantized.from_quantized(fpsim.quantize(a_.cpu().numpy(), "fp8_e4m3"), dev)
     fb = tb.TorchQuantized.from_quantized(fpsim.quantize(b_.cpu().numpy(), "fp8_e4m3"), dev)
@@ -144,7 +145,8 @@ def main() -> None:
     gemm_rows = [
         ("BF16 `torch.matmul` (BF16 out)", t_bf16),
         ("NVFP4 × NVFP4, quantized operands: exact dequantize to BF16 + BF16 GEMM (FP32 out) × alpha", t_nv),
-        ("the same including the quantization of both operands (fused kernels)", t_nvq),
+        ("the same, BF16 output (FP32 epilogue result rounded to BF16, as `torch.matmul` outputs)", t_nvb),
+        ("FP32 output, including the quantization of both operands (fused kernels)", t_nvq),
         ("FP8 E4M3 per-tensor × FP8 E4M3 on FP8 tensor cores (`torch._scaled_mm`, FP32 out)", t_fp8),
     ]
     # fp32 model on the GPU (bit-defined order) against Numba on a smaller problem

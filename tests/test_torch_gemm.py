@@ -55,8 +55,11 @@ def test_nvfp4_bf16_path_matches_the_exact_model_to_fp32_rounding():
     assert np.all(np.abs(got - exact) <= bound)
     # A single 16-block: one exact block sum, so every path gives the fp32 model's bits.
     qa, qb = ops("nvfp4", "nvfp4", m=8, n=8, k=16, seed=3)
-    got = tb.gemm_nvfp4_bf16(tb.TorchQuantized.from_quantized(qa, DEV), tb.TorchQuantized.from_quantized(qb, DEV))
-    assert same_f32(got.cpu().numpy(), fpsim.gemm(qa, qb, "fp32"))
+    ta, tb_ = tb.TorchQuantized.from_quantized(qa, DEV), tb.TorchQuantized.from_quantized(qb, DEV)
+    want = fpsim.gemm(qa, qb, "fp32")
+    assert same_f32(tb.gemm_nvfp4_bf16(ta, tb_).cpu().numpy(), want)
+    got16 = tb.gemm_nvfp4_bf16(ta, tb_, torch.bfloat16)
+    assert got16.dtype == torch.bfloat16 and torch.equal(got16.cpu(), torch.from_numpy(want).to(torch.bfloat16))
 
 
 def test_blas_dispatch_falls_back_to_the_reference_model_where_no_tensor_core_path_exists():
