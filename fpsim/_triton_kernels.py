@@ -344,3 +344,37 @@ def encode_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, MBITS: tl.constexpr, E
         u = x.to(tl.int32, bitcast=True)
         code = _encode_rne(u & 0x7FFFFFFF, (u >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=m)
+
+
+@triton.jit
+def fp32_scaled_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, amax_ptr, emax_f, R, C, NB, NBLK,
+                             BB: tl.constexpr, W: tl.constexpr, PER_TENSOR: tl.constexpr, MBITS: tl.constexpr,
+                             EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
+                             SIGN_SHIFT: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
+                             EVEN: tl.constexpr, IDX64: tl.constexpr):
+    """FP8 with FP32 scales (SPEC §6): d = fl(amax / max_elem) (1 where that is 0 or inf; NaN stays NaN),
+    codes e(fl(x / d)) RNE satfinite, both divisions IEEE (``div.rn``).  PER_TENSOR: one d from ``amax``
+    (stored by program 0); otherwise one d per block of W along the row, stored per block."""
+    g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, W, EVEN, IDX64)
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    if PER_TENSOR:
+        amax = tl.load(amax_ptr) + tl.zeros([BB], tl.float32)
+    else:
+        a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if IGNORE_NAN:
+            a = tl.where(a > 0x7F800000, 0, a)
+        amax = tl.max(a, axis=1).to(tl.float32, bitcast=True)
+    d = tl.math.div_rn(amax, tl.full([BB], emax_f, tl.float32))
+    d = tl.where((d == 0.0) | (d > 3.4028234663852886e38), 1.0, d)
+    y = tl.math.div_rn(x, d[:, None]).to(tl.int32, bitcast=True)
+    code = _encode_rne(y & 0x7FFFFFFF, (y >> 31) & 1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    code = tl.where(m, code, 0)
+    if FAKE:
+        tl.store(f_ptr + offs, _canonical_nan(tl.load(dec_ptr + code) * d[:, None]), mask=m)
+    else:
+        tl.store(q_ptr + g[:, None] * (W // 4) + tl.arange(0, W // 4)[None, :], _pack_words(code, BB, W, 8),
+                 mask=gm[:, None])
+        if PER_TENSOR:
+            tl.store(s_ptr + g * 0, d, mask=(g == 0))
+        else:
+            tl.store(s_ptr + g, d, mask=gm)

@@ -358,6 +358,8 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
         if _nvfp4_like(sch):
             return _nvfp4_triton(X, absmax(X), tile, False, True)
         return _mx_triton(X, el, sch.scale_rule.kernel_id, tile, False, True)
+    if mode is Rounding.RNE and x.dim() == 2 and _impl(x, "auto") and _fp8_like(sch):
+        return quantize_fp8_fused(x, el.name, None if sch.block is None else sch.block[1], fake=True)
     r, c = x.shape
     dev = x.device
     br, bc = sch.block if sch.block is not None else (r, c)
@@ -609,6 +611,58 @@ def quantize_mx_fused(x, element: str = "float4_e2m1fn", scale_rule: str = "rcei
     return q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1])
 
 
+def quantize_fp8_fused(x, element: str = "float8_e4m3fn", block: int | None = None, *, tensor_amax=None,
+                      nan_amax: str = "propagate", fake: bool = False):
+    """FP8 with FP32 scales by one Triton kernel: per tensor (``block=None``, after the amax pass) or per
+    1×``block`` along the last axis (128 for DeepSeek-style blockwise).  Returns (codes uint8, scales float32)
+    with :func:`fpsim.quantize`'s bits and shapes, or the fake-quantized float32 tensor with ``fake=True``."""
+    torch = _t()
+    from . import _triton_kernels as K
+
+    el = get_format(element)
+    X, lead, c = _as_rows(x)
+    R = X.shape[0]
+    ignore = nan_amax == "ignore"
+    dev = X.device
+    if block is None:
+        w = 16
+        amax = (absmax(X, ignore) if tensor_amax is None
+                else torch.as_tensor(tensor_amax, dtype=torch.float32, device=dev)).reshape(1)
+        flat = X.reshape(1, -1)
+        Xk, Rk, Ck = flat, 1, flat.shape[1]
+    else:
+        if tensor_amax is not None:
+            raise ValueError("tensor_amax applies to per-tensor scaling")
+        w = int(block)
+        amax = _dummy(str(dev), "float32")
+        Xk, Rk, Ck = X, R, c
+    nb = -(-Ck // w)
+    nblk = Rk * nb
+    consts = _mx_consts(el)
+    del consts["EMAX"], consts["PACK4"]
+    kw = dict(BB=max(2048 // w, 1), W=w, PER_TENSOR=block is None, IGNORE_NAN=ignore, **consts,
+              **_layout(Rk, Ck, w))
+    grid = (max(-(-nblk // kw["BB"]), 1),)
+    dec = _table("dec", el, 0, True, str(dev)).contiguous()
+    emax_f = float(np.float32(el.max))
+    if fake:
+        out = torch.empty_like(X)
+        if nblk:
+            d = _dummy(str(dev), "int32")
+            K.fp32_scaled_quant_kernel[grid](Xk, d, d, out, dec, amax, emax_f, Rk, Ck, nb, nblk, FAKE=True, **kw)
+        return out.reshape(*lead, c)
+    q = torch.empty((Rk, nb * w), dtype=torch.uint8, device=dev)
+    s = torch.empty((1,) if block is None else (Rk, nb), dtype=torch.float32, device=dev)
+    if nblk:
+        K.fp32_scaled_quant_kernel[grid](Xk, q.view(torch.int32), s, X, dec, amax, emax_f, Rk, Ck, nb, nblk,
+                                         FAKE=False, **kw)
+    elif block is None:
+        s.fill_(1.0)
+    if block is None:
+        return q.reshape(-1)[: X.numel()].reshape(*lead, c), s.reshape(())
+    return q.reshape(*lead, nb * w), s.reshape(*lead, nb)
+
+
 def encode_fused(x, fmt: str | FormatSpec):
     """RNE satfinite codes (uint8) of a float32 tensor for a ≤ 8-bit format with subnormals, by one Triton kernel."""
     torch = _t()
@@ -690,6 +744,15 @@ class TorchQuantized:
             fused = dequantize_nvfp4_fused(self.data, self.scales, self.amax, c, dtype)
         elif _impl(self.data, "auto") and _mx_like(sch):
             fused = dequantize_mx_fused(self.data, self.scales, c, sch.element.name, dtype)
+        elif _fp8_like(sch):
+            el = sch.element
+            vals = decode(self.data, el)
+            if sch.block is None:
+                out = vals * self.scales.to(torch.float32)
+                return out if dtype is None else out.to(dtype)
+            w = sch.block[1]
+            fused = (vals * self.scales.repeat_interleave(w, dim=-1))[..., :c]
+            fused = fused if dtype is None else fused.to(dtype)
         if fused is not None:
             return torch.movedim(fused, -1, ax)
         from .scaling import dequantize as np_dequantize
@@ -704,6 +767,14 @@ def _nvfp4_like(sch) -> bool:
     return (sch.kind is _Kind.TWO_LEVEL and sch.element.name == "float4_e2m1fn" and sch.scale.name == "float8_e4m3fn"
             and sch.block in ((1, 16), (16, 16)) and sch.tensor_scale and not sch.per_row_scale
             and not sch.four_over_six)
+
+
+def _fp8_like(sch) -> bool:
+    """FP8 (E4M3/E5M2) with FP32 scales, per tensor or per 1×W block: the fused FP8 kernel's schemes."""
+    from .scaling import _Kind
+
+    return (sch.kind is _Kind.FP32 and sch.element.name in ("float8_e4m3fn", "float8_e5m2")
+            and (sch.block is None or (sch.block[0] == 1 and sch.block[1] in (16, 32, 64, 128, 256))))
 
 
 def _mx_like(sch) -> bool:
@@ -741,6 +812,18 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
     shape = tuple(x.shape)
     fused_kw = set(kwargs) <= {"nan_amax", "tensor_amax"}
     rne = Rounding.parse(sch.rounding) is Rounding.RNE
+    if nd and fused_kw and rne and _impl(x, impl) and _fp8_like(sch):
+        xm = torch.movedim(x, ax, -1)
+        if sch.block is None:
+            xm = x  # per-tensor: codes keep the input's layout
+        q, s = quantize_fp8_fused(xm, sch.element.name, None if sch.block is None else sch.block[1],
+                                  tensor_amax=kwargs.get("tensor_amax"), nan_amax=kwargs.get("nan_amax", "propagate"))
+        if sch.block is None:
+            amax = absmax(x, kwargs.get("nan_amax") == "ignore") if kwargs.get("tensor_amax") is None else \
+                torch.as_tensor(kwargs["tensor_amax"], dtype=torch.float32, device=x.device)
+        else:
+            amax = torch.tensor(float("nan"), dtype=torch.float32, device=x.device)
+        return TorchQuantized(q, s, amax.reshape(()), sch, shape, ax)
     if nd and fused_kw and rne and _impl(x, impl) and (_nvfp4_like(sch) or _mx_like(sch)):
         tile = sch.block[0] > 1
         xm = torch.movedim(x, ax, -1)

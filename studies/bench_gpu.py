@@ -76,6 +76,11 @@ def bit_identity(x: torch.Tensor) -> list[tuple[str, bool]]:
     out.append(("MX (5 element formats × 4 scale rules) codes, scales, dequantize", ok))
     out.append(("NVFP4 fake-quantize (fused) = quantize ∘ dequantize",
                 same(tb.fake_quantize(xs, "nvfp4").cpu().numpy(), fpsim.fake_quantize(xc, "nvfp4"))))
+    for scheme in ("fp8_e4m3", "fp8_e5m2", "fp8_block128"):
+        q = fpsim.quantize(xc, scheme)
+        t = tb.quantize(xs, scheme)
+        out.append((f"{scheme} codes, scales, dequantize", same(t.data.cpu().numpy(), q.data)
+                    and same(t.scales.cpu().numpy(), q.scales) and same(t.dequantize().cpu().numpy(), q.dequantize())))
     out.append(("E4M3 encode (fused)", same(tb.encode_fused(xs, "e4m3").cpu().numpy(), fpsim.encode(xc, "e4m3"))))
     return out
 
@@ -121,6 +126,9 @@ def main() -> None:
     row("MXFP8 E4M3 quantize (rceil)", lambda: tb.quantize_mx_fused(x, "float8_e4m3fn"), gb + n_el * (1 + 1 / 32) / 1e9)
     row("MXFP8 E4M3 dequantize → float32", lambda: tb.dequantize_mx_fused(c8, s8, 4096, "float8_e4m3fn"),
         gb + n_el * (1 + 1 / 32) / 1e9)
+    row("FP8 E4M3 per-tensor quantize incl. amax pass (IEEE x / d)", lambda: tb.quantize_fp8_fused(x), gb + n_el / 1e9)
+    row("FP8 E4M3 1×128 blockwise quantize (FP32 scales)", lambda: tb.quantize_fp8_fused(x, block=128),
+        gb + n_el * (1 + 4 / 128) / 1e9)
     row("E4M3 element encode (fused)", lambda: tb.encode_fused(x, "e4m3"), gb + n_el / 1e9)
     row("eager torch NVFP4 quantize (before: session 1)", lambda: tb.quantize_nvfp4(x), gb + nv_out, reps=3)
 

@@ -188,3 +188,43 @@ def test_mx_32x32_tiles_and_ignore_nan():
         q = fpsim.quantize(x, "mxfp8_e4m3", block=(32, 32), nan_amax=nan_amax)
         codes, scales = tb.quantize_mx_fused(T(x), "float8_e4m3fn", tile=True, nan_amax=nan_amax)
         assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales), nan_amax
+
+
+@pytest.mark.parametrize("scheme", ["fp8_e4m3", "fp8_e5m2", "fp8_block128"])
+@pytest.mark.parametrize("shape", [(9, 256), (5, 200), (3, 4, 130)])
+def test_fp8_fused_equals_the_reference(scheme, shape):
+    rng = np.random.default_rng(shape[-1])
+    x = wild(rng, shape)
+    x.reshape(-1, shape[-1])[-1, 3] = np.inf
+    q = fpsim.quantize(x, scheme)
+    t = tb.quantize(T(x), scheme, impl="triton")
+    assert np.array_equal(N(t.data), q.data) and same_f32(N(t.scales), q.scales), scheme
+    assert same_f32(N(t.dequantize()), q.dequantize())
+    if len(shape) == 2:
+        assert same_f32(N(tb.fake_quantize(T(x), scheme)) if DEV == "cuda" else
+                        N(tb.quantize_fp8_fused(T(x), q.scheme.element.name,
+                                                None if q.scheme.block is None else 128, fake=True)),
+                        q.dequantize())
+
+
+@pytest.mark.parametrize("case", G.FP8, ids=[c[0] for c in G.FP8])
+def test_fp8_golden_cases(case):
+    name, scheme, x, codes, scales, decoded = case
+    t = tb.quantize(T(np.asarray(x, np.float32)), scheme, impl="triton")
+    assert np.array_equal(N(t.data).reshape(np.asarray(codes).shape), np.asarray(codes)), name
+    assert np.array_equal(N(t.scales).reshape(np.shape(scales)), np.asarray(scales, np.float32)), name
+    assert same_f32(N(t.dequantize()), np.asarray(decoded, np.float32)), name
+
+
+def test_fp8_nan_ignore_and_given_amax():
+    x = wild(np.random.default_rng(8), (6, 128))
+    x[2, 7] = np.nan
+    for kw in ({}, {"nan_amax": "ignore"}, {"tensor_amax": 3.0}):
+        for scheme in ("fp8_e4m3", "fp8_block128"):
+            if "tensor_amax" in kw and scheme == "fp8_block128":
+                continue
+            q = fpsim.quantize(x, scheme, **kw)
+            t = tb.quantize(T(x), scheme, impl="triton", **kw)
+            assert np.array_equal(N(t.data), q.data), (scheme, kw)
+            assert np.array_equal(np.isnan(N(t.scales)), np.isnan(q.scales)), (scheme, kw)
+            assert same_f32(np.nan_to_num(N(t.scales)), np.nan_to_num(q.scales)), (scheme, kw)
