@@ -57,8 +57,8 @@ def bit_identity(x: torch.Tensor) -> list[tuple[str, bool]]:
         xc = t.cpu().numpy()
         q = fpsim.quantize(xc, "nvfp4")
         d, s, a = tb.quantize_nvfp4_fused(t)
-        out.append((f"NVFP4 1×16 codes, scales, amax ({label})",
-                    same(d.cpu().numpy(), q.data) and same(s.cpu().numpy(), q.scales) and same(a.cpu().numpy(), q.amax)))
+        ok = same(d.cpu().numpy(), q.data) and same(s.cpu().numpy(), q.scales) and same(a.cpu().numpy(), q.amax)
+        out.append((f"NVFP4 1×16 codes, scales, amax ({label})", ok))
         out.append((f"NVFP4 dequantize float32 ({label})",
                     same(tb.dequantize_nvfp4_fused(d, s, a, t.shape[1]).cpu().numpy(), q.dequantize())))
     xc = xs.cpu().numpy()
@@ -133,7 +133,7 @@ def main() -> None:
     row("eager torch NVFP4 quantize (before: session 1)", lambda: tb.quantize_nvfp4(x), gb + nv_out, reps=3)
 
     checks = bit_identity(x)
-    del y, d, s, cm, sm, c8, s8
+    y = d = s = cm = sm = c8 = s8 = None  # free the GPU memory before the GEMMs
     torch.cuda.empty_cache()
 
     # GEMMs
