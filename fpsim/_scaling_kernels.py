@@ -516,9 +516,50 @@ def _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out):
             out[r, i] = codes[i]
 
 
+@njit(inline="always")
+def _e2m1_code(y):
+    """E2M1 code of float32 ``y`` (RNE, satfinite, NaN → 7), branch-free so that LLVM vectorises the loop.
+
+    |y| ≥ 1: round the float32 to one mantissa bit with the integer carry trick (the exponent carries into
+    the code); |y| < 1: the code is RNE(2|y|) ∈ {0, 1, 2}, by the float32 magic-number addition (exact:
+    2|y| is exact and one float32 addition rounds it to an integer).  Equal to the lookup table (tested).
+    """
+    u = f32_bits(y)
+    a = u & _ABS
+    ac = min(a, np.uint32(0x41000000))  # ≥ 8, inf and NaN all saturate to code 7
+    hi = np.int32((ac + np.uint32(0x1FFFFF) + ((ac >> np.uint32(22)) & np.uint32(1))) >> np.uint32(22)) - np.int32(252)
+    hi = min(hi, np.int32(7))
+    lo = np.int32(f32_bits(bits_f32(a) * np.float32(2.0) + np.float32(12582912.0)) - np.uint32(0x4B400000))
+    s = np.int32((u >> np.uint32(28)) & np.uint32(8)) if a <= _INF_BITS else np.int32(0)
+    return np.uint8((lo if a < np.uint32(0x3F800000) else hi) | s)
+
+
+@njit(inline="always")
+def _row_encode_e2m1(X, r, BC, C, mul, packed, codes, out):
+    """:func:`_row_encode` for E2M1 elements with the branch-free encoder (whole blocks vectorise)."""
+    nb = mul.size
+    full = C // BC
+    for j in range(full):
+        m = mul[j]
+        c0 = j * BC
+        for t in range(BC):
+            codes[c0 + t] = _e2m1_code(bits_f32(X[r, c0 + t]) * m)
+    for j in range(full, nb):
+        m = mul[j]
+        for c in range(j * BC, j * BC + BC):
+            codes[c] = _e2m1_code(bits_f32(X[r, c]) * m) if c < C else np.uint8(0)
+    if packed:
+        for i in range(codes.size // 2):
+            out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
+    else:
+        for i in range(codes.size):
+            out[r, i] = codes[i]
+
+
 @pjit
 def quantize_two_level_rne(
-    X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, out, scales
+    X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, out, scales,
+    e2m1=False,
 ):
     """NVFP4-style quantization with RNE elements (SPEC §4), TE's FP32 operation order.
 
@@ -527,24 +568,35 @@ def quantize_two_level_rne(
     """
     R, C = X.shape
     nb = scales.shape[1]
+    # enc_b depends only on (S_dec, s_b): with one S_dec for the tensor, a table over the scale bytes
+    # replaces a division per block (the same float32 operations, done once per byte value).
+    uniform = R > 0 and np.all(s_dec == s_dec[0])
+    ntab = stable.size
+    tab = np.empty(ntab, np.float32)
+    if uniform:
+        for b in range(ntab):
+            tab[b] = fmin_nan(np.float32(1.0) / (stable[b] * s_dec[0]), FLT_MAX)
     for r in prange(R):
         sek = s_enc[r] * inv_t
         sd = s_dec[r]
+        codes = np.empty(nb * BC, np.uint8)
         vmax = np.empty(nb, np.uint32)
         enc = np.empty(nb, np.float32)
-        codes = np.empty(nb * BC, np.uint8)
         _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
         for j in range(nb):
             sdb = fmin_nan(bits_f32(vmax[j]) * sek, bound)
             sb = _lut_code(f32_bits(sdb), slut, sshift)
             scales[r, j] = sb
-            enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
-        _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out)
+            enc[j] = tab[sb] if uniform else fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
+        if e2m1:
+            _row_encode_e2m1(X, r, BC, C, enc, packed, codes, out)
+        else:
+            _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out)
 
 
 @pjit
 def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_code, ignore_nan, packed, tmax,
-                    p2, out, scales):
+                    p2, out, scales, e2m1=False):
     """MX quantization with RNE elements (SPEC §5): elements fl32(x · 2^-E), one exact-power multiply.
 
     ``p2[b]`` = 2**(127 − b) as float32 (exact for every scale byte b ≤ 0xFE),
@@ -565,7 +617,10 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_
             mul[j] = p2[sb]
             nan_block |= sb == 0xFF
         if not nan_block:
-            _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out)
+            if e2m1:
+                _row_encode_e2m1(X, r, BC, C, mul, packed, codes, out)
+            else:
+                _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out)
             continue
         for j in range(nb):
             for c in range(j * BC, j * BC + BC):

@@ -597,7 +597,7 @@ def quantize(
             SK.quantize_two_level_rne(
                 X, BR, BC, s_enc, s_dec, inv_t, np.float32(sc.max), _encode_lut(sc, Rounding.RNE.kernel_id, True),
                 21 - sc.mbits, sc.decode_table(), lut, shift, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales,
+                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales, el.name == "float4_e2m1fn",
             )
             amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
             data = out.reshape(moved[:-1] + (out.shape[1],))
@@ -635,7 +635,7 @@ def quantize(
             SK.quantize_mx_rne(
                 X, BR, BC, sch.scale_rule.kernel_id, el.emax, el.mbits, np.float32(1.0) / np.float32(el.max),
                 sch.scale.kernel_params(), lut, shift, el.nan_code, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales,
+                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales, el.name == "float4_e2m1fn",
             )
             data = out.reshape(moved[:-1] + (out.shape[1],))
             return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), np.array(nan32), sch, shape, dtype, ax)
@@ -673,31 +673,53 @@ def quantize(
     return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), amax, sch, shape, dtype, ax)
 
 
-def dequantize(qt: QuantizedTensor, backend: str | None = None) -> np.ndarray:
+def _into(out: np.ndarray | None, res: np.ndarray) -> np.ndarray:
+    if out is None:
+        return res
+    if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == res.shape and out.flags.writeable):
+        raise ValueError(f"out must be a writeable float32 array of shape {res.shape}")
+    out[...] = res
+    return out
+
+
+def dequantize(qt: QuantizedTensor, backend: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a :class:`QuantizedTensor` to float32 in its original shape.
 
     NVFP4: ``fl((e2m1 · f32(s_b)) · S_dec)`` with S_dec recomputed from the
     stored amax; MX: ``fl(e · 2^(b−127))``, scale byte 0xFF → NaN; FP32 scales: ``fl(e · d)``.
     ``backend``: as for :func:`quantize` (same bits on every backend).
+    ``out``: a C-contiguous, writeable float32 array of the original shape to decode into (block
+    schemes quantized along the last axis, Numba backend): reusing it saves the allocation and the
+    page faults of a fresh output, which cost about as much as the decoding itself on large tensors.
     """
     name = backends.pick(backend, qt)
     if name is not None:
         from . import torch_backend as tb
 
-        return tb.TorchQuantized.from_quantized(qt, backends.torch_device(name)).dequantize().cpu().numpy()
+        res = tb.TorchQuantized.from_quantized(qt, backends.torch_device(name)).dequantize().cpu().numpy()
+        return _into(out, res)
     sch = qt.scheme
     kind = sch.kind
     el = sch.element
     if kind is _Kind.CAST:
-        return decode(qt.data, el).reshape(qt.shape)
+        return _into(out, decode(qt.data, el).reshape(qt.shape))
     if sch.block is None:
         with np.errstate(all="ignore"):
-            return (decode(qt.data, el) * np.float32(qt.scales)).astype(np.float32).reshape(qt.shape)
+            return _into(out, (decode(qt.data, el) * np.float32(qt.scales)).astype(np.float32).reshape(qt.shape))
     moved, R, C = _moved_2d(tuple(qt.shape), qt.axis)
     BC = sch.block[1]
     codes = np.ascontiguousarray(qt.data).reshape(R, -1)
     scales = np.ascontiguousarray(qt.scales).reshape(R, -1)
-    out = np.empty((R, C), np.float32)
+    user_out = out
+    if out is None:
+        out = np.empty((R, C), np.float32)
+    else:
+        if qt.axis != len(qt.shape) - 1:
+            raise ValueError("out= needs a tensor quantized along its last axis")
+        if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == tuple(qt.shape)
+                and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError(f"out must be a C-contiguous writeable float32 array of shape {tuple(qt.shape)}")
+        out = out.reshape(R, C)
     packed = el.bits == 4
     if kind is _Kind.TWO_LEVEL:
         amax = np.asarray(qt.amax, np.float32)
@@ -708,6 +730,8 @@ def dequantize(qt: QuantizedTensor, backend: str | None = None) -> np.ndarray:
         SK.dequantize_mx_fast(codes, scales, BC, el.decode_table(), _POW2_POS, packed, out)
     else:
         SK.dequantize_fp32_scaled(codes, scales, BC, el.decode_table(), out)
+    if user_out is not None:
+        return user_out
     return np.moveaxis(out.reshape(moved), -1, qt.axis)
 
 

@@ -449,3 +449,35 @@ def test_swizzle_round_trip_and_permutation(r, c):
 def test_dequantize_function_equals_method():
     q = quantize(np.arange(40, dtype=np.float32).reshape(2, 20), "mxfp6_e3m2")
     assert same_floats(dequantize(q), q.dequantize())
+
+
+def test_branch_free_e2m1_encoder_equals_the_codec_on_every_exponent_class():
+    """The vectorisable E2M1 encoder of the NVFP4/MXFP4 row kernels against fpsim.encode (SPEC §2)."""
+    from fpsim._jit import njit
+    from fpsim._scaling_kernels import _e2m1_code, bits_f32
+    from tests.probes import float32_probes, probes_for
+
+    @njit
+    def run(u, out):
+        for i in range(u.size):
+            out[i] = _e2m1_code(bits_f32(u[i]))
+
+    spec = fpsim.get_format("e2m1")
+    u = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).astype(np.uint32)
+    got = np.empty(u.size, np.uint8)
+    run(u, got)
+    assert np.array_equal(got, fpsim.encode(u.view(np.float32), spec))
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "fp8_block128", "fp8_e4m3", "bf16"])
+def test_dequantize_into_a_caller_buffer(scheme):
+    x = np.random.default_rng(4).standard_normal((6, 200)).astype(np.float32)
+    q = fpsim.quantize(x, scheme)
+    buf = np.full(x.shape, np.nan, np.float32)
+    got = fpsim.dequantize(q, out=buf)
+    assert got is buf and np.array_equal(buf.view(np.uint32), q.dequantize().view(np.uint32))
+    with pytest.raises(ValueError, match="out"):
+        fpsim.dequantize(q, out=np.empty((6, 199), np.float32))
+    with pytest.raises(ValueError, match="out"):
+        fpsim.dequantize(fpsim.quantize(x, scheme, axis=0), out=np.empty(x.shape, np.float32)) if scheme not in (
+            "fp8_e4m3", "bf16") else fpsim.dequantize(q, out=np.empty(x.shape, np.float64))
