@@ -216,14 +216,16 @@ def _block_offsets(pid, NB, C, NBLK, BB: tl.constexpr, W: tl.constexpr, EVEN: tl
 
 
 @triton.jit
-def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB, NBLK,
+def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB, NBLK, k0, k1, counter0,
                        BB: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
-                       EVEN: tl.constexpr, IDX64: tl.constexpr):
+                       EVEN: tl.constexpr, IDX64: tl.constexpr, SR: tl.constexpr = False, K: tl.constexpr = 8,
+                       WIDTH: tl.constexpr = 8):
     """NVFP4 (E2M1 elements, E4M3 block scales, TE's operation order, RNE) on BB blocks of 16.
 
     sdb = min(fl(vmax · fl(S_enc · fl(1/6))), 448); s_b = e4m3(sdb); enc_b = min(fl(1 / fl(f32(s_b) · S_dec)),
     FLT_MAX); code = e2m1(fl(x · enc_b)).  TILE: the block amax comes from ``tmax`` (16×16 tiles).
     FAKE: write the decoded float32 values ``fl((e · s_b) · S_dec)`` to ``f_ptr`` instead of codes and scales.
+    SR: stochastic rounding of the elements with K-bit values of the CPU quantizer's Philox stream.
     """
     g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 16, EVEN, IDX64)
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
@@ -242,7 +244,11 @@ def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB,
     sv = _e4m3_value(sb)
     enc = tl.math.div_rn(tl.full([BB], 1.0, tl.float32), sv * s_dec)
     enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
-    code = tl.where(m, _e2m1_rne(x * enc[:, None]), 0)
+    if SR:
+        rb = _sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), BB, 16, K, WIDTH)
+        code = tl.where(m, _encode_sr(x * enc[:, None], rb, K, 1, 127, 7, 7, 3), 0)
+    else:
+        code = tl.where(m, _e2m1_rne(x * enc[:, None]), 0)
     if FAKE:
         v = _canonical_nan((_e2m1_value(code) * sv[:, None]) * s_dec)
         tl.store(f_ptr + offs, v, mask=m)
@@ -271,8 +277,10 @@ def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C
                     BB: tl.constexpr, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
                     EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr,
                     PACK4: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
-                    EVEN: tl.constexpr, IDX64: tl.constexpr):
-    """MX (E8M0 scales, blocks of 32): scale byte by RULE, elements fl(x · 2^(127−b)) RNE satfinite.
+                    EVEN: tl.constexpr, IDX64: tl.constexpr, k0=0, k1=0, counter0=0, SR: tl.constexpr = False,
+                    K: tl.constexpr = 8, WIDTH: tl.constexpr = 8):
+    """MX (E8M0 scales, blocks of 32): scale byte by RULE, elements fl(x · 2^(127−b)) RNE satfinite
+    (SR: stochastically rounded with the CPU quantizer's Philox stream).
 
     A NaN block (byte 0xFF) takes the element NaN code; padding past C is code 0.
     FAKE: write ``fl(e · 2^(b−127))`` (``dec`` = the element decode table) to ``f_ptr``.
@@ -291,7 +299,10 @@ def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C
     ex = 127 - sb  # 2^ex, exact float32 (2^-127 is subnormal)
     mul = tl.where(ex >= -126, (ex + 127) << 23, 0x00400000).to(tl.float32, bitcast=True)
     y = x * mul[:, None]
-    if MBITS == 1 and MAX_CODE == 7:
+    if SR:
+        rb = _sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), BB, 32, K, WIDTH)
+        code = _encode_sr(y, rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    elif MBITS == 1 and MAX_CODE == 7:
         code = _e2m1_rne(y)
     else:
         yb = y.to(tl.int32, bitcast=True)
@@ -378,3 +389,88 @@ def fp32_scaled_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, amax_ptr, emax
             tl.store(s_ptr + g * 0, d, mask=(g == 0))
         else:
             tl.store(s_ptr + g, d, mask=gm)
+
+
+@triton.jit
+def _philox(c0, c1, k0, k1):
+    """Philox4x32-10 of counter (c0, c1, 0, 0) and key (k0, k1), all uint32: SPEC §3, fpsim._kernels.philox4x32_10."""
+    x0 = c0
+    x1 = c1
+    x2 = tl.zeros_like(c0)
+    x3 = tl.zeros_like(c0)
+    for _ in tl.static_range(10):
+        h0 = tl.umulhi(x0, 0xD2511F53)
+        l0 = x0 * 0xD2511F53
+        h1 = tl.umulhi(x2, 0xCD9E8D57)
+        l1 = x2 * 0xCD9E8D57
+        x0, x1, x2, x3 = h1 ^ x1 ^ k0, l1, h0 ^ x3 ^ k1, l0
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def philox_kernel(out_ptr, n, k0, k1, counter0, BLOCK: tl.constexpr):
+    """out[4i + w] = word w of Philox(counter0 + i) (a test hook for the stream)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    c = counter0 + i
+    w0, w1, w2, w3 = _philox((c & 0xFFFFFFFF).to(tl.uint32), (c >> 32).to(tl.uint32), k0.to(tl.uint32),
+                             k1.to(tl.uint32))
+    m = i < n
+    tl.store(out_ptr + 4 * i, w0, mask=m)
+    tl.store(out_ptr + 4 * i + 1, w1, mask=m)
+    tl.store(out_ptr + 4 * i + 2, w2, mask=m)
+    tl.store(out_ptr + 4 * i + 3, w3, mask=m)
+
+
+@triton.jit
+def _sr_bits(g, counter0, k0, k1, BB: tl.constexpr, W: tl.constexpr, K: tl.constexpr, WIDTH: tl.constexpr):
+    """[BB, W] random K-bit integers of blocks ``g``: the Philox stream of the CPU quantizer (SPEC §3).
+
+    Block g uses calls counter0 + g·CALLS + cc (CALLS = W·WIDTH/128); element t reads value t mod PER_CALL
+    of call t // PER_CALL, WIDTH bits at a time from the low end of word 0 upwards (fpsim.random.random_bits).
+    """
+    PER_CALL: tl.constexpr = 128 // WIDTH
+    PER_WORD: tl.constexpr = 32 // WIDTH
+    CALLS: tl.constexpr = (W + PER_CALL - 1) // PER_CALL
+    tt = tl.arange(0, W)[None, :]
+    q = tt % PER_CALL
+    wi = q // PER_WORD
+    sh = ((q % PER_WORD) * WIDTH).to(tl.uint32)
+    r = tl.zeros([BB, W], tl.uint32)
+    for cc in tl.static_range(CALLS):
+        c = counter0 + g.to(tl.int64) * CALLS + cc
+        w0, w1, w2, w3 = _philox((c & 0xFFFFFFFF).to(tl.uint32), (c >> 32).to(tl.uint32), k0, k1)
+        mine = (tt // PER_CALL) == cc
+        r = tl.where(mine & (wi == 0), w0[:, None] >> sh, r)
+        r = tl.where(mine & (wi == 1), w1[:, None] >> sh, r)
+        r = tl.where(mine & (wi == 2), w2[:, None] >> sh, r)
+        r = tl.where(mine & (wi == 3), w3[:, None] >> sh, r)
+    return (r & ((1 << K) - 1)).to(tl.int32)
+
+
+@triton.jit
+def _encode_sr(y, r, K: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr,
+               NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
+    """Stochastic rounding (SPEC §3; fpsim._kernels.encode_one_sr): t = fl32(|y| + r·2^(qexp−K)), then truncate.
+
+    Both addends are float32 values and the product r·2^(qexp−K) is exact, so one float32 addition is the
+    reference's single rounding (and an FMA would give the same bits).
+    """
+    u = y.to(tl.int32, bitcast=True)
+    a = u & 0x7FFFFFFF
+    e = a >> 23
+    ep = tl.maximum(e, 1)
+    sig = (a & 0x7FFFFF) | (tl.minimum(e, 1) << 23)
+    sh = tl.minimum(23 - MBITS + tl.maximum(EMIN_B - ep, 0), 25)
+    t = sig >> sh
+    rem = sig & ((1 << sh) - 1)
+    eq = tl.maximum(ep, EMIN_B)
+    mag = ((eq - EMIN_B) << MBITS) + t
+    qexp = eq - 127 - MBITS
+    step = ((qexp - K + 127) << 23).to(tl.float32, bitcast=True)
+    val = a.to(tl.float32, bitcast=True) + r.to(tl.float32) * step
+    nxt = (t + 1).to(tl.float32) * ((qexp + 127) << 23).to(tl.float32, bitcast=True)
+    up = ((val >= nxt) & (rem != 0)).to(tl.int32)
+    mag = tl.minimum(mag + up, MAX_CODE)
+    return tl.where(a > 0x7F800000, NAN_CODE, (((u >> 31) & 1) << SIGN_SHIFT) | mag)

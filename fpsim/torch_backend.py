@@ -335,11 +335,11 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
 def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = None, counter: int = 0):
     """Quantize-dequantize a 2-D tensor (blocks along the last axis) under any block scheme, on torch.
 
-    RNE results equal ``fpsim.quantize(x, scheme).dequantize()`` bit for bit (tested): two-level
-    (NVFP4-style, 1×N or N×N tiles), E8M0 with the ``rceil`` rule (MX), FP32-scaled (FP8 per-tensor or
-    blockwise) and casts.  With ``rounding="sr"`` the elements are stochastically rounded with bits
-    from the Philox stream of ``seed`` in flat element order (the CPU quantizer orders them by
-    block, so SR draws differ from :func:`fpsim.quantize`'s while following the same formula).
+    Equal to ``fpsim.quantize(x, scheme, rounding=rounding, seed=seed, counter=counter).dequantize()``
+    bit for bit (tested), stochastic rounding included (the same Philox bits in the same block order):
+    two-level (NVFP4-style, 1×N or N×N tiles), E8M0 with any scale rule (MX), FP32-scaled (FP8
+    per-tensor or blockwise) and casts.  On CUDA the NVFP4, MX and FP8 schemes run the fused Triton
+    kernels; SR schemes without one are quantized by the reference.
     """
     from .scaling import _Kind, get_scheme
 
@@ -352,6 +352,10 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
     kind = sch.kind
     if kind is _Kind.CAST:
         return decode(encode(x, el, mode.value, **sr_kw), el)
+    if mode is Rounding.SR:
+        if seed is None:
+            raise ValueError("rounding='sr' needs a seed")
+        return quantize(x, sch, rounding="sr", seed=seed, counter=counter).dequantize()
     if mode is Rounding.RNE and x.dim() == 2 and _impl(x, "auto") and (_nvfp4_like(sch) or _mx_like(sch)):
         X = x.contiguous()
         tile = sch.block[0] > 1
@@ -482,7 +486,17 @@ def _tile_absmax(X, tr: int, bw: int, ignore_nan: bool):
     return out
 
 
-def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
+def _sr_kw(seed, k: int, counter: int) -> dict:
+    """Kernel arguments of stochastic rounding with the CPU quantizer's Philox stream (none for RNE)."""
+    if seed is None:
+        return {"k0": 0, "k1": 0, "counter0": 0}
+    from .random import seed_key, stream_width
+
+    k0, k1 = seed_key(seed)
+    return {"k0": k0, "k1": k1, "counter0": int(counter), "SR": True, "K": int(k), "WIDTH": stream_width(int(k))}
+
+
+def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool, seed=None, k: int = 8, counter: int = 0):
     torch = _t()
     from . import _triton_kernels as K
 
@@ -493,7 +507,7 @@ def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
     amax = amax.reshape(1).to(torch.float32)
     tmax = _tile_absmax(X, 16, 16, ignore_nan) if tile else _dummy(str(dev), "int32")
     grid = (max(-(-nblk // _BB), 1),)
-    kw = dict(BB=_BB, TILE=tile, IGNORE_NAN=bool(ignore_nan), **_layout(R, C, 16))
+    kw = dict(BB=_BB, TILE=tile, IGNORE_NAN=bool(ignore_nan), **_layout(R, C, 16), **_sr_kw(seed, k, counter))
     if fake:
         out = torch.empty((R, C), dtype=torch.float32, device=dev)
         if nblk:
@@ -507,7 +521,8 @@ def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool):
     return q, s
 
 
-def quantize_nvfp4_fused(x, *, tensor_amax=None, tile: bool = False, nan_amax: str = "propagate"):
+def quantize_nvfp4_fused(x, *, tensor_amax=None, tile: bool = False, nan_amax: str = "propagate",
+                         seed: int | None = None, k: int = 8, counter: int = 0):
     """NVFP4 quantization by the fused Triton kernels: (packed uint8, E4M3 scale bytes, float32 amax).
 
     Same bits and shapes as :func:`fpsim.quantize` with ``"nvfp4"`` (``tile=True``: 16×16 tiles, 2-D
@@ -523,7 +538,7 @@ def quantize_nvfp4_fused(x, *, tensor_amax=None, tile: bool = False, nan_amax: s
         amax = absmax(X, ignore)
     else:
         amax = torch.as_tensor(tensor_amax, dtype=torch.float32, device=X.device).reshape(())
-    q, s = _nvfp4_triton(X, amax, tile, ignore, False)
+    q, s = _nvfp4_triton(X, amax, tile, ignore, False, seed, k, counter)
     return q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1]), amax
 
 
@@ -569,7 +584,8 @@ def _mx_consts(el: FormatSpec):
             "NAN_CODE": int(nan_code), "SIGN_SHIFT": int(bits - 1), "PACK4": bits == 4}
 
 
-def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake: bool):
+def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake: bool, seed=None, k: int = 8,
+               counter: int = 0):
     torch = _t()
     from . import _triton_kernels as K
 
@@ -581,7 +597,7 @@ def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake:
     dec = _table("dec", el, 0, True, str(dev)).contiguous()
     tmax = _tile_absmax(X, 32, 32, ignore_nan) if tile else _dummy(str(dev), "int32")
     kw = dict(BB=_BB // 2, RULE=int(rule), TILE=tile, IGNORE_NAN=bool(ignore_nan), **_mx_consts(el),
-              **_layout(R, C, 32))
+              **_layout(R, C, 32), **_sr_kw(seed, k, counter))
     grid = (max(-(-nblk // (_BB // 2)), 1),)
     dummy8 = _dummy(str(dev), "int32")
     if fake:
@@ -597,7 +613,7 @@ def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake:
 
 
 def quantize_mx_fused(x, element: str = "float4_e2m1fn", scale_rule: str = "rceil", *, tile: bool = False,
-                      nan_amax: str = "propagate"):
+                      nan_amax: str = "propagate", seed: int | None = None, k: int = 8, counter: int = 0):
     """MX quantization (blocks of 32 along the last axis, or 32×32 tiles) by one Triton kernel.
 
     Any of the four E8M0 scale rules of SPEC §5; RNE satfinite elements.  Returns (codes, scale bytes)
@@ -607,7 +623,8 @@ def quantize_mx_fused(x, element: str = "float4_e2m1fn", scale_rule: str = "rcei
 
     el = get_format(element)
     X, lead, c = _as_rows(x)
-    q, s = _mx_triton(X, el, ScaleRule.parse(scale_rule).kernel_id, tile, nan_amax == "ignore", False)
+    q, s = _mx_triton(X, el, ScaleRule.parse(scale_rule).kernel_id, tile, nan_amax == "ignore", False, seed, k,
+                      counter)
     return q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1])
 
 
@@ -787,10 +804,11 @@ def _mx_like(sch) -> bool:
 def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs) -> TorchQuantized:
     """:func:`fpsim.quantize` for a torch tensor, result on the tensor's device (same bits).
 
-    NVFP4 (1×16, 16×16) and MX (any rule) with RNE elements run the fused Triton kernels on CUDA
-    (``impl="triton"`` forces them, e.g. under ``TRITON_INTERPRET=1``); every other scheme or
-    option (SR, four-over-six, per-row scales, FP8, casts) is computed by the Numba reference on
-    the host and moved back, so the bits never depend on the path.
+    NVFP4 (1×16, 16×16), MX (any rule) and FP8 (FP32 scales) run the fused Triton kernels on CUDA
+    (``impl="triton"`` forces them, e.g. under ``TRITON_INTERPRET=1``), with RNE or seeded stochastic
+    rounding (k ≤ 16; the same Philox bits in the same block order as the CPU quantizer); every other
+    option (``rbits=``, four-over-six, per-row scales, casts) is computed by the Numba reference on the
+    host and moved back, so the bits never depend on the path.
     """
     import dataclasses as dc
 
@@ -810,8 +828,13 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
     nd = x.dim()
     ax = axis % nd if nd else 0
     shape = tuple(x.shape)
-    fused_kw = set(kwargs) <= {"nan_amax", "tensor_amax"}
-    rne = Rounding.parse(sch.rounding) is Rounding.RNE
+    if kwargs.get("k") is not None:
+        sch = dc.replace(sch, sr_bits=int(kwargs["k"]))
+    fused_kw = set(kwargs) <= {"nan_amax", "tensor_amax", "seed", "k", "counter"}
+    mode = Rounding.parse(sch.rounding)
+    sr = mode is Rounding.SR and kwargs.get("seed") is not None and sch.k <= 16
+    rne = mode is Rounding.RNE and kwargs.get("seed") is None
+    sr_kw = {"seed": kwargs.get("seed"), "k": sch.k, "counter": int(kwargs.get("counter", 0))} if sr else {}
     if nd and fused_kw and rne and _impl(x, impl) and _fp8_like(sch):
         xm = torch.movedim(x, ax, -1)
         if sch.block is None:
@@ -824,7 +847,7 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
         else:
             amax = torch.tensor(float("nan"), dtype=torch.float32, device=x.device)
         return TorchQuantized(q, s, amax.reshape(()), sch, shape, ax)
-    if nd and fused_kw and rne and _impl(x, impl) and (_nvfp4_like(sch) or _mx_like(sch)):
+    if nd and fused_kw and (rne or sr) and _impl(x, impl) and (_nvfp4_like(sch) or _mx_like(sch)):
         tile = sch.block[0] > 1
         xm = torch.movedim(x, ax, -1)
         if tile and xm.dim() != 2:
@@ -832,12 +855,12 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
         nan_amax = kwargs.get("nan_amax", "propagate")
         if _nvfp4_like(sch):
             q, s, amax = quantize_nvfp4_fused(xm, tensor_amax=kwargs.get("tensor_amax"), tile=tile,
-                                              nan_amax=nan_amax)
+                                              nan_amax=nan_amax, **sr_kw)
         else:
             if "tensor_amax" in kwargs:
                 raise ValueError(f"tensor_amax applies to schemes with a per-tensor scale, not {sch.name}")
             q, s = quantize_mx_fused(xm, sch.element.name, ScaleRule.parse(sch.scale_rule).value, tile=tile,
-                                     nan_amax=nan_amax)
+                                     nan_amax=nan_amax, **sr_kw)
             amax = torch.tensor(float("nan"), dtype=torch.float32, device=x.device)
         return TorchQuantized(q, s, amax, sch, shape, ax)
     qn = np_quantize(x.detach().cpu().numpy(), sch, axis=axis, backend="numba-cpu", **kwargs)

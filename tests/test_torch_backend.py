@@ -154,3 +154,12 @@ def test_fake_quantize_sr_is_unbiased(device):
     assert abs(float(draws.mean()) - float(x.mean())) < 0.003 * float(x.mean())
     rne = tb.fake_quantize(x, "nvfp4")
     assert abs(float(rne.mean()) - float(x.mean())) > 0.05 * float(x.mean())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp8_e4m3", "fp8_block128"])
+def test_fake_quantize_sr_equals_the_cpu_quantizer(device, scheme):
+    x = np.random.default_rng(3).standard_normal((8, 256)).astype(np.float32)
+    want = fpsim.quantize(x, scheme, rounding="sr", seed=42, counter=3).dequantize()
+    got = tb.fake_quantize(torch.from_numpy(x).to(device), scheme, rounding="sr", seed=42, counter=3)
+    same_bits(got.cpu().numpy(), want)

@@ -228,3 +228,34 @@ def test_fp8_nan_ignore_and_given_amax():
             assert np.array_equal(N(t.data), q.data), (scheme, kw)
             assert np.array_equal(np.isnan(N(t.scales)), np.isnan(q.scales)), (scheme, kw)
             assert same_f32(np.nan_to_num(N(t.scales)), np.nan_to_num(q.scales)), (scheme, kw)
+
+
+def test_philox_stream_equals_the_reference():
+    from fpsim import _triton_kernels as K
+    from fpsim.random import random_bits, seed_key
+
+    seed = 0xFEEDFACE12345678
+    k0, k1 = seed_key(seed)
+    out = torch.empty(4 * 70, dtype=torch.int32, device=DEV)
+    K.philox_kernel[(2,)](out, 70, k0, k1, 2**32 - 3, BLOCK=64)  # the counter crosses into its high word
+    assert np.array_equal(N(out).view(np.uint32), random_bits(seed, 280, k=32, counter=2**32 - 3))
+
+
+@pytest.mark.parametrize("scheme,kw", [("nvfp4", {}), ("nvfp4", {"k": 16}), ("nvfp4", {"counter": 77}),
+                                       ("mxfp4", {}), ("mxfp8_e4m3", {}), ("mxfp6_e3m2", {"k": 8}),
+                                       ("nvfp4", {"block": (16, 16)})])
+@pytest.mark.parametrize("shape", [(6, 64), (5, 70)])
+def test_stochastic_rounding_in_the_kernels_equals_the_cpu_quantizer(monkeypatch, scheme, kw, shape):
+    """Same seed, same Philox bits in the same block order: the same codes as fpsim.quantize(..., "sr")."""
+    import fpsim.scaling
+
+    x = wild(np.random.default_rng(shape[1] + len(kw)), shape)
+    q = fpsim.quantize(x, scheme, rounding="sr", seed=1234, **kw)
+
+    def no_host(*a, **k):
+        raise AssertionError("fell back to the host quantizer")
+
+    monkeypatch.setattr(fpsim.scaling, "quantize", no_host)
+    t = tb.quantize(T(x), scheme, rounding="sr", seed=1234, impl="triton", **kw)
+    assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales)
+    assert t.scheme == q.scheme
