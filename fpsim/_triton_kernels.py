@@ -474,3 +474,42 @@ def _encode_sr(y, r, K: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr,
     up = ((val >= nxt) & (rem != 0)).to(tl.int32)
     mag = tl.minimum(mag + up, MAX_CODE)
     return tl.where(a > 0x7F800000, NAN_CODE, (((u >> 31) & 1) << SIGN_SHIFT) | mag)
+
+
+@triton.jit
+def nvfp4_quant_2d_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, R, C, NB, k0, k1, counter0, BT: tl.constexpr,
+                          SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8,
+                          IGNORE_NAN: tl.constexpr = False):
+    """NVFP4 with 16×16 tiles in one pass: a program holds 16 rows × BT tiles, takes each tile's amax
+    in registers, and writes every row's codes and the tile's scale on each of its 16 rows (SPEC §4)."""
+    tr = tl.program_id(0)
+    t0 = tl.program_id(1) * BT
+    i = tl.arange(0, 16 * BT)
+    rr = i // BT  # row within the tile row
+    bt = t0 + i % BT  # tile (block) column
+    row = tr * 16 + rr
+    j = tl.arange(0, 16)
+    col = bt[:, None] * 16 + j[None, :]
+    m = (row < R)[:, None] & (col < C) & (bt < NB)[:, None]
+    x = tl.load(x_ptr + row.to(tl.int64)[:, None] * C + col, mask=m, other=0.0)
+    a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    if IGNORE_NAN:
+        a = tl.where(a > 0x7F800000, 0, a)
+    bmax = tl.max(a, axis=1)  # per (row, tile) block of 16
+    tmax = tl.max(tl.reshape(bmax, [16, BT]), axis=0)  # per tile
+    vmax = tl.reshape(tl.broadcast_to(tmax[None, :], [16, BT]), [16 * BT])
+    s_enc, s_dec = _nvfp4_tensor_scales(amax_ptr, 2688.0)
+    sdb = vmax.to(tl.float32, bitcast=True) * (s_enc * 0.1666666716337204)
+    sdb = tl.where(sdb > 448.0, 448.0, sdb)
+    sb = _encode_rne(sdb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0, 3, 121, 126, 127, 7)
+    enc = tl.math.div_rn(tl.full([16 * BT], 1.0, tl.float32), _e4m3_value(sb) * s_dec)
+    enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+    g = row.to(tl.int64) * NB + bt  # the block index of the CPU quantizer (row-major blocks)
+    if SR:
+        rb = _sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), 16 * BT, 16, K, WIDTH)
+        code = tl.where(m, _encode_sr(x * enc[:, None], rb, K, 1, 127, 7, 7, 3), 0)
+    else:
+        code = tl.where(m, _e2m1_rne(x * enc[:, None]), 0)
+    gm = (row < R) & (bt < NB)
+    tl.store(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], _pack_words(code, 16 * BT, 16, 4), mask=gm[:, None])
+    tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)

@@ -505,9 +505,18 @@ def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool, seed=None, 
     nblk = R * nb
     dev = X.device
     amax = amax.reshape(1).to(torch.float32)
-    tmax = _tile_absmax(X, 16, 16, ignore_nan) if tile else _dummy(str(dev), "int32")
+    tmax = _tile_absmax(X, 16, 16, ignore_nan) if (tile and fake) else _dummy(str(dev), "int32")
     grid = (max(-(-nblk // _BB), 1),)
     kw = dict(BB=_BB, TILE=tile, IGNORE_NAN=bool(ignore_nan), **_layout(R, C, 16), **_sr_kw(seed, k, counter))
+    if tile and not fake:  # one pass: the tile amax is taken inside the program
+        q = torch.empty((R, nb * 8), dtype=torch.uint8, device=dev)
+        s = torch.empty((R, nb), dtype=torch.uint8, device=dev)
+        if nblk:
+            bt = 8
+            K.nvfp4_quant_2d_kernel[(-(-R // 16), -(-nb // bt))](
+                X, q.view(torch.int32), s, amax, R, C, nb, BT=bt, IGNORE_NAN=bool(ignore_nan),
+                **_sr_kw(seed, k, counter), num_warps=_WARPS)
+        return q, s
     if fake:
         out = torch.empty((R, C), dtype=torch.float32, device=dev)
         if nblk:

@@ -115,8 +115,10 @@ def main() -> None:
     row("NVFP4 1×16 quantize, amax given (one fused pass)", lambda: tb.quantize_nvfp4_fused(x, tensor_amax=amax),
         gb + nv_out)
     row("NVFP4 1×16 quantize incl. amax pass", lambda: tb.quantize_nvfp4_fused(x), gb + nv_out)
-    row("NVFP4 16×16 quantize incl. amax and tile-amax passes", lambda: tb.quantize_nvfp4_fused(x, tile=True),
-        gb + nv_out)
+    row("NVFP4 16×16 quantize incl. amax pass (tile amax in the same pass)",
+        lambda: tb.quantize_nvfp4_fused(x, tile=True), gb + nv_out)
+    row("NVFP4 1×16 quantize, stochastic rounding (Philox, k = 8), amax given",
+        lambda: tb.quantize_nvfp4_fused(x, tensor_amax=amax, seed=1), gb + nv_out)
     row("NVFP4 dequantize → float32", lambda: tb.dequantize_nvfp4_fused(d, s, amax, 4096), gb + nv_out)
     row("NVFP4 dequantize → BF16", lambda: tb.dequantize_nvfp4_fused(d, s, amax, 4096, torch.bfloat16),
         gb / 2 + nv_out)
@@ -146,6 +148,10 @@ def main() -> None:
     qb = tb.quantize(b_, "nvfp4")
     t_nv = cuda_time(lambda: tb.gemm_nvfp4_bf16(qa, qb), 10)
     t_nvb = cuda_time(lambda: tb.gemm_nvfp4_bf16(qa, qb, torch.bfloat16), 10)
+    wa, wb = tb._scaled_values_bf16(qa), tb._scaled_values_bf16(qb)
+    t_deq = cuda_time(lambda: (tb._scaled_values_bf16(qa), tb._scaled_values_bf16(qb)), 10)
+    t_mm32 = cuda_time(lambda: torch.mm(wa, wb.t(), out_dtype=torch.float32), 10)
+    t_mm16 = cuda_time(lambda: torch.mm(wa, wb.t()), 10)
     t_nvq = cuda_time(lambda: tb.gemm_nvfp4_bf16(tb.quantize(a_, "nvfp4"), tb.quantize(b_, "nvfp4")), 10)
     fa = tb.TorchQuantized.from_quantized(fpsim.quantize(a_.cpu().numpy(), "fp8_e4m3"), dev)
     fb = tb.TorchQuantized.from_quantized(fpsim.quantize(b_.cpu().numpy(), "fp8_e4m3"), dev)
@@ -155,6 +161,9 @@ def main() -> None:
         ("NVFP4 × NVFP4, quantized operands: exact dequantize to BF16 + BF16 GEMM (FP32 out) × alpha", t_nv),
         ("the same, BF16 output (FP32 epilogue result rounded to BF16, as `torch.matmul` outputs)", t_nvb),
         ("FP32 output, including the quantization of both operands (fused kernels)", t_nvq),
+        ("  of which: both exact dequantizations to BF16", t_deq),
+        ("  of which: the BF16 GEMM with FP32 output (`mm.dtype`), no alpha", t_mm32),
+        ("  of which: the BF16 GEMM with BF16 output, no alpha", t_mm16),
         ("FP8 E4M3 per-tensor × FP8 E4M3 on FP8 tensor cores (`torch._scaled_mm`, FP32 out)", t_fp8),
     ]
     # fp32 model on the GPU (bit-defined order) against Numba on a smaller problem
