@@ -236,7 +236,7 @@ def _block_offsets(pid, NB, C, NBLK, BB: tl.constexpr, W: tl.constexpr, EVEN: tl
     return g, gm, offs, m
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB, NBLK, k0, k1, counter0,
                        BB: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
                        EVEN: tl.constexpr, IDX64: tl.constexpr, SR: tl.constexpr = False, K: tl.constexpr = 8,
@@ -295,7 +295,7 @@ def nvfp4_dequant_kernel(q_ptr, s_ptr, amax_ptr, out_ptr, C, NB, NBLK, BB: tl.co
     _store_f32_or_bf16(out_ptr + offs, _canonical_nan(v), m, OUT_BF16, HW_CVT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C, NB, NBLK,
                     BB: tl.constexpr, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
                     EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr,
@@ -429,7 +429,7 @@ def _philox(c0, c1, k0, k1):
     return x0, x1, x2, x3
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def philox_kernel(out_ptr, n, k0, k1, counter0, BLOCK: tl.constexpr):
     """out[4i + w] = word w of Philox(counter0 + i) (a test hook for the stream)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -496,7 +496,7 @@ def _encode_sr(y, r, K: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr,
     return tl.where(a > 0x7F800000, NAN_CODE, (((u >> 31) & 1) << SIGN_SHIFT) | mag)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def nvfp4_quant_2d_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, R, C, NB, k0, k1, counter0, BT: tl.constexpr,
                           SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8,
                           IGNORE_NAN: tl.constexpr = False):
