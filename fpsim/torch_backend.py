@@ -896,28 +896,18 @@ def _alpha_t(a_amax, b_amax, num_a: float, num_b: float):
 
 
 def _mm_f32(a, b_t, alpha=None, out_dtype=None):
-    """fl(alpha · a·b_tᵀ): BF16 tensor cores with FP32 accumulation on CUDA, alpha applied in cuBLAS's FP32
-    epilogue (one rounding, as a separate multiply would give), float32 output unless ``out_dtype`` is
-    bfloat16 (then the epilogue's FP32 result is rounded to BF16, like ``torch.matmul``'s); exact float32
-    products on CPU."""
+    """fl(alpha · a·b_tᵀ): BF16 tensor cores with FP32 accumulation and FP32 output on CUDA (``mm.dtype``),
+    then one in-place FP32 multiply by the 0-d device tensor ``alpha`` (no host synchronisation, which a
+    scalar alpha for cuBLAS's epilogue would need); exact float32 products on CPU.  ``out_dtype=bfloat16``
+    rounds the FP32 result to BF16 (the output of a BF16 ``torch.matmul``)."""
     torch = _t()
-    out_dtype = out_dtype or torch.float32
     if a.is_cuda and a.dtype == torch.bfloat16:
-        if out_dtype == torch.bfloat16:
-            if alpha is None:
-                return torch.mm(a, b_t.t())
-            zero = torch.zeros((), dtype=torch.bfloat16, device=a.device)
-            return torch.addmm(zero, a, b_t.t(), beta=0, alpha=float(alpha))
-        if alpha is None:
-            return torch.mm(a, b_t.t(), out_dtype=torch.float32)
-        zero = torch.zeros((), dtype=torch.float32, device=a.device)
-        try:
-            return torch.addmm(zero, a, b_t.t(), beta=0, alpha=float(alpha), out_dtype=torch.float32)
-        except (TypeError, RuntimeError):  # a torch without addmm's out_dtype
-            return torch.mm(a, b_t.t(), out_dtype=torch.float32) * alpha
-    out = torch.mm(a.float(), b_t.float().t())
-    out = out if alpha is None else out * alpha
-    return out.to(out_dtype)
+        out = torch.mm(a, b_t.t(), out_dtype=torch.float32)
+    else:
+        out = torch.mm(a.float(), b_t.float().t())
+    if alpha is not None:
+        out.mul_(alpha)
+    return out if out_dtype in (None, torch.float32) else out.to(out_dtype)
 
 
 def gemm_nvfp4_bf16(a: TorchQuantized, b: TorchQuantized, out_dtype=None):

@@ -159,7 +159,7 @@ def main() -> None:
     gemm_rows = [
         ("BF16 `torch.matmul` (BF16 out)", t_bf16),
         ("NVFP4 × NVFP4, quantized operands: exact dequantize to BF16 + BF16 GEMM (FP32 out) × alpha", t_nv),
-        ("the same, BF16 output (FP32 epilogue result rounded to BF16, as `torch.matmul` outputs)", t_nvb),
+        ("the same, BF16 output (the FP32 result rounded to BF16, as `torch.matmul` outputs)", t_nvb),
         ("FP32 output, including the quantization of both operands (fused kernels)", t_nvq),
         ("  of which: both exact dequantizations to BF16", t_deq),
         ("  of which: the BF16 GEMM with FP32 output (`mm.dtype`), no alpha", t_mm32),
