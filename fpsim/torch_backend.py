@@ -877,19 +877,22 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
 
 
 def _alpha_t(a_amax, b_amax, num_a: float, num_b: float):
-    """SPEC §8's alpha = fl(fl(amax_a·amax_b) / fl(N_a·N_b)), or fl(S_dec_a·S_dec_b) where that formula fails."""
+    """SPEC §8's alpha = fl(fl(amax_a·amax_b) / fl(N_a·N_b)), or fl(S_dec_a·S_dec_b) where that formula fails.
+
+    Python scalars only (exact in float32): ``torch.tensor(v, device="cuda")`` would copy from pageable
+    host memory and synchronise the host with the GPU on every call.
+    """
     torch = _t()
-    dev = a_amax.device
     aa, ab = a_amax.to(torch.float32).reshape(()), b_amax.to(torch.float32).reshape(())
-    alpha = (aa * ab) / _f32(float(np.float32(num_a) * np.float32(num_b)), dev)
+    alpha = (aa * ab) / float(np.float32(num_a) * np.float32(num_b))
 
     def sdec(amax, num):
-        s_enc = torch.minimum(_f32(num, dev) / amax, _f32(_FLT_MAX, dev))
-        s_enc = torch.where((amax == 0) | (s_enc == 0), _f32(1.0, dev), s_enc)
-        return _f32(1.0, dev) / s_enc
+        s_enc = torch.clamp(num / amax, max=_FLT_MAX)  # clamp keeps a NaN, like fmin_nan
+        s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
+        return 1.0 / s_enc
 
     def ok(amax, num):
-        return torch.isfinite(amax) & (amax > 0) & (_f32(num, dev) / amax < _FLT_MAX)
+        return torch.isfinite(amax) & (amax > 0) & (num / amax < _FLT_MAX)
 
     good = ok(aa, num_a) & ok(ab, num_b) & torch.isfinite(alpha) & (alpha > 0)
     return torch.where(good, alpha, sdec(aa, num_a) * sdec(ab, num_b))
