@@ -26,6 +26,7 @@ hardware's by definition.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 
 __all__ = ["available", "default", "use", "current", "resolve", "AUTO_GPU_MIN"]
@@ -45,7 +46,12 @@ def _torch():
 
 
 def available() -> list[str]:
-    """Names of the backends usable here, fastest last."""
+    """Names of the backends usable here, fastest last (probed once per process)."""
+    return list(_probe())
+
+
+@functools.cache
+def _probe() -> tuple[str, ...]:
     names = ["numba-cpu"]
     torch = _torch()
     if torch is not None:
@@ -54,7 +60,7 @@ def available() -> list[str]:
             names.append("torch-cuda")
             if torch.cuda.get_device_capability(0)[0] == 10:
                 names.append("blackwell-native")
-    return names
+    return tuple(names)
 
 
 def default() -> str:

@@ -597,7 +597,7 @@ def quantize(
             SK.quantize_two_level_rne(
                 X, BR, BC, s_enc, s_dec, inv_t, np.float32(sc.max), _encode_lut(sc, Rounding.RNE.kernel_id, True),
                 21 - sc.mbits, sc.decode_table(), lut, shift, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales, el.name == "float4_e2m1fn",
+                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales, el.name == "float4_e2m1fn" and mode is Rounding.RNE,
             )
             amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
             data = out.reshape(moved[:-1] + (out.shape[1],))
@@ -635,7 +635,8 @@ def quantize(
             SK.quantize_mx_rne(
                 X, BR, BC, sch.scale_rule.kernel_id, el.emax, el.mbits, np.float32(1.0) / np.float32(el.max),
                 sch.scale.kernel_params(), lut, shift, el.nan_code, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales, el.name == "float4_e2m1fn",
+                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales,
+                el.name == "float4_e2m1fn" and mode is Rounding.RNE,
             )
             data = out.reshape(moved[:-1] + (out.shape[1],))
             return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), np.array(nan32), sch, shape, dtype, ax)

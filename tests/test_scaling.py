@@ -481,3 +481,17 @@ def test_dequantize_into_a_caller_buffer(scheme):
     with pytest.raises(ValueError, match="out"):
         fpsim.dequantize(fpsim.quantize(x, scheme, axis=0), out=np.empty(x.shape, np.float32)) if scheme not in (
             "fp8_e4m3", "bf16") else fpsim.dequantize(q, out=np.empty(x.shape, np.float64))
+
+
+@pytest.mark.parametrize("mode", ["rne", "rtz", "rna", "rup", "rdown"])
+@pytest.mark.parametrize("shape", [(5, 48), (3, 70)])
+def test_every_deterministic_rounding_mode_through_the_fast_row_kernels(mode, shape):
+    """The RNE-specialised E2M1 encoder must only run for RNE: every mode equals the scalar reference."""
+    x = (np.random.default_rng(len(mode)).standard_normal(shape) * 3).astype(np.float32)
+    x[0, :16] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 6.0, 0, -0.0, 1e-8, 7.0, 2688.0]
+    q = quantize(x, "nvfp4", rounding=mode)
+    rc, rs, _, _ = ref_two_level(x, rounding=mode)
+    assert np.array_equal(q.scales, rs) and np.array_equal(codes_2d(q), rc), mode
+    qm = quantize(x, "mxfp4", rounding=mode)
+    rc, rs, _ = ref_mx(x, rounding=mode)[:3]
+    assert np.array_equal(qm.scales, rs) and np.array_equal(codes_2d(qm), rc), mode
