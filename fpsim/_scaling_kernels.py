@@ -508,6 +508,12 @@ def _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out):
         m = mul[j]
         for c in range(j * BC, j * BC + BC):
             codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift) if c < C else 0
+    _emit_row(codes, packed, out, r)
+
+
+@njit(inline="always")
+def _emit_row(codes, packed, out, r):
+    """Row r of the output: codes packed two per byte (element 2j in the low nibble), or copied."""
     if packed:
         for i in range(codes.size // 2):
             out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
@@ -548,12 +554,7 @@ def _row_encode_e2m1(X, r, BC, C, mul, packed, codes, out):
         m = mul[j]
         for c in range(j * BC, j * BC + BC):
             codes[c] = _e2m1_code(bits_f32(X[r, c]) * m) if c < C else np.uint8(0)
-    if packed:
-        for i in range(codes.size // 2):
-            out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
-    else:
-        for i in range(codes.size):
-            out[r, i] = codes[i]
+    _emit_row(codes, packed, out, r)
 
 
 @pjit
@@ -630,12 +631,7 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_
                     codes[c] = nan_code
                 else:
                     codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * mul[j]), lut, shift)
-        if packed:
-            for i in range(codes.size // 2):
-                out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
-        else:
-            for i in range(codes.size):
-                out[r, i] = codes[i]
+        _emit_row(codes, packed, out, r)
 
 
 @pjit

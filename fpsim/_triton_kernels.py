@@ -12,8 +12,10 @@ enc_b = 1/(s_b · S_dec)) use ``tl.math.div_rn`` (PTX ``div.rn.f32``, IEEE): Tri
 program derives S_enc and S_dec from the amax itself, so a quantization is one
 launch after the amax pass, with no host-side arithmetic between them.
 
-The element encoder :func:`_encode_rne` is fpsim._kernels' branch-free integer
-rounding (round-to-nearest-even, satfinite) for any format with subnormals;
+The element encoder :func:`_encode_rne_fast` rounds to nearest even with saturation for
+any format with subnormals (an integer carry trick for normals, a float32 magic-number
+addition for subnormals; every format is checked against the codec on all float32
+exponent classes);
 :func:`_e8m0_byte` is the MX scale byte under the four rules of SPEC §5.
 Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (the CPU tests).
 """
@@ -25,25 +27,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _encode_rne(a, s, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
-                SIGN_SHIFT: tl.constexpr):
-    """RNE satfinite code of |x| bits ``a`` (int32) with sign ``s`` (0/1): fpsim._kernels._encode_branchfree."""
-    e = a >> 23
-    ep = tl.maximum(e, 1)
-    sig = (a & 0x7FFFFF) | (tl.minimum(e, 1) << 23)
-    sh = tl.minimum(23 - MBITS + tl.maximum(EMIN_B - ep, 0), 25)
-    t = sig >> sh
-    rem = sig & ((1 << sh) - 1)
-    half = 1 << (sh - 1)
-    mag = ((tl.maximum(ep, EMIN_B) - EMIN_B) << MBITS) + t
-    up = (rem > half) | ((rem == half) & ((t & 1) == 1))
-    mag = tl.minimum(mag + up.to(tl.int32), MAX_CODE)
-    return tl.where(a > 0x7F800000, NAN_CODE, (s << SIGN_SHIFT) | mag)
-
-
-@triton.jit
 def _e2m1_rne(y):
-    """E2M1 code of float32 ``y`` (RNE, satfinite, NaN → 7): the same codes as :func:`_encode_rne` in fewer operations.
+    """E2M1 code of float32 ``y`` (RNE, satfinite, NaN → 7), the short form of :func:`_encode_rne_fast` for E2M1.
 
     |y| ≥ 1: round the float32 to one mantissa bit with the integer carry trick (the exponent carries
     into the code); |y| < 1: the code is RNE(2|y|) ∈ {0, 1, 2}, by the float32 magic-number addition.
@@ -60,8 +45,8 @@ def _e2m1_rne(y):
 @triton.jit
 def _encode_rne_fast(y, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
                      SIGN_SHIFT: tl.constexpr):
-    """RNE satfinite code of float32 ``y`` for any format with subnormals: :func:`_encode_rne`'s codes in
-    about half the integer operations (the same two-region scheme as :func:`_e2m1_rne`).
+    """RNE satfinite code of float32 ``y`` for any format with subnormals (fpsim._kernels._encode_branchfree's
+    codes in about half the integer operations; the same two-region scheme as :func:`_e2m1_rne`).
 
     Normal range: round the float32 to MBITS mantissa bits with the integer carry trick, then rebias the
     exponent; subnormal range: code = RNE(|y| · 2^(127 + MBITS − EMIN_B)) by the magic-number addition.
@@ -236,6 +221,19 @@ def _block_offsets(pid, NB, C, NBLK, BB: tl.constexpr, W: tl.constexpr, EVEN: tl
     return g, gm, offs, m
 
 
+@triton.jit
+def _block_vmax(x, g, gm, tmax_ptr, NB, TR: tl.constexpr, TILE: tl.constexpr, IGNORE_NAN: tl.constexpr):
+    """|x| bits max of each block row of the [BB, W] tile ``x`` (NaN bits exceed inf's: NaN propagates unless
+    IGNORE_NAN), or with TILE the precomputed amax of its TR-row tile from ``tmax``."""
+    if TILE:
+        row = g // NB
+        return tl.load(tmax_ptr + (row // TR) * NB + (g - row * NB), mask=gm, other=0)
+    a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    if IGNORE_NAN:
+        a = tl.where(a > 0x7F800000, 0, a)
+    return tl.max(a, axis=1)
+
+
 @triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB, NBLK, k0, k1, counter0,
                        BB: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
@@ -250,18 +248,11 @@ def nvfp4_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, tmax_ptr, amax_ptr, R, C, NB,
     """
     g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 16, EVEN, IDX64)
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
-    if TILE:
-        row = g // NB
-        vmax = tl.load(tmax_ptr + (row // 16) * NB + (g - row * NB), mask=gm, other=0)
-    else:
-        a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        if IGNORE_NAN:
-            a = tl.where(a > 0x7F800000, 0, a)
-        vmax = tl.max(a, axis=1)
+    vmax = _block_vmax(x, g, gm, tmax_ptr, NB, 16, TILE, IGNORE_NAN)
     s_enc, s_dec = _nvfp4_tensor_scales(amax_ptr, 2688.0)
     sdb = vmax.to(tl.float32, bitcast=True) * (s_enc * 0.1666666716337204)  # fl(1/6) = 0x3E2AAAAB
     sdb = tl.where(sdb > 448.0, 448.0, sdb)  # fmin_nan: a NaN stays NaN
-    sb = _encode_rne(sdb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0, 3, 121, 126, 127, 7)
+    sb = _encode_rne_fast(sdb, 3, 121, 126, 127, 7)  # E4M3 byte of sdb ≥ 0 (NaN → 0x7F)
     sv = _e4m3_value(sb)
     enc = tl.math.div_rn(tl.full([BB], 1.0, tl.float32), sv * s_dec)
     enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
@@ -310,14 +301,7 @@ def mx_quant_kernel(x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, inv_max, R, C
     """
     g, gm, offs, m = _block_offsets(tl.program_id(0), NB, C, NBLK, BB, 32, EVEN, IDX64)
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
-    if TILE:
-        row = g // NB
-        vmax = tl.load(tmax_ptr + (row // 32) * NB + (g - row * NB), mask=gm, other=0)
-    else:
-        a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        if IGNORE_NAN:
-            a = tl.where(a > 0x7F800000, 0, a)
-        vmax = tl.max(a, axis=1)
+    vmax = _block_vmax(x, g, gm, tmax_ptr, NB, 32, TILE, IGNORE_NAN)
     sb = _e8m0_byte(vmax, inv_max, RULE, EMAX, MBITS)
     ex = 127 - sb  # 2^ex, exact float32 (2^-127 is subnormal)
     mul = tl.where(ex >= -126, (ex + 127) << 23, 0x00400000).to(tl.float32, bitcast=True)
@@ -521,7 +505,7 @@ def nvfp4_quant_2d_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, R, C, NB, k0, k1, count
     s_enc, s_dec = _nvfp4_tensor_scales(amax_ptr, 2688.0)
     sdb = vmax.to(tl.float32, bitcast=True) * (s_enc * 0.1666666716337204)
     sdb = tl.where(sdb > 448.0, 448.0, sdb)
-    sb = _encode_rne(sdb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0, 3, 121, 126, 127, 7)
+    sb = _encode_rne_fast(sdb, 3, 121, 126, 127, 7)  # E4M3 byte of sdb ≥ 0 (NaN → 0x7F)
     enc = tl.math.div_rn(tl.full([16 * BT], 1.0, tl.float32), _e4m3_value(sb) * s_dec)
     enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
     g = row.to(tl.int64) * NB + bt  # the block index of the CPU quantizer (row-major blocks)

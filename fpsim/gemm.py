@@ -140,6 +140,18 @@ def _chunk_scales(op: Operand, chunk: int, nchunks: int) -> np.ndarray:
     return np.ascontiguousarray(op.scales[:, idx])
 
 
+def chunked_operands(qa, qb) -> tuple[Operand, Operand, int, int, int, np.ndarray, np.ndarray]:
+    """Both operands split (:func:`operand`), K, the chunk width, the chunk count and each operand's
+    per-chunk scales: the set-up every accumulator model shares (the Numba kernels and the torch model)."""
+    a, b = operand(qa), operand(qb)
+    k = a.values.shape[1]
+    if b.values.shape[1] != k:
+        raise ValueError(f"reduction lengths differ: A is {a.values.shape}, B is {b.values.shape} (both K last)")
+    chunk = _chunk(a, b)
+    nch = -(-k // chunk)
+    return a, b, k, chunk, nch, _chunk_scales(a, chunk, nch), _chunk_scales(b, chunk, nch)
+
+
 def _alpha(a: Operand, b: Operand) -> np.ndarray:
     """Second-level factor per output element (M, N), float32 (SPEC §8)."""
     if not (a.two_level or b.two_level):
@@ -252,14 +264,8 @@ def gemm(
             out = tb.gemm(tb.TorchQuantized.from_quantized(qa, dev), tb.TorchQuantized.from_quantized(qb, dev),
                           accumulator)
             return out.cpu().numpy()
-    a, b = operand(qa), operand(qb)
-    k = a.values.shape[1]
-    if b.values.shape[1] != k:
-        raise ValueError(f"reduction lengths differ: A is {a.values.shape}, B is {b.values.shape} (both K last)")
-    chunk = _chunk(a, b)
-    nch = -(-k // chunk)
+    a, b, k, chunk, nch, sa, sb = chunked_operands(qa, qb)
     kp = nch * chunk
-    sa, sb = _chunk_scales(a, chunk, nch), _chunk_scales(b, chunk, nch)
     alpha = _alpha(a, b)
     m, n = a.values.shape[0], b.values.shape[0]
 

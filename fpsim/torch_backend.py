@@ -561,6 +561,16 @@ def _out_view(out):
     raise ValueError(f"dequantize writes float32 or bfloat16, not {out.dtype}")
 
 
+def _decode_buffers(codes, scales, c: int, dtype):
+    """(leading shape, 2-D contiguous codes, 2-D contiguous scales, the (R, c) output) of a decode kernel."""
+    torch = _t()
+    lead = tuple(codes.shape[:-1])
+    Q = codes.reshape(-1, codes.shape[-1]).contiguous()
+    S = scales.reshape(-1, scales.shape[-1]).contiguous()
+    out = torch.empty((S.shape[0], c), dtype=torch.float32 if dtype is None else dtype, device=codes.device)
+    return lead, Q, S, out
+
+
 def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec: bool = True):
     """Decode NVFP4 by one Triton kernel: fl((e · f32(s_b)) · S_dec) in ``dtype`` (float32 default).
 
@@ -571,12 +581,8 @@ def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec
     torch = _t()
     from . import _triton_kernels as K
 
-    dtype = torch.float32 if dtype is None else dtype
-    lead = tuple(packed.shape[:-1])
-    Q = packed.reshape(-1, packed.shape[-1]).contiguous()
-    S = scales.reshape(-1, scales.shape[-1]).contiguous()
+    lead, Q, S, out = _decode_buffers(packed, scales, c, dtype)
     R, nb = S.shape
-    out = torch.empty((R, c), dtype=dtype, device=packed.device)
     amax = torch.as_tensor(amax, dtype=torch.float32, device=packed.device).reshape(1)
     nblk = R * nb
     if nblk:
@@ -713,12 +719,8 @@ def dequantize_mx_fused(codes, scales, c: int, element: str = "float4_e2m1fn", d
     from . import _triton_kernels as K
 
     el = get_format(element)
-    dtype = torch.float32 if dtype is None else dtype
-    lead = tuple(codes.shape[:-1])
-    Q = codes.reshape(-1, codes.shape[-1]).contiguous()
-    S = scales.reshape(-1, scales.shape[-1]).contiguous()
+    lead, Q, S, out = _decode_buffers(codes, scales, c, dtype)
     R, nb = S.shape
-    out = torch.empty((R, c), dtype=dtype, device=codes.device)
     dec = _table("dec", el, 0, True, str(codes.device)).contiguous()
     nblk = R * nb
     if nblk:
@@ -940,13 +942,6 @@ def _scaled_values_bf16(q: TorchQuantized):
     return (decode(codes, "float4_e2m1fn") * sv)[..., :k].to(torch.bfloat16)
 
 
-def _operand_t(q: TorchQuantized):
-    """(element values, chunk-able block scales, block width, two-level?, N) of a 2-D operand on its device."""
-    from .gemm import operand
-
-    return operand(q.to_quantized())
-
-
 def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
     """SPEC §8's bit-defined ``"fp32"`` accumulator model on the operands' device: equal to
     ``fpsim.gemm(qa, qb, "fp32")`` bit for bit (tested).
@@ -956,18 +951,12 @@ def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
     reference), then term = fl(fl(s_a ⊗ s_b) · fl(P)) and acc = fl(acc + term) as three separate
     float32 operations, and finally fl(acc · alpha).
     """
-    from .gemm import _alpha, _chunk, _chunk_scales
+    from .gemm import _alpha, chunked_operands
 
     torch = _t()
     dev = a.data.device
-    oa, ob = _operand_t(a), _operand_t(b)
-    k = oa.values.shape[1]
-    if ob.values.shape[1] != k:
-        raise ValueError(f"reduction lengths differ: {oa.values.shape} and {ob.values.shape}")
-    chunk = _chunk(oa, ob)
-    nch = -(-k // chunk)
-    sa = torch.from_numpy(_chunk_scales(oa, chunk, nch)).to(dev)
-    sb = torch.from_numpy(_chunk_scales(ob, chunk, nch)).to(dev)
+    oa, ob, k, chunk, nch, sa, sb = chunked_operands(a.to_quantized(), b.to_quantized())
+    sa, sb = torch.from_numpy(sa).to(dev), torch.from_numpy(sb).to(dev)
     fp4 = a.scheme.element.name == b.scheme.element.name == "float4_e2m1fn"
     wdt = torch.bfloat16 if (fp4 and dev.type == "cuda") else torch.float64
     ea = torch.zeros((oa.values.shape[0], nch * chunk), dtype=torch.float32, device=dev)
