@@ -28,6 +28,9 @@ _S32 = np.uint64(32)
 _P2 = 160
 _POW2 = np.ldexp(1.0, np.arange(-_P2, _P2))
 
+# Rows per parallel work item of the row kernels: their scratch buffers are allocated once per item.
+_ROWS = 16
+
 # Scale-rule integers (fpsim.scaling.ScaleRule).
 FLOOR, CEIL, EVEN, RCEIL = 0, 1, 2, 3
 
@@ -577,22 +580,25 @@ def quantize_two_level_rne(
     if uniform:
         for b in range(ntab):
             tab[b] = fmin_nan(np.float32(1.0) / (stable[b] * s_dec[0]), FLT_MAX)
-    for r in prange(R):
-        sek = s_enc[r] * inv_t
-        sd = s_dec[r]
+    nchunk = -(-R // _ROWS)
+    for ci in prange(nchunk):
+        # scratch rows allocated once per chunk of rows, not once per row
         codes = np.empty(nb * BC, np.uint8)
         vmax = np.empty(nb, np.uint32)
         enc = np.empty(nb, np.float32)
-        _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
-        for j in range(nb):
-            sdb = fmin_nan(bits_f32(vmax[j]) * sek, bound)
-            sb = _lut_code(f32_bits(sdb), slut, sshift)
-            scales[r, j] = sb
-            enc[j] = tab[sb] if uniform else fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
-        if e2m1:
-            _row_encode_e2m1(X, r, BC, C, enc, packed, codes, out)
-        else:
-            _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out)
+        for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
+            sek = s_enc[r] * inv_t
+            sd = s_dec[r]
+            _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
+            for j in range(nb):
+                sdb = fmin_nan(bits_f32(vmax[j]) * sek, bound)
+                sb = _lut_code(f32_bits(sdb), slut, sshift)
+                scales[r, j] = sb
+                enc[j] = tab[sb] if uniform else fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
+            if e2m1:
+                _row_encode_e2m1(X, r, BC, C, enc, packed, codes, out)
+            else:
+                _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out)
 
 
 @pjit
