@@ -18,6 +18,10 @@ and of transforms, GEMMs and the training recipe (SPEC §7–§8)::
     gemm(qa, qb, accumulator="fp32") -> A · Bᵀ         # block-scaled GEMM emulation
     linear(x, w, dy, recipe="nvfp4_paper") -> LinearResult;  get_recipe / RECIPES / Recipe
 
+Every function above that takes ``backend=`` (quantize, dequantize, fake_quantize, gemm, encode,
+decode, rht) runs on the Numba CPU reference or, with torch installed, on torch tensors on CPU or
+CUDA (:mod:`fpsim.backends`; fused Triton kernels on CUDA) and returns the same bits either way.
+
 Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in SPEC.md.
 """
 
