@@ -760,7 +760,7 @@ class TorchQuantized:
         return QuantizedTensor(self.data.cpu().numpy(), self.scales.cpu().numpy(), self.amax.cpu().numpy(),
                                self.scheme, tuple(self.shape), dtype, self.axis % len(self.shape))
 
-    def dequantize(self, dtype=None):
+    def dequantize(self, dtype=None, impl: str = "auto"):
         """Decode to the original shape (fused kernels on CUDA for NVFP4 and MX; the reference otherwise)."""
         torch = _t()
         sch = self.scheme
@@ -768,9 +768,9 @@ class TorchQuantized:
         ax = self.axis % nd
         c = self.shape[ax]
         fused = None
-        if _impl(self.data, "auto") and _nvfp4_like(sch):
+        if _impl(self.data, impl) and _nvfp4_like(sch):
             fused = dequantize_nvfp4_fused(self.data, self.scales, self.amax, c, dtype)
-        elif _impl(self.data, "auto") and _mx_like(sch):
+        elif _impl(self.data, impl) and _mx_like(sch):
             fused = dequantize_mx_fused(self.data, self.scales, c, sch.element.name, dtype)
         elif _fp8_like(sch):
             el = sch.element

@@ -259,3 +259,14 @@ def test_stochastic_rounding_in_the_kernels_equals_the_cpu_quantizer(monkeypatch
     t = tb.quantize(T(x), scheme, rounding="sr", seed=1234, impl="triton", **kw)
     assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales)
     assert t.scheme == q.scheme
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp6_e2m3", "fp8_block128"])
+@pytest.mark.parametrize("shape,axis", [((40, 24), 0), ((3, 5, 48), 1), ((3, 5, 48), -1)])
+def test_quantize_and_dequantize_along_any_axis(scheme, shape, axis):
+    """The fused path moves the quantized axis last and back: the reference's codes, scales and values."""
+    x = wild(np.random.default_rng(len(shape) + axis), shape)
+    q = fpsim.quantize(x, scheme, axis=axis)
+    t = tb.quantize(T(x), scheme, axis=axis, impl="triton")
+    assert t.to_quantized().equals(q)
+    assert same_f32(N(t.dequantize(impl="triton")), q.dequantize())
