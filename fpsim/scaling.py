@@ -324,9 +324,9 @@ class QuantizedTensor:
     dtype: str
     axis: int
 
-    def dequantize(self) -> np.ndarray:
-        """Decode to float32 in the original shape (SPEC §4–§6 decode rules)."""
-        return dequantize(self)
+    def dequantize(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Decode to float32 in the original shape (SPEC §4–§6 decode rules); ``out``: see :func:`dequantize`."""
+        return dequantize(self, out=out)
 
     @property
     def size(self) -> int:
