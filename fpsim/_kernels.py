@@ -189,11 +189,11 @@ def encode_one_sr(u, p, r, k):
 
 
 @njit(inline="always")
-def _encode_branchfree(u, bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, mode, sat):
-    """encode_one for formats with subnormals and ``emin_b >= 1`` (all but E8M0).
+def _fields(u, mbits, signed, emin_b):
+    """The integer decomposition both branch-free encoders start from (formats with subnormals, emin_b ≥ 1).
 
-    float32 subnormals need no normalisation here: with E' = max(E, 1) and no
-    implicit bit, ``sig * 2**(E' - 150)`` is still their exact value.
+    Returns |x| bits, sign, E' = max(E, 1), the 24-bit significand, the shift to the format's quantum,
+    the kept quanta ``t``, the discarded remainder, and the code magnitude of ``t`` before rounding.
     """
     u = np.int64(u)
     a = u & 0x7FFFFFFF
@@ -204,8 +204,18 @@ def _encode_branchfree(u, bits, mbits, signed, has_inf, has_nan, max_code, emin_
     sh = min(23 - mbits + max(emin_b - ep, 0), 25)
     t = sig >> sh
     rem = sig & ((np.int64(1) << sh) - 1)
+    return a, s, ep, sig, sh, t, rem, ((max(ep, emin_b) - emin_b) << mbits) + t
+
+
+@njit(inline="always")
+def _encode_branchfree(u, bits, mbits, signed, has_inf, has_nan, max_code, emin_b, nan_code, inf_code, mode, sat):
+    """encode_one for formats with subnormals and ``emin_b >= 1`` (all but E8M0).
+
+    float32 subnormals need no normalisation here: with E' = max(E, 1) and no
+    implicit bit, ``sig * 2**(E' - 150)`` is still their exact value.
+    """
+    a, s, ep, sig, sh, t, rem, base = _fields(u, mbits, signed, emin_b)
     half = np.int64(1) << (sh - 1)
-    base = ((max(ep, emin_b) - emin_b) << mbits) + t
     if mode == RNE:
         up = np.int64(rem > half) | (np.int64(rem == half) & base & 1)
         away = np.int64(1)
@@ -235,16 +245,7 @@ def _encode_branchfree(u, bits, mbits, signed, has_inf, has_nan, max_code, emin_
 @njit(inline="always")
 def _encode_sr_branchfree(u, r, k, bits, mbits, signed, max_code, emin_b, nan_code):
     """encode_one_sr for formats with subnormals and ``emin_b >= 1`` (all but E8M0), with selects only."""
-    u = np.int64(u)
-    a = u & 0x7FFFFFFF
-    s = (u >> 31) & signed
-    e = a >> 23
-    ep = max(e, 1)
-    sig = (a & 0x7FFFFF) | (min(e, 1) << 23)
-    sh = min(23 - mbits + max(emin_b - ep, 0), 25)
-    t = sig >> sh
-    rem = sig & ((np.int64(1) << sh) - 1)
-    mag = ((max(ep, emin_b) - emin_b) << mbits) + t
+    a, s, ep, sig, sh, t, rem, mag = _fields(u, mbits, signed, emin_b)
     qexp = max(ep, emin_b) - 127 - mbits
     x = float(sig) * _POW2[min(ep, 255) - 150 + _P2] + float(r) * _POW2[min(qexp, 200) - k + _P2]
     t32 = np.float64(np.float32(x))
