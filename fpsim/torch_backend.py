@@ -408,6 +408,7 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
 # Fused Triton path (CUDA): one kernel for block amax + scale + encode + pack.
 
 
+@functools.cache
 def triton_available() -> bool:
     """Whether the fused Triton kernels can be imported here (they run on CUDA, or on CPU under TRITON_INTERPRET=1)."""
     try:
@@ -847,15 +848,15 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
     rne = mode is Rounding.RNE and kwargs.get("seed") is None
     sr_kw = {"seed": kwargs.get("seed"), "k": sch.k, "counter": int(kwargs.get("counter", 0))} if sr else {}
     if nd and fused_kw and rne and _impl(x, impl) and _fp8_like(sch):
-        xm = torch.movedim(x, ax, -1)
-        if sch.block is None:
-            xm = x  # per-tensor: codes keep the input's layout
-        q, s = quantize_fp8_fused(xm, sch.element.name, None if sch.block is None else sch.block[1],
-                                  tensor_amax=kwargs.get("tensor_amax"), nan_amax=kwargs.get("nan_amax", "propagate"))
-        if sch.block is None:
-            amax = absmax(x, kwargs.get("nan_amax") == "ignore") if kwargs.get("tensor_amax") is None else \
-                torch.as_tensor(kwargs["tensor_amax"], dtype=torch.float32, device=x.device)
+        nan_amax = kwargs.get("nan_amax", "propagate")
+        if sch.block is None:  # per tensor: one amax pass, shared by the kernel and the result; codes keep x's layout
+            amax = (absmax(x, nan_amax == "ignore") if kwargs.get("tensor_amax") is None
+                    else torch.as_tensor(kwargs["tensor_amax"], dtype=torch.float32, device=x.device))
+            q, s = quantize_fp8_fused(x, sch.element.name, None, tensor_amax=amax, nan_amax=nan_amax)
         else:
+            if "tensor_amax" in kwargs:
+                raise ValueError(f"tensor_amax applies to schemes with a per-tensor scale, not {sch.name}")
+            q, s = quantize_fp8_fused(torch.movedim(x, ax, -1), sch.element.name, sch.block[1], nan_amax=nan_amax)
             amax = torch.tensor(float("nan"), dtype=torch.float32, device=x.device)
         return TorchQuantized(q, s, amax.reshape(()), sch, shape, ax)
     if nd and fused_kw and (rne or sr) and _impl(x, impl) and (_nvfp4_like(sch) or _mx_like(sch)):
