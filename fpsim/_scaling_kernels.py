@@ -455,63 +455,174 @@ def dequantize_fp32_scaled(codes, scales, BC, etable, out):
 # 2-D tiles take their amax from ``tile_absmax_bits`` (one extra read).
 
 
-@pjit
-def tile_absmax_bits(X, BR, BC, ignore_nan, out):
-    """out[g, j] = bits of max |x| over tile (g, j) of BR×BC (NaN-propagating unless ``ignore_nan``)."""
-    ng, nb = out.shape
-    for t in prange(ng * nb):
-        g = t // nb
-        j = t % nb
-        out[g, j] = _tile_vmax(X, g * BR, g * BR + BR, j * BC, j * BC + BC, ignore_nan)
-
-
-@njit
-def _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax):
-    """vmax[j] = amax bits of block j of row r (from ``tmax`` for 2-D tiles).
-
-    The loop-invariant choices are taken outside the loops on purpose: that
-    keeps each inner loop branch-free for LLVM's vectoriser.
-    """
-    nb = vmax.size
-    if BR > 1:
-        for j in range(nb):
-            vmax[j] = tmax[r // BR, j]
-    elif ignore_nan:
-        for j in range(nb):
-            m = np.uint32(0)
-            for c in range(j * BC, min(j * BC + BC, C)):
-                a = X[r, c] & _ABS
-                m = max(m, a if a <= _INF_BITS else np.uint32(0))
-            vmax[j] = m
+@njit(inline="always")
+def _seg_absmax(xr, c0, n, ignore_nan):
+    """Bits of max |xr[c0:c0+n]| (NaN-propagating unless ``ignore_nan``)."""
+    # Why the casts: Numba widens uint32 & uint32 to uint64 (half the SIMD lanes), and an unsigned index
+    # skips the negative-index wraparound select that stops LLVM from seeing consecutive loads.
+    m = np.uint32(0)
+    if ignore_nan:
+        for t in range(n):
+            a = np.uint32(xr[np.uint64(c0 + t)] & _ABS)
+            m = max(m, a if a <= _INF_BITS else np.uint32(0))
     else:
-        full = C // BC
-        for j in range(full):
-            m = np.uint32(0)
-            for t in range(BC):
-                m = max(m, X[r, j * BC + t] & _ABS)
-            vmax[j] = m
-        for j in range(full, nb):
-            m = np.uint32(0)
-            for c in range(j * BC, C):
-                m = max(m, X[r, c] & _ABS)
-            vmax[j] = m
+        for t in range(n):
+            m = max(m, np.uint32(xr[np.uint64(c0 + t)] & _ABS))
+    return m
 
 
-@njit
-def _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out):
-    """Codes of fl(x · mul[block]) for row r (0 past column C), then packed or copied into out[r]."""
-    nb = mul.size
-    full = C // BC
+@njit(inline="always")
+def _row_absmax_n(xr, n, ignore_nan, vmax):
+    C = xr.size
+    full = C // n
+    rm = np.uint32(0)
     for j in range(full):
-        m = mul[j]
-        for t in range(BC):
-            c = j * BC + t
-            codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift)
-    for j in range(full, nb):
-        m = mul[j]
-        for c in range(j * BC, j * BC + BC):
-            codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * m), lut, shift) if c < C else 0
-    _emit_row(codes, packed, out, r)
+        m = _seg_absmax(xr, j * n, n, ignore_nan)
+        vmax[j] = m
+        rm = max(rm, m)
+    if full < vmax.size:
+        m = _seg_absmax(xr, full * n, C - full * n, ignore_nan)
+        vmax[full] = m
+        rm = max(rm, m)
+    return rm
+
+
+@njit(inline="always")
+def _abs_at(xr, i, ignore_nan):
+    a = np.uint32(xr[np.uint64(i)] & _ABS)
+    if ignore_nan:
+        return a if a <= _INF_BITS else np.uint32(0)
+    return a
+
+
+@njit(inline="always")
+def _pair_at(xr, i, ignore_nan):
+    return max(_abs_at(xr, i, ignore_nan), _abs_at(xr, i + 8, ignore_nan))
+
+
+@njit(inline="always")
+def _absmax16(xr, b, ignore_nan):
+    """Bits of max |xr[b:b+16]|, written out so that LLVM's SLP vectoriser sees one 8-lane max of the
+    two halves followed by a horizontal reduction (as a loop it vectorises across blocks, with gathers)."""
+    return max(
+        max(max(_pair_at(xr, b, ignore_nan), _pair_at(xr, b + 4, ignore_nan)),
+            max(_pair_at(xr, b + 2, ignore_nan), _pair_at(xr, b + 6, ignore_nan))),
+        max(max(_pair_at(xr, b + 1, ignore_nan), _pair_at(xr, b + 5, ignore_nan)),
+            max(_pair_at(xr, b + 3, ignore_nan), _pair_at(xr, b + 7, ignore_nan))),
+    )
+
+
+@njit(inline="always")
+def _row_block_absmax(X, r, BC, ignore_nan, vmax):
+    """vmax[j] = amax bits of block j of row r (1 × BC blocks, the last one ragged); returns the row's amax bits.
+
+    Why the special case: LLVM's loop vectoriser needs trip counts of 32 or
+    more, so a block of 16 is written out for the SLP vectoriser (a run-time
+    count of 16 runs the scalar remainder loop, 3× slower).  Why inlined (here
+    and in the other row helpers): called out of line from a parallel kernel,
+    the array arguments may alias and LLVM gives up on SIMD.  The structure is
+    what measured fastest in ``make bench``.
+    """
+    xr = X[r]
+    if BC != 16:
+        return _row_absmax_n(xr, BC, ignore_nan, vmax)
+    C = xr.size
+    full = C // 16
+    rm = np.uint32(0)
+    for j in range(full):
+        m = _absmax16(xr, j * 16, ignore_nan)
+        vmax[j] = m
+        rm = max(rm, m)
+    if full < vmax.size:
+        m = _seg_absmax(xr, full * 16, C - full * 16, ignore_nan)
+        vmax[full] = m
+        rm = max(rm, m)
+    return rm
+
+
+@pjit
+def block_absmax_bits(X, BR, BC, ignore_nan, out, row_out):
+    """out[g, j] = amax bits of tile (g, j) of BR × BC; row_out[r] = amax bits of row r (BR = 1 only).
+
+    The tensor amax is ``out.max()``: this pass replaces the tensor-amax pass and
+    the block amax of the quantize pass, so the input is read twice in all.
+    """
+    R = X.shape[0]
+    ng, nb = out.shape
+    for g in prange(ng):
+        if BR == 1:
+            row_out[g] = _row_block_absmax(X, g, BC, ignore_nan, out[g])
+            continue
+        vmax = np.empty(nb, np.uint32)
+        tm = out[g]
+        tm[:] = 0
+        for r in range(g * BR, min(R, g * BR + BR)):
+            _row_block_absmax(X, r, BC, ignore_nan, vmax)
+            for j in range(nb):
+                tm[j] = max(tm[j], vmax[j])
+
+
+_MAGIC = np.float32(12582912.0)  # 1.5 · 2**23: adding it rounds a float32 in [0, 2**22) to an integer (RNE)
+_MAGIC_BITS = np.int32(0x4B400000)
+
+
+@njit(inline="always")
+def _e2m1_code(y):
+    """E2M1 code of float32 ``y`` (RNE, satfinite, NaN → 7), branch-free so that LLVM vectorises the loop.
+
+    The code magnitude is RNE(a·|y| + b) with (a, b) = (2, 0) below 2, (1, 2) on [2, 4) and (½, 4) above:
+    consecutive codes are consecutive integers there and a code is even exactly when its mantissa bit is 0,
+    so integer RNE is E2M1's RNE.  a·|y| is exact (a power of two) and the one float32 addition of
+    b + 1.5·2^23 rounds it to an integer once.  Equal to the codec on every exponent class (tested).
+    """
+    u = np.int32(f32_bits(y))
+    a = abs(y)
+    c1 = a >= np.float32(2.0)
+    c2 = a >= np.float32(4.0)
+    sc = np.float32(0.5) if c2 else (np.float32(1.0) if c1 else np.float32(2.0))
+    bm = np.float32(12582916.0) if c2 else (np.float32(12582914.0) if c1 else _MAGIC)
+    c = min(np.int32(f32_bits(a * sc + bm)) - _MAGIC_BITS, np.int32(7))  # ≥ 8, ±inf and NaN → 7
+    s = (u >> np.int32(28)) & np.int32(8)
+    return c | (s if a == a else np.int32(0))
+
+
+@njit(inline="always")
+def _seg_encode(xr, c0, n, m, e2m1, lut, shift, codes):
+    """codes[c0 + t] = code of fl(xr[c0 + t] · m) for t < n."""
+    if e2m1:
+        for t in range(n):
+            i = np.uint64(c0 + t)
+            codes[i] = _e2m1_code(bits_f32(xr[i]) * m)
+    else:
+        for t in range(n):
+            i = np.uint64(c0 + t)
+            codes[i] = _lut_code(f32_bits(bits_f32(xr[i]) * m), lut, shift)
+
+
+@njit(inline="always")
+def _row_encode_n(xr, n, mul, e2m1, lut, shift, codes):
+    C = xr.size
+    full = C // n
+    for j in range(full):
+        _seg_encode(xr, j * n, n, mul[j], e2m1, lut, shift, codes)
+    if full < mul.size:
+        c0 = full * n
+        _seg_encode(xr, c0, C - c0, mul[full], e2m1, lut, shift, codes)
+        codes[C:] = 0
+
+
+@njit(inline="always")
+def _row_codes(X, r, BC, mul, e2m1, lut, shift, codes):
+    """codes[c] = code of fl(X[r, c] · mul[c // BC]), 0 past the last column (block loops as above).
+
+    ``codes`` is int32 scratch: the encoder's lanes stay 32-bit until the one
+    narrowing in :func:`_emit_row`, which keeps the loops in 8-wide AVX2 registers.
+    """
+    xr = X[r]
+    if BC == 16:
+        _row_encode_n(xr, 16, mul, e2m1, lut, shift, codes)
+    else:
+        _row_encode_n(xr, BC, mul, e2m1, lut, shift, codes)
 
 
 @njit(inline="always")
@@ -519,56 +630,22 @@ def _emit_row(codes, packed, out, r):
     """Row r of the output: codes packed two per byte (element 2j in the low nibble), or copied."""
     if packed:
         for i in range(codes.size // 2):
-            out[r, i] = codes[2 * i] | (codes[2 * i + 1] << np.uint8(4))
+            out[r, i] = np.uint8(codes[2 * i] | (codes[2 * i + 1] << np.int32(4)))
     else:
         for i in range(codes.size):
-            out[r, i] = codes[i]
-
-
-@njit(inline="always")
-def _e2m1_code(y):
-    """E2M1 code of float32 ``y`` (RNE, satfinite, NaN → 7), branch-free so that LLVM vectorises the loop.
-
-    |y| ≥ 1: round the float32 to one mantissa bit with the integer carry trick (the exponent carries into
-    the code); |y| < 1: the code is RNE(2|y|) ∈ {0, 1, 2}, by the float32 magic-number addition (exact:
-    2|y| is exact and one float32 addition rounds it to an integer).  Equal to the lookup table (tested).
-    """
-    u = f32_bits(y)
-    a = u & _ABS
-    ac = min(a, np.uint32(0x41000000))  # ≥ 8, inf and NaN all saturate to code 7
-    hi = np.int32((ac + np.uint32(0x1FFFFF) + ((ac >> np.uint32(22)) & np.uint32(1))) >> np.uint32(22)) - np.int32(252)
-    hi = min(hi, np.int32(7))
-    lo = np.int32(f32_bits(bits_f32(a) * np.float32(2.0) + np.float32(12582912.0)) - np.uint32(0x4B400000))
-    s = np.int32((u >> np.uint32(28)) & np.uint32(8)) if a <= _INF_BITS else np.int32(0)
-    return np.uint8((lo if a < np.uint32(0x3F800000) else hi) | s)
-
-
-@njit(inline="always")
-def _row_encode_e2m1(X, r, BC, C, mul, packed, codes, out):
-    """:func:`_row_encode` for E2M1 elements with the branch-free encoder (whole blocks vectorise)."""
-    nb = mul.size
-    full = C // BC
-    for j in range(full):
-        m = mul[j]
-        c0 = j * BC
-        for t in range(BC):
-            codes[c0 + t] = _e2m1_code(bits_f32(X[r, c0 + t]) * m)
-    for j in range(full, nb):
-        m = mul[j]
-        for c in range(j * BC, j * BC + BC):
-            codes[c] = _e2m1_code(bits_f32(X[r, c]) * m) if c < C else np.uint8(0)
-    _emit_row(codes, packed, out, r)
+            out[r, i] = np.uint8(codes[i])
 
 
 @pjit
 def quantize_two_level_rne(
-    X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, out, scales,
-    e2m1=False,
+    X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, have_tmax,
+    out, scales, e2m1=False,
 ):
     """NVFP4-style quantization with RNE elements (SPEC §4), TE's FP32 operation order.
 
-    Row by row in three short passes over the row (in L1): block amax (or the
-    2-D tile amax from ``tmax``), block scales, element codes + packing.
+    Row by row, in L1: the block amax (from ``tmax``, the tile amax of
+    :func:`block_absmax_bits`, when ``have_tmax``; else measured here), the
+    block scales, then the element codes and the packing.
     """
     R, C = X.shape
     nb = scales.shape[1]
@@ -583,27 +660,27 @@ def quantize_two_level_rne(
     nchunk = -(-R // _ROWS)
     for ci in prange(nchunk):
         # scratch rows allocated once per chunk of rows, not once per row
-        codes = np.empty(nb * BC, np.uint8)
+        codes = np.empty(nb * BC, np.int32)
         vmax = np.empty(nb, np.uint32)
         enc = np.empty(nb, np.float32)
         for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
             sek = s_enc[r] * inv_t
             sd = s_dec[r]
-            _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
+            vm = tmax[r // BR] if have_tmax else vmax
+            if not have_tmax:
+                _row_block_absmax(X, r, BC, ignore_nan, vmax)
             for j in range(nb):
-                sdb = fmin_nan(bits_f32(vmax[j]) * sek, bound)
+                sdb = fmin_nan(bits_f32(vm[j]) * sek, bound)
                 sb = _lut_code(f32_bits(sdb), slut, sshift)
                 scales[r, j] = sb
                 enc[j] = tab[sb] if uniform else fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
-            if e2m1:
-                _row_encode_e2m1(X, r, BC, C, enc, packed, codes, out)
-            else:
-                _row_encode(X, r, BC, C, enc, lut, shift, packed, codes, out)
+            _row_codes(X, r, BC, enc, e2m1, lut, shift, codes)
+            _emit_row(codes, packed, out, r)
 
 
 @pjit
 def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_code, ignore_nan, packed, tmax,
-                    p2, out, scales, e2m1=False):
+                    have_tmax, p2, out, scales, e2m1=False):
     """MX quantization with RNE elements (SPEC §5): elements fl32(x · 2^-E), one exact-power multiply.
 
     ``p2[b]`` = 2**(127 − b) as float32 (exact for every scale byte b ≤ 0xFE),
@@ -612,70 +689,122 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_
     """
     R, C = X.shape
     nb = scales.shape[1]
-    for r in prange(R):
+    nchunk = -(-R // _ROWS)
+    for ci in prange(nchunk):
         vmax = np.empty(nb, np.uint32)
         mul = np.empty(nb, np.float32)
-        codes = np.empty(nb * BC, np.uint8)
-        _row_block_absmax(X, r, BR, BC, C, ignore_nan, tmax, vmax)
-        nan_block = False
-        for j in range(nb):
-            sb = mx_scale_byte(vmax[j], rule, emax, mbits, inv_max, e8p)
-            scales[r, j] = sb
-            mul[j] = p2[sb]
-            nan_block |= sb == 0xFF
-        if not nan_block:
-            if e2m1:
-                _row_encode_e2m1(X, r, BC, C, mul, packed, codes, out)
-            else:
-                _row_encode(X, r, BC, C, mul, lut, shift, packed, codes, out)
-            continue
-        for j in range(nb):
-            for c in range(j * BC, j * BC + BC):
-                if c >= C:
-                    codes[c] = 0
-                elif scales[r, j] == 0xFF:
-                    codes[c] = nan_code
-                else:
-                    codes[c] = _lut_code(f32_bits(bits_f32(X[r, c]) * mul[j]), lut, shift)
-        _emit_row(codes, packed, out, r)
+        codes = np.empty(nb * BC, np.int32)
+        for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
+            vm = tmax[r // BR] if have_tmax else vmax
+            if not have_tmax:
+                _row_block_absmax(X, r, BC, ignore_nan, vmax)
+            nan_block = False
+            for j in range(nb):
+                sb = mx_scale_byte(vm[j], rule, emax, mbits, inv_max, e8p)
+                scales[r, j] = sb
+                mul[j] = p2[sb]
+                nan_block |= sb == 0xFF
+            _row_codes(X, r, BC, mul, e2m1, lut, shift, codes)
+            if nan_block:
+                for j in range(nb):
+                    if scales[r, j] == 0xFF:
+                        codes[j * BC:min(j * BC + BC, C)] = nan_code
+            _emit_row(codes, packed, out, r)
+
+
+@njit(inline="always")
+def _unpack_row(codes, r, packed, C, buf):
+    """buf[c] = code of element c of row r (int32 lanes; the inverse of :func:`_emit_row`)."""
+    if packed:
+        for i in range(C // 2):
+            b = np.int32(codes[r, i])
+            buf[2 * i] = b & np.int32(0xF)
+            buf[2 * i + 1] = b >> np.int32(4)
+        if C & 1:
+            buf[C - 1] = np.int32(codes[r, C // 2]) & np.int32(0xF)
+    else:
+        for i in range(C):
+            buf[i] = np.int32(codes[r, i])
+
+
+@njit(inline="always")
+def _e2m1_value(c):
+    """Value of E2M1 code ``c`` (int32) as float32, from its bits: magnitude m ≥ 2 is (m + 252) << 22."""
+    m = c & np.int32(7)
+    v = ((m + np.int32(252)) << np.int32(22)) if m >= np.int32(2) else (
+        np.int32(0x3F000000) if m == np.int32(1) else np.int32(0))
+    return bits_f32(np.uint32(v | ((c & np.int32(8)) << np.int32(28))))
+
+
+@njit(inline="always")
+def _seg_dec(buf, c0, n, e2m1, etable, sv, sd, two, orow):
+    """orow[c0 + t] = fl((e(code) · sv) · sd), or fl(e(code) · sv) when not ``two``, for t < n."""
+    if e2m1:
+        if two:
+            for t in range(n):
+                i = np.uint64(c0 + t)
+                orow[i] = (_e2m1_value(buf[i]) * sv) * sd
+        else:
+            for t in range(n):
+                i = np.uint64(c0 + t)
+                orow[i] = _e2m1_value(buf[i]) * sv
+    elif two:
+        for t in range(n):
+            i = np.uint64(c0 + t)
+            orow[i] = (etable[buf[i]] * sv) * sd
+    else:
+        for t in range(n):
+            i = np.uint64(c0 + t)
+            orow[i] = etable[buf[i]] * sv
+
+
+@njit(inline="always")
+def _row_dec_n(buf, n, sval, e2m1, etable, sd, two, orow):
+    C = orow.size
+    full = C // n
+    for j in range(full):
+        _seg_dec(buf, j * n, n, e2m1, etable, sval[j], sd, two, orow)
+    if full < sval.size:
+        _seg_dec(buf, full * n, C - full * n, e2m1, etable, sval[full], sd, two, orow)
+
+
+@njit(inline="always")
+def _row_decode(buf, BC, sval, e2m1, etable, sd, two, out, r):
+    """Row r of the output from its unpacked codes and per-block scale values (block loops as above)."""
+    orow = out[r]
+    if BC == 16:
+        _row_dec_n(buf, 16, sval, e2m1, etable, sd, two, orow)
+    else:
+        _row_dec_n(buf, BC, sval, e2m1, etable, sd, two, orow)
 
 
 @pjit
-def dequantize_two_level_fast(codes, scales, BC, s_dec, etable, stable, packed, out):
-    """x̂ = fl((e(code) · f32(s_b)) · S_dec), block by block."""
+def dequantize_two_level_fast(codes, scales, BC, s_dec, etable, stable, packed, out, e2m1=False):
+    """x̂ = fl((e(code) · f32(s_b)) · S_dec), row by row."""
     R, C = out.shape
     nb = scales.shape[1]
-    for r in prange(R):
-        sd = s_dec[r]
-        for j in range(nb):
-            sv = stable[scales[r, j]]
-            c0 = j * BC
-            c1 = min(c0 + BC, C)
-            if packed and c1 - c0 == BC:
-                for c in range(c0, c1, 2):
-                    b = codes[r, c >> 1]
-                    out[r, c] = (etable[b & np.uint8(0xF)] * sv) * sd
-                    out[r, c + 1] = (etable[b >> np.uint8(4)] * sv) * sd
-            else:
-                for c in range(c0, c1):
-                    out[r, c] = (etable[_load(codes, r, c, packed)] * sv) * sd
+    nchunk = -(-R // _ROWS)
+    for ci in prange(nchunk):
+        buf = np.empty(C, np.int32)
+        sval = np.empty(nb, np.float32)
+        for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
+            for j in range(nb):
+                sval[j] = stable[scales[r, j]]
+            _unpack_row(codes, r, packed, C, buf)
+            _row_decode(buf, BC, sval, e2m1, etable, s_dec[r], True, out, r)
 
 
 @pjit
-def dequantize_mx_fast(codes, scales, BC, etable, p2inv, packed, out):
-    """x̂ = fl(e(code) · 2^(b − 127)), block by block; ``p2inv[b]`` = 2**(b − 127) (NaN for 0xFF)."""
+def dequantize_mx_fast(codes, scales, BC, etable, p2inv, packed, out, e2m1=False):
+    """x̂ = fl(e(code) · 2^(b − 127)), row by row; ``p2inv[b]`` = 2**(b − 127) (NaN for 0xFF)."""
     R, C = out.shape
     nb = scales.shape[1]
-    for r in prange(R):
-        for j in range(nb):
-            s = p2inv[scales[r, j]]
-            c0 = j * BC
-            c1 = min(c0 + BC, C)
-            if packed and c1 - c0 == BC:
-                for c in range(c0, c1, 2):
-                    b = codes[r, c >> 1]
-                    out[r, c] = etable[b & np.uint8(0xF)] * s
-                    out[r, c + 1] = etable[b >> np.uint8(4)] * s
-            else:
-                for c in range(c0, c1):
-                    out[r, c] = etable[_load(codes, r, c, packed)] * s
+    nchunk = -(-R // _ROWS)
+    for ci in prange(nchunk):
+        buf = np.empty(C, np.int32)
+        sval = np.empty(nb, np.float32)
+        for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
+            for j in range(nb):
+                sval[j] = p2inv[scales[r, j]]
+            _unpack_row(codes, r, packed, C, buf)
+            _row_decode(buf, BC, sval, e2m1, etable, np.float32(1.0), False, out, r)

@@ -422,13 +422,21 @@ _POW2_NEG = np.append(np.ldexp(np.float32(1), 127 - np.arange(255)).astype(np.fl
 _POW2_POS = np.append(np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.float32), np.float32(np.nan))
 
 
-def _tile_amax(X: np.ndarray, BR: int, BC: int, nb: int, ignore_nan: bool) -> np.ndarray:
-    """Tile amax bits for 2-D tiles (BR > 1); a dummy for 1-D blocks, whose kernel fuses the amax."""
-    if BR == 1:
-        return np.zeros((1, 1), np.uint32)
-    tmax = np.empty((-(-X.shape[0] // BR), nb), np.uint32)
-    SK.tile_absmax_bits(X, BR, BC, ignore_nan, tmax)
-    return tmax
+def _block_amax(X: np.ndarray, BR: int, BC: int, nb: int, ignore_nan: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Tile amax bits (ceil(R / BR), nb) and, for 1-D blocks, per-row amax bits (R,): one read of ``X``."""
+    R = X.shape[0]
+    tmax = np.empty((-(-R // BR), nb), np.uint32)
+    row_bits = np.zeros(R if BR == 1 else 0, np.uint32)
+    SK.block_absmax_bits(X, BR, BC, ignore_nan, tmax, row_bits)
+    return tmax, row_bits
+
+
+_NO_TMAX = np.zeros((1, 1), np.uint32)
+
+
+def _is_e2m1(spec: FormatSpec) -> bool:
+    """E2M1 under any name: the row kernels then encode and decode it arithmetically instead of by table."""
+    return spec.kernel_params() == get_format("float4_e2m1fn").kernel_params()
 
 
 def quantize(
@@ -578,10 +586,21 @@ def quantize(
     if kind is _Kind.TWO_LEVEL:
         sc = sch.scale
         scales = np.empty((R, nb), np.uint8)
+        fast = not sr and not sch.four_over_six
+        # The fast kernel takes its block amax from a tile-amax pass when one is needed anyway (2-D tiles, or
+        # a tensor amax to measure): that pass also gives the tensor amax, so the input is read twice in all.
+        tmax = None
+        if fast and (BR > 1 or (sch.tensor_scale and tensor_amax is None)):
+            tmax, tile_rows = _block_amax(X, BR, BC, nb, ignore_nan)
         if sch.tensor_scale:
             if sch.per_row_scale:
-                SK.row_absmax_bits(X, ignore_nan, row_bits)
+                if tmax is not None and BR == 1:
+                    row_bits = tile_rows
+                else:
+                    SK.row_absmax_bits(X, ignore_nan, row_bits)
                 amax = _as_f32(row_bits).copy()
+            elif tmax is not None and tensor_amax is None:
+                amax = _as_f32(_tensor_amax_bits(tmax))
             else:
                 amax = measured_amax()
             amax_rows = np.broadcast_to(amax, (R,))
@@ -593,11 +612,12 @@ def quantize(
         inv_t = one / np.float32(el.max)
         inv_t46 = one / np.float32(4.0)
         fos = 0 if not sch.four_over_six else (2 if sch.four_over_six_metric == "mse" else 1)
-        if not sr and fos == 0:
+        if fast:
             SK.quantize_two_level_rne(
                 X, BR, BC, s_enc, s_dec, inv_t, np.float32(sc.max), _encode_lut(sc, Rounding.RNE.kernel_id, True),
                 21 - sc.mbits, sc.decode_table(), lut, shift, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), out, scales, el.name == "float4_e2m1fn" and mode is Rounding.RNE,
+                _NO_TMAX if tmax is None else tmax, tmax is not None, out, scales,
+                _is_e2m1(el) and mode is Rounding.RNE,
             )
             amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
             data = out.reshape(moved[:-1] + (out.shape[1],))
@@ -635,8 +655,9 @@ def quantize(
             SK.quantize_mx_rne(
                 X, BR, BC, sch.scale_rule.kernel_id, el.emax, el.mbits, np.float32(1.0) / np.float32(el.max),
                 sch.scale.kernel_params(), lut, shift, el.nan_code, ignore_nan, packed,
-                _tile_amax(X, BR, BC, nb, ignore_nan), _POW2_NEG, out, scales,
-                el.name == "float4_e2m1fn" and mode is Rounding.RNE,
+                *((_block_amax(X, BR, BC, nb, ignore_nan)[0], True) if BR > 1 else (_NO_TMAX, False)), _POW2_NEG, out,
+                scales,
+                _is_e2m1(el) and mode is Rounding.RNE,
             )
             data = out.reshape(moved[:-1] + (out.shape[1],))
             return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), np.array(nan32), sch, shape, dtype, ax)
@@ -726,9 +747,10 @@ def dequantize(qt: QuantizedTensor, backend: str | None = None, out: np.ndarray 
         amax = np.asarray(qt.amax, np.float32)
         amax_rows = amax.reshape(R) if sch.per_row_scale else np.broadcast_to(amax.reshape(()), (R,))
         _, s_dec = _s_enc_dec(sch, amax_rows)
-        SK.dequantize_two_level_fast(codes, scales, BC, s_dec, el.decode_table(), sch.scale.decode_table(), packed, out)
+        SK.dequantize_two_level_fast(codes, scales, BC, s_dec, el.decode_table(), sch.scale.decode_table(), packed, out,
+                                     _is_e2m1(el))
     elif kind is _Kind.POW2:
-        SK.dequantize_mx_fast(codes, scales, BC, el.decode_table(), _POW2_POS, packed, out)
+        SK.dequantize_mx_fast(codes, scales, BC, el.decode_table(), _POW2_POS, packed, out, _is_e2m1(el))
     else:
         SK.dequantize_fp32_scaled(codes, scales, BC, el.decode_table(), out)
     if user_out is not None:

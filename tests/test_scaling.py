@@ -469,6 +469,56 @@ def test_branch_free_e2m1_encoder_equals_the_codec_on_every_exponent_class():
     assert np.array_equal(got, fpsim.encode(u.view(np.float32), spec))
 
 
+def test_arithmetic_e2m1_decoder_equals_the_table_on_every_code():
+    """The row kernels' E2M1 decoder (bits from the code) against the codec's decode table, ±0 included."""
+    from fpsim._jit import njit
+    from fpsim._scaling_kernels import _e2m1_value
+
+    @njit
+    def run(out):
+        for c in range(16):
+            out[c] = _e2m1_value(np.int32(c))
+
+    got = np.empty(16, np.float32)
+    run(got)
+    want = fpsim.get_format("e2m1").decode_table()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("block", [(1, 16), (1, 32), (1, 8), (1, 48), (16, 16), (16, 32)])
+@pytest.mark.parametrize("elem", ["e2m1", "e4m3", "e3m2"])
+@pytest.mark.parametrize("kind", ["two_level", "mx"])
+def test_row_kernels_on_literal_and_runtime_block_sizes(kind, elem, block):
+    """The RNE row kernels unroll blocks of 16 and 32 and loop over others: every size equals the reference.
+
+    Columns 100 leave a ragged last block; the data mixes magnitudes 1e-12..1e3 per 16 columns, ties,
+    ±inf, NaN, ±0 and subnormals, with ``nan_amax`` both ways; the measured-amax and given-amax paths
+    (block amax from the tile pass, or in the row) must agree.
+    """
+    rng = np.random.default_rng(sum(block) * 7 + len(elem))
+    R, C = (33, 100)
+    x = rng.standard_normal((R, C)).astype(np.float32)
+    x *= np.repeat(10.0 ** rng.integers(-12, 4, size=(R, 7)), 16, axis=1)[:, :C].astype(np.float32)
+    x[3, :40] = rng.choice([0.25, 0.75, 1.25, 2.5, 5.0, -3.5], size=40).astype(np.float32)
+    x[5, 7], x[6, 50], x[7, 99], x[8, 0], x[9, 20], x[10, 30] = np.inf, -np.inf, -0.0, 1e-45, np.nan, -np.nan
+    x[20:, :] = 0.0
+    for ignore in (False, True):
+        nan_amax = "ignore" if ignore else "propagate"
+        if kind == "two_level":
+            sch = BlockScheme("two_level", elem, "e4m3", block, tensor_scale=True)
+            q = quantize(x, sch, nan_amax=nan_amax)
+            rc, rs, ra, rd = ref_two_level(x, elem=elem, block=block, ignore_nan=ignore)
+            q2 = quantize(x, sch, nan_amax=nan_amax, tensor_amax=float(ra))
+            assert q2.equals(q)
+        else:
+            sch = BlockScheme("mx", elem, "e8m0", block)
+            q = quantize(x, sch, nan_amax=nan_amax)
+            rc, rs, rd = ref_mx(x, elem, "rceil", block=block, ignore_nan=ignore)
+        assert np.array_equal(q.scales.reshape(R, -1).astype(np.int64), rs)
+        assert np.array_equal(codes_2d(q), rc), first_diff(codes_2d(q), rc)
+        assert same_floats(q.dequantize(), rd)
+
+
 @pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "fp8_block128", "fp8_e4m3", "bf16"])
 def test_dequantize_into_a_caller_buffer(scheme):
     x = np.random.default_rng(4).standard_normal((6, 200)).astype(np.float32)
