@@ -434,6 +434,17 @@ def _block_amax(X: np.ndarray, BR: int, BC: int, nb: int, ignore_nan: bool) -> t
 _NO_TMAX = np.zeros((1, 1), np.uint32)
 
 
+def _scale_arith(spec: FormatSpec) -> tuple:
+    """Parameters of the row kernel's arithmetic scale encoder (``_scale_rne``), or mbits 0 for the table.
+
+    It covers ≤ 8-bit scale formats with subnormals and at least one mantissa bit (E4M3, E5M2, …).
+    """
+    if not (spec.subnormals and spec.bits <= 8 and spec.mbits >= 1 and spec.has_nan):
+        return (0, 0, np.float32(0.0), np.float32(0.0), 0)
+    q = np.ldexp(np.float32(1.0), spec.emin - spec.mbits)
+    return (spec.mbits, 127 + spec.emin, np.float32(1.0) / q, q, spec.nan_code)
+
+
 def _is_e2m1(spec: FormatSpec) -> bool:
     """E2M1 under any name: the row kernels then encode and decode it arithmetically instead of by table."""
     return spec.kernel_params() == get_format("float4_e2m1fn").kernel_params()
@@ -617,7 +628,7 @@ def quantize(
                 X, BR, BC, s_enc, s_dec, inv_t, np.float32(sc.max), _encode_lut(sc, Rounding.RNE.kernel_id, True),
                 21 - sc.mbits, sc.decode_table(), lut, shift, ignore_nan, packed,
                 _NO_TMAX if tmax is None else tmax, tmax is not None, out, scales,
-                _is_e2m1(el) and mode is Rounding.RNE,
+                _is_e2m1(el) and mode is Rounding.RNE, _scale_arith(sc),
             )
             amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
             data = out.reshape(moved[:-1] + (out.shape[1],))

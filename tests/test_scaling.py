@@ -469,6 +469,40 @@ def test_branch_free_e2m1_encoder_equals_the_codec_on_every_exponent_class():
     assert np.array_equal(got, fpsim.encode(u.view(np.float32), spec))
 
 
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_arithmetic_scale_encoder_equals_the_codec_on_every_exponent_class(name):
+    """The row kernel's branch-free scale encoder (code and value) against fpsim.encode and the decode table,
+    on every non-negative float32 exponent class and NaN, after the kernel's clamp to the format's max.
+    (An exhaustive sweep of all 2**31 non-negative patterns found no mismatch for E4M3 and E5M2.)"""
+    from fpsim._jit import njit
+    from fpsim._scaling_kernels import _scale_rne, bits_f32, fmin_nan
+    from fpsim.scaling import _scale_arith
+    from tests.probes import float32_probes
+
+    spec = fpsim.get_format(name)
+    params = _scale_arith(spec)
+    # formats without a NaN code decode NaN's code to a number: those keep the table
+    assert _scale_arith(fpsim.get_format("e3m2"))[0] == 0 and params[0] == spec.mbits
+
+    @njit
+    def run(u, bound, mb, emin, qinv, q, nanc, codes, vals):
+        for i in range(u.size):
+            c, v = _scale_rne(fmin_nan(bits_f32(u[i]), bound), mb, emin, qinv, q, nanc)
+            codes[i] = c
+            vals[i] = v
+
+    u = float32_probes(top=6, sticky=True)
+    u = u[u < 0x80000000]
+    codes = np.empty(u.size, np.int32)
+    vals = np.empty(u.size, np.float32)
+    bound = np.float32(spec.max)
+    run(u, bound, *params, codes, vals)
+    f = u.view(np.float32)
+    want = fpsim.encode(np.where(np.isnan(f), f, np.minimum(f, bound)), spec).astype(np.int32)
+    assert np.array_equal(codes, want)
+    assert same_floats(vals, spec.decode_table()[want])
+
+
 def test_arithmetic_e2m1_decoder_equals_the_table_on_every_code():
     """The row kernels' E2M1 decoder (bits from the code) against the codec's decode table, ±0 included."""
     from fpsim._jit import njit
