@@ -319,6 +319,36 @@ def mx_scale_byte(m, rule, emax, mbits, inv_max, e8p):
     return ex + 127
 
 
+@njit(inline="always")
+def mx_scale_byte_fast(m, rule, emax, mbits, inv_max):
+    """:func:`mx_scale_byte` without branches or table lookups, so that a loop over blocks vectorises.
+
+    From the float32 fields of the amax: exponent E ≥ 1 gives floor(log2 amax) = E − 127, plus one for
+    ceil (fraction ≠ 0) or even (the fraction's carry when rounded to the element's width); a subnormal
+    amax is below 2^-126, so with emax ≥ 1 every rule clamps it to byte 0.  rceil: the byte is
+    ceil(log2 t) + 127 of t = fl(amax · fl(1/max)), read off t's fields the same way (a subnormal t
+    rounds up to 2^-127 or 2^-126).  NaN → 0xFF, inf → 0xFE.  Equal to :func:`mx_scale_byte` (tested).
+    """
+    m = np.uint32(m)
+    if rule == RCEIL:
+        m = f32_bits(bits_f32(m) * inv_max)
+    e = np.int32(m >> np.uint32(23))
+    frac = np.int32(m & np.uint32(0x7FFFFF))
+    if rule == RCEIL:
+        byte = e + np.int32(frac != 0) if e > 0 else np.int32(frac > 0x400000)
+        byte = min(byte, np.int32(254))
+    else:
+        if rule == CEIL:
+            inc = np.int32(frac != 0)
+        elif rule == EVEN:
+            inc = np.int32(frac + np.int32((1 << (22 - mbits)) & 0x7FFFFF) >= 0x800000)
+        else:
+            inc = np.int32(0)
+        ex = min(max(e - np.int32(127) + inc - np.int32(emax), np.int32(-127)), np.int32(127))
+        byte = ex + np.int32(127) if e > 0 else np.int32(0)
+    return np.int32(0xFF) if m > _INF_BITS else (np.int32(0xFE) if m == _INF_BITS else byte)
+
+
 @pjit
 def quantize_mx(
     X,
@@ -587,12 +617,39 @@ def _e2m1_code(y):
 
 
 @njit(inline="always")
-def _seg_encode(xr, c0, n, m, e2m1, lut, shift, codes):
-    """codes[c0 + t] = code of fl(xr[c0 + t] · m) for t < n."""
-    if e2m1:
+def _elem_rne(y, mbits, emin_b, qinv, max_code, nan_code, bits):
+    """Satfinite RNE code of float32 ``y`` for a signed ≤ 8-bit format with subnormals, branch-free.
+
+    The arithmetic of :func:`_scale_rne` on |y| (normal range: integer carry on the bits; below it:
+    one exact multiply and the magic addition), then saturation to ``max_code``, the sign, and
+    ``nan_code`` for NaN (SPEC §2, NVIDIA's satfinite conversions).  Equal to the codec (tested).
+    """
+    # Why the masks and casts: Numba types every integer operation as 64-bit; truncating each result and
+    # keeping shift counts provably below 32 lets LLVM narrow the lanes back to 32 bits (8 per AVX2 op).
+    u = f32_bits(y)
+    a = np.uint32(min(np.uint32(u & _ABS), _INF_BITS))
+    sh = np.uint32((23 - mbits) & 31)
+    half = np.uint32((np.uint32(1) << np.uint32((22 - mbits) & 31)) - np.uint32(1))
+    rb = np.uint32(np.uint32(a + half + np.uint32((a >> sh) & np.uint32(1))) >> sh)
+    cn = np.int32(np.int32(rb) - np.int32((emin_b - 1) << mbits))
+    k = np.int32(np.int32(f32_bits(bits_f32(a) * qinv + _MAGIC)) - _MAGIC_BITS)
+    mag = min(k if a < np.uint32(emin_b << 23) else cn, np.int32(max_code))
+    s = np.int32(np.uint32(u >> np.uint32(31)) << np.uint32((bits - 1) & 31))
+    return np.int32(nan_code) if np.uint32(u & _ABS) > _INF_BITS else np.int32(mag | s)
+
+
+@njit(inline="always")
+def _seg_encode(xr, c0, n, m, epath, ea, lut, shift, codes):
+    """codes[c0 + t] = code of fl(xr[c0 + t] · m) for t < n; ``epath``: 1 E2M1, 2 :func:`_elem_rne`, 0 table."""
+    if epath == 1:
         for t in range(n):
             i = np.uint64(c0 + t)
             codes[i] = _e2m1_code(bits_f32(xr[i]) * m)
+    elif epath == 2:
+        mb, emin_b, qinv, max_code, nan_code, bits = ea
+        for t in range(n):
+            i = np.uint64(c0 + t)
+            codes[i] = _elem_rne(bits_f32(xr[i]) * m, mb, emin_b, qinv, max_code, nan_code, bits)
     else:
         for t in range(n):
             i = np.uint64(c0 + t)
@@ -600,19 +657,19 @@ def _seg_encode(xr, c0, n, m, e2m1, lut, shift, codes):
 
 
 @njit(inline="always")
-def _row_encode_n(xr, n, mul, e2m1, lut, shift, codes):
+def _row_encode_n(xr, n, mul, epath, ea, lut, shift, codes):
     C = xr.size
     full = C // n
     for j in range(full):
-        _seg_encode(xr, j * n, n, mul[j], e2m1, lut, shift, codes)
+        _seg_encode(xr, j * n, n, mul[j], epath, ea, lut, shift, codes)
     if full < mul.size:
         c0 = full * n
-        _seg_encode(xr, c0, C - c0, mul[full], e2m1, lut, shift, codes)
+        _seg_encode(xr, c0, C - c0, mul[full], epath, ea, lut, shift, codes)
         codes[C:] = 0
 
 
 @njit(inline="always")
-def _row_codes(X, r, BC, mul, e2m1, lut, shift, codes):
+def _row_codes(X, r, BC, mul, epath, ea, lut, shift, codes):
     """codes[c] = code of fl(X[r, c] · mul[c // BC]), 0 past the last column (block loops as above).
 
     ``codes`` is int32 scratch: the encoder's lanes stay 32-bit until the one
@@ -620,9 +677,9 @@ def _row_codes(X, r, BC, mul, e2m1, lut, shift, codes):
     """
     xr = X[r]
     if BC == 16:
-        _row_encode_n(xr, 16, mul, e2m1, lut, shift, codes)
+        _row_encode_n(xr, 16, mul, epath, ea, lut, shift, codes)
     else:
-        _row_encode_n(xr, BC, mul, e2m1, lut, shift, codes)
+        _row_encode_n(xr, BC, mul, epath, ea, lut, shift, codes)
 
 
 @njit(inline="always")
@@ -665,7 +722,7 @@ def _scale_rne(sdb, mbits, emin_b, qinv, q, nan_code):
 @pjit
 def quantize_two_level_rne(
     X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, have_tmax,
-    out, scales, e2m1=False, sarith=(0, 0, np.float32(0.0), np.float32(0.0), 0),
+    out, scales, epath=0, ea=(0, 0, np.float32(0.0), 0, 0, 0), sarith=(0, 0, np.float32(0.0), np.float32(0.0), 0),
 ):
     """NVFP4-style quantization with RNE elements (SPEC §4), TE's FP32 operation order.
 
@@ -700,13 +757,13 @@ def quantize_two_level_rne(
                     sb = _lut_code(f32_bits(sdb), slut, sshift)
                     scales[r, j] = sb
                     enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
-            _row_codes(X, r, BC, enc, e2m1, lut, shift, codes)
+            _row_codes(X, r, BC, enc, epath, ea, lut, shift, codes)
             _emit_row(codes, packed, out, r)
 
 
 @pjit
 def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_code, ignore_nan, packed, tmax,
-                    have_tmax, p2, out, scales, e2m1=False):
+                    have_tmax, p2, out, scales, epath=0, ea=(0, 0, np.float32(0.0), 0, 0, 0)):
     """MX quantization with RNE elements (SPEC §5): elements fl32(x · 2^-E), one exact-power multiply.
 
     ``p2[b]`` = 2**(127 − b) as float32 (exact for every scale byte b ≤ 0xFE),
@@ -726,11 +783,11 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_
                 _row_block_absmax(X, r, BC, ignore_nan, vmax)
             nan_block = False
             for j in range(nb):
-                sb = mx_scale_byte(vm[j], rule, emax, mbits, inv_max, e8p)
-                scales[r, j] = sb
+                sb = mx_scale_byte_fast(vm[j], rule, emax, mbits, inv_max)
+                scales[r, j] = np.uint8(sb)
                 mul[j] = p2[sb]
                 nan_block |= sb == 0xFF
-            _row_codes(X, r, BC, mul, e2m1, lut, shift, codes)
+            _row_codes(X, r, BC, mul, epath, ea, lut, shift, codes)
             if nan_block:
                 for j in range(nb):
                     if scales[r, j] == 0xFF:

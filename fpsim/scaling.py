@@ -445,6 +445,21 @@ def _scale_arith(spec: FormatSpec) -> tuple:
     return (spec.mbits, 127 + spec.emin, np.float32(1.0) / q, q, spec.nan_code)
 
 
+_NO_ELEM = (0, 0, np.float32(0.0), 0, 0, 0)
+
+
+def _elem_path(spec: FormatSpec, mode: Rounding) -> tuple[int, tuple]:
+    """How the RNE row kernels encode elements: 1 E2M1 (float arithmetic), 2 ``_elem_rne``, 0 the table."""
+    if mode is not Rounding.RNE:
+        return 0, _NO_ELEM
+    if _is_e2m1(spec):
+        return 1, _NO_ELEM
+    if spec.subnormals and spec.signed and spec.bits <= 8 and spec.mbits >= 1 and spec.ebits <= 6:
+        q = np.ldexp(np.float32(1.0), spec.emin - spec.mbits)
+        return 2, (spec.mbits, 127 + spec.emin, np.float32(1.0) / q, spec.max_code, spec.nan_code, spec.bits)
+    return 0, _NO_ELEM
+
+
 def _is_e2m1(spec: FormatSpec) -> bool:
     """E2M1 under any name: the row kernels then encode and decode it arithmetically instead of by table."""
     return spec.kernel_params() == get_format("float4_e2m1fn").kernel_params()
@@ -627,8 +642,8 @@ def quantize(
             SK.quantize_two_level_rne(
                 X, BR, BC, s_enc, s_dec, inv_t, np.float32(sc.max), _encode_lut(sc, Rounding.RNE.kernel_id, True),
                 21 - sc.mbits, sc.decode_table(), lut, shift, ignore_nan, packed,
-                _NO_TMAX if tmax is None else tmax, tmax is not None, out, scales,
-                _is_e2m1(el) and mode is Rounding.RNE, _scale_arith(sc),
+                _NO_TMAX if tmax is None else tmax, tmax is not None, out, scales, *_elem_path(el, mode),
+                _scale_arith(sc),
             )
             amax = amax.reshape(moved[:-1]) if sch.per_row_scale else np.array(amax)
             data = out.reshape(moved[:-1] + (out.shape[1],))
@@ -667,8 +682,7 @@ def quantize(
                 X, BR, BC, sch.scale_rule.kernel_id, el.emax, el.mbits, np.float32(1.0) / np.float32(el.max),
                 sch.scale.kernel_params(), lut, shift, el.nan_code, ignore_nan, packed,
                 *((_block_amax(X, BR, BC, nb, ignore_nan)[0], True) if BR > 1 else (_NO_TMAX, False)), _POW2_NEG, out,
-                scales,
-                _is_e2m1(el) and mode is Rounding.RNE,
+                scales, *_elem_path(el, mode),
             )
             data = out.reshape(moved[:-1] + (out.shape[1],))
             return QuantizedTensor(data, scales.reshape(moved[:-1] + (nb,)), np.array(nan32), sch, shape, dtype, ax)

@@ -503,6 +503,60 @@ def test_arithmetic_scale_encoder_equals_the_codec_on_every_exponent_class(name)
     assert same_floats(vals, spec.decode_table()[want])
 
 
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e3m2", "e2m3"])
+def test_arithmetic_element_encoder_equals_the_codec_on_every_exponent_class(name):
+    """The MX/two-level row kernels' branch-free element encoder (satfinite RNE) against fpsim.encode,
+    on every float32 exponent class, both signs, ±inf and NaN."""
+    from fpsim._jit import njit
+    from fpsim._scaling_kernels import _elem_rne, bits_f32
+    from fpsim.codecs import Rounding
+    from fpsim.scaling import _elem_path
+    from tests.probes import float32_probes, probes_for
+
+    spec = fpsim.get_format(name)
+    path, ea = _elem_path(spec, Rounding.RNE)
+    assert path == 2
+
+    @njit
+    def run(u, ea, out):
+        mb, emin_b, qinv, max_code, nan_code, bits = ea
+        for i in range(u.size):
+            out[i] = _elem_rne(bits_f32(u[i]), mb, emin_b, qinv, max_code, nan_code, bits)
+
+    u = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).astype(np.uint32)
+    got = np.empty(u.size, np.int32)
+    run(u, ea, got)
+    assert np.array_equal(got, fpsim.encode(u.view(np.float32), spec, saturate=True).astype(np.int32))
+
+
+@pytest.mark.parametrize("elem", ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2"])
+def test_branch_free_mx_scale_byte_equals_the_reference_kernel(elem):
+    """The vectorisable E8M0 scale rule of the MX row kernel against ``mx_scale_byte`` (which computes the
+    exponent with ``_split`` and the generic encoder), all four rules, every non-negative float32 exponent
+    class, ±0, subnormals, inf and NaN amax values."""
+    from fpsim._jit import njit
+    from fpsim._scaling_kernels import mx_scale_byte, mx_scale_byte_fast
+    from tests.probes import float32_probes
+
+    el = fpsim.get_format(elem)
+    e8p = fpsim.get_format("e8m0").kernel_params()
+    inv_max = np.float32(1.0) / np.float32(el.max)
+
+    @njit
+    def run(u, rule, emax, mbits, inv_max, e8p, fast, slow):
+        for i in range(u.size):
+            fast[i] = mx_scale_byte_fast(u[i], rule, emax, mbits, inv_max)
+            slow[i] = mx_scale_byte(u[i], rule, emax, mbits, inv_max, e8p)
+
+    u = float32_probes(top=8, sticky=True)
+    u = u[u < 0x80000000]
+    fast = np.empty(u.size, np.int64)
+    slow = np.empty(u.size, np.int64)
+    for rule in range(4):
+        run(u, rule, el.emax, el.mbits, inv_max, e8p, fast, slow)
+        assert np.array_equal(fast, slow), (rule, u[fast != slow][:5])
+
+
 def test_arithmetic_e2m1_decoder_equals_the_table_on_every_code():
     """The row kernels' E2M1 decoder (bits from the code) against the codec's decode table, ±0 included."""
     from fpsim._jit import njit
