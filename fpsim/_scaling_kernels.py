@@ -703,19 +703,20 @@ def _scale_rne(sdb, mbits, emin_b, qinv, q, nan_code):
     it: code = RNE(sdb / quantum) by one exact multiply and the 1.5·2^23 magic
     addition.  Equal to the codec's table on every input (tested).
     """
+    # Selects only, 32-bit lanes (see _elem_rne): the loop over a row's blocks vectorises.
     b = f32_bits(sdb)
-    sh = np.uint32(23 - mbits)
-    half = np.uint32((np.uint32(1) << np.uint32(22 - mbits)) - np.uint32(1))
+    sh = np.uint32((23 - mbits) & 31)
+    half = np.uint32((np.uint32(1) << np.uint32((22 - mbits) & 31)) - np.uint32(1))
     rb = np.uint32(np.uint32(b + half + np.uint32((b >> sh) & np.uint32(1))) >> sh)
-    cn = np.int32(rb) - np.int32((emin_b - 1) << mbits)
+    cn = np.int32(np.int32(rb) - np.int32((emin_b - 1) << mbits))
     vn = bits_f32(np.uint32(rb << sh))
-    k = np.int32(f32_bits(sdb * qinv + _MAGIC)) - _MAGIC_BITS
-    vs = np.float32(k) * q
+    t = sdb * qinv + _MAGIC  # the magic addition rounds sdb / quantum to an integer k, exactly once
+    k = np.int32(np.int32(f32_bits(t)) - _MAGIC_BITS)
+    vs = (t - _MAGIC) * q  # k · quantum, exact
     sub = b < np.uint32(emin_b << 23)
-    code = k if sub else cn
-    val = vs if sub else vn
-    if b > _INF_BITS:
-        return np.int32(nan_code), sdb
+    nan = b > _INF_BITS
+    code = np.int32(nan_code) if nan else (k if sub else cn)
+    val = sdb if nan else (vs if sub else vn)
     return code, val
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
 from fpsim.scaling import dequantize, quantize
-from studies.benchlib import best_time, write_report
+from studies.benchlib import best_times, write_report
 
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
 E2M1_MIDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5], np.float32)
@@ -75,10 +75,26 @@ def numpy_mxfp8(x: np.ndarray) -> np.ndarray:
 
 
 
+def numpy_nvfp4_dequant(q) -> np.ndarray:
+    """NVFP4 1×16 dequantization in plain NumPy: unpack nibbles, E2M1 table, E4M3 scales via ml_dtypes."""
+    f = np.float32
+    codes = q.data.reshape(-1, q.data.shape[-1])
+    nib = np.empty((codes.shape[0], codes.shape[1] * 2), np.uint8)
+    nib[:, 0::2] = codes & 0xF
+    nib[:, 1::2] = codes >> 4
+    table = np.concatenate([E2M1_VALUES, -E2M1_VALUES])
+    s_b = q.scales.reshape(codes.shape[0], -1).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    amax = f(q.amax)
+    s_enc = f(min(f(2688) / amax, np.finfo(np.float32).max)) if amax > 0 else f(1)
+    s_dec = f(1) / s_enc
+    e = table[nib].reshape(codes.shape[0], -1, 16)
+    return ((e * s_b[:, :, None]) * s_dec).reshape(q.shape)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1 << 24)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--n", type=int, default=1 << 26)
+    ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -87,81 +103,116 @@ def main() -> None:
     gb = x.nbytes / 1e9
     ncores = get_num_threads()
     print(f"{n} float32 values as {x.shape}, {ncores} cores", file=sys.stderr)
-    read_bw = gb / best_time(lambda: x.max(), args.repeat)
+
+    def read_only():
+        x.max()
+
+    # Every speed is paired with a read-only pass timed in the same rounds (interleaved), and ratios are
+    # taken between such normalised speeds: the machine's drift cancels out.
+    def paired(fn, repeat):
+        t = best_times({"read": read_only, "fn": fn}, repeat)
+        return gb / t["fn"], gb / t["read"]
 
     # Baselines compute the same bits as fpsim (checked), then are timed.
-    ref = dequantize(quantize(x, "nvfp4"))
+    q16 = quantize(x, "nvfp4")
+    ref = dequantize(q16)
     base = {}
     for name, fn in [
-        ("plain NumPy (searchsorted E2M1)", lambda: numpy_nvfp4(x)),
-        ("NumPy + ml_dtypes casts", lambda: numpy_nvfp4(x, mlcast_e2m1)),
+        ("numpy", lambda: numpy_nvfp4(x)),
+        ("ml_dtypes", lambda: numpy_nvfp4(x, mlcast_e2m1)),
+        ("numpy_dequant", lambda: numpy_nvfp4_dequant(q16)),
     ]:
         same = np.array_equal(fn().view(np.uint32), ref.view(np.uint32))
-        base[name] = (gb / best_time(fn, max(1, args.repeat - 1)), same)
+        base[name] = (*paired(fn, max(1, args.repeat // 3)), same)
         print(f"  baseline {name}: {base[name][0]:.3f} GB/s, same bits: {same}", file=sys.stderr)
     mx_ref = dequantize(quantize(x, "mxfp8_e4m3"))
     mx_same = np.array_equal(numpy_mxfp8(x).view(np.uint32), mx_ref.view(np.uint32))
-    mx_base = gb / best_time(lambda: numpy_mxfp8(x), max(1, args.repeat - 1))
+    base["mxfp8"] = (*paired(lambda: numpy_mxfp8(x), max(1, args.repeat // 3)), mx_same)
+
+    def fresh_output():
+        np.empty_like(x).fill(1.0)
+
+    write_bw, write_read = paired(fresh_output, args.repeat)
 
     cases = [("nvfp4", (1, 16)), ("nvfp4", (16, 16)), ("mxfp4", None), ("mxfp8_e4m3", None)]
     rows = []
     for scheme, block in cases:
         kw = {} if block is None else {"block": block}
         r = {"scheme": scheme + ("" if block is None else f" {block[0]}×{block[1]}")}
+        q = quantize(x, scheme, **kw)
+        buf = np.empty_like(x)
         for threads in (1, ncores):
             set_num_threads(threads)
-            tq = best_time(lambda: quantize(x, scheme, **kw), args.repeat)
-            q = quantize(x, scheme, **kw)
-            td = best_time(lambda: dequantize(q), args.repeat)
-            r[f"q{threads}"], r[f"d{threads}"] = gb / tq, gb / td
+            fns = {
+                "read": read_only,
+                "q": lambda: quantize(x, scheme, **kw),
+                "d": lambda: dequantize(q),
+            }
             if threads == 1:
-                buf = np.empty_like(x)
-                r["dout1"] = gb / best_time(lambda: dequantize(q, out=buf), args.repeat)
-                if scheme == "nvfp4":
-                    amax = float(q.amax)
-                    r["qa1"] = gb / best_time(lambda: quantize(x, scheme, tensor_amax=amax, **kw), args.repeat)
+                fns["dout"] = lambda: dequantize(q, out=buf)
+                if q.scheme.tensor_scale:
+                    fns["qa"] = lambda: quantize(x, scheme, tensor_amax=float(q.amax), **kw)
+            t = best_times(fns, args.repeat)
+            for k, v in t.items():
+                r[f"{k}{threads}"] = gb / v
         set_num_threads(ncores)
         r["bits"] = q.bits_per_element
         rows.append(r)
-        print(f"  {r['scheme']}: quantize {r['q1']:.2f} GB/s (1 thread)", file=sys.stderr)
+        print(f"  {r['scheme']}: quantize {r['q1']:.2f} GB/s (1 thread, read-only {r['read1']:.2f})", file=sys.stderr)
 
-    numpy_bw = base["plain NumPy (searchsorted E2M1)"][0]
-    ml_bw = base["NumPy + ml_dtypes casts"][0]
+    def norm(speed, read):
+        return speed / read
+
+    np_q = norm(*base["numpy"][:2])
+    ml_q = norm(*base["ml_dtypes"][:2])
+    mx_q = norm(*base["mxfp8"][:2])
+    np_d = norm(*base["numpy_dequant"][:2])
+    read_mean = float(np.mean([r["read1"] for r in rows]))
     lines = [
         "# Block-scaling benchmark",
         "",
         f"Generated by `make bench` (`studies/bench_scaling.py`) on {dt.date.today().isoformat()}: "
         f"{platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, "
-        f"fpsim {fpsim.__version__}. Input {x.shape} float32 N(0,1) ({gb * 1e3:.0f} MB), best of {args.repeat}; "
-        "GB/s of float32 input (quantize includes the tensor-amax pass).",
+        f"fpsim {fpsim.__version__}. Input {x.shape} float32 N(0,1) ({gb * 1e3:.0f} MB), best of {args.repeat} "
+        "rounds; GB/s of float32 input (quantize includes the tensor-amax pass; dequantize counts the float32 "
+        "output).",
         "",
-        f"Same-run baselines: read-only `x.max()` **{read_bw:.2f} GB/s**; NVFP4 fake-quant in plain NumPy "
-        f"**{numpy_bw:.3f} GB/s** (same bits as fpsim: {base['plain NumPy (searchsorted E2M1)'][1]}); "
-        f"with ml_dtypes casts **{ml_bw:.3f} GB/s** (same bits: {base['NumPy + ml_dtypes casts'][1]}); "
-        f"MXFP8 with ml_dtypes casts **{mx_base:.3f} GB/s** (same bits: {mx_same}).",
+        "Each speed is timed in the same rounds as a read-only pass `x.max()` (one thread), the two taking turns, "
+        "and every ratio below is between speeds divided by their own read-only pass: this machine's speed drifts "
+        f"by ±25 % over seconds (read-only passes in this run: {min(r['read1'] for r in rows):.1f}–"
+        f"{max(r['read1'] for r in rows):.1f} GB/s, mean {read_mean:.1f}).",
         "",
-        "| scheme | bits/elem | quantize 1 thr GB/s | quantize all GB/s | speed-up | ÷ read-only (1 thr) | "
-        "÷ plain NumPy NVFP4 | ÷ ml_dtypes-cast | quantize, amax given, 1 thr | dequantize 1 thr GB/s | "
-        "dequantize all GB/s | speed-up | dequantize into a reused buffer, 1 thr (÷ read-only) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Same-run baselines (each checked to give fpsim's bits before it is timed): NVFP4 fake-quant in plain NumPy "
+        f"**{base['numpy'][0]:.3f} GB/s** (same bits: {base['numpy'][2]}); with ml_dtypes casts "
+        f"**{base['ml_dtypes'][0]:.3f} GB/s** (same bits: {base['ml_dtypes'][2]}); MXFP8 with ml_dtypes casts "
+        f"**{base['mxfp8'][0]:.3f} GB/s** (same bits: {base['mxfp8'][2]}); NVFP4 dequantize in plain NumPy "
+        f"**{base['numpy_dequant'][0]:.3f} GB/s** (same bits: {base['numpy_dequant'][2]}); writing a fresh float32 "
+        f"array (`np.empty_like(x).fill(1)`, the page faults every fresh output pays) **{write_bw:.2f} GB/s** "
+        f"({write_bw / write_read:.0%} of read-only).",
+        "",
+        "| scheme | bits/elem | quantize 1 thr GB/s | ÷ read-only | ÷ plain NumPy | ÷ ml_dtypes-cast | "
+        "quantize all GB/s | speed-up | amax given, 1 thr (÷ read-only) | dequantize 1 thr GB/s | ÷ read-only | "
+        "÷ plain NumPy | dequantize all GB/s | speed-up | into a reused buffer, 1 thr (÷ read-only) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        ml_ref = mx_base if r["scheme"].startswith("mxfp8") else ml_bw
+        ml_ref = mx_q if r["scheme"].startswith("mxfp8") else ml_q
+        qn = norm(r["q1"], r["read1"])
+        qall = norm(r[f"q{ncores}"], r[f"read{ncores}"])
+        dn = norm(r["d1"], r["read1"])
+        dall = norm(r[f"d{ncores}"], r[f"read{ncores}"])
+        qa = f"{r['qa1']:.2f} ({norm(r['qa1'], r['read1']):.0%})" if "qa1" in r else "—"
         lines.append(
-            f"| {r['scheme']} | {r['bits']:.3f} | {r['q1']:.2f} | {r[f'q{ncores}']:.2f} | "
-            f"{r[f'q{ncores}'] / r['q1']:.2f}× | {r['q1'] / read_bw:.0%} | {r['q1'] / numpy_bw:.0f}× | "
-            f"{r['q1'] / ml_ref:.0f}× | {r['qa1']:.2f} |" if "qa1" in r else
-            f"| {r['scheme']} | {r['bits']:.3f} | {r['q1']:.2f} | {r[f'q{ncores}']:.2f} | "
-            f"{r[f'q{ncores}'] / r['q1']:.2f}× | {r['q1'] / read_bw:.0%} | {r['q1'] / numpy_bw:.0f}× | "
-            f"{r['q1'] / ml_ref:.0f}× | — |"
+            f"| {r['scheme']} | {r['bits']:.3f} | {r['q1']:.2f} | {qn:.0%} | {qn / np_q:.0f}× | {qn / ml_ref:.0f}× | "
+            f"{r[f'q{ncores}']:.2f} | {qall / qn:.2f}× | {qa} | {r['d1']:.2f} | {dn:.0%} | {dn / np_d:.0f}× | "
+            f"{r[f'd{ncores}']:.2f} | {dall / dn:.2f}× | {r['dout1']:.2f} ({norm(r['dout1'], r['read1']):.0%}) |"
         )
-        lines[-1] += (f" {r['d1']:.2f} | {r[f'd{ncores}']:.2f} | {r[f'd{ncores}'] / r['d1']:.2f}× | "
-                      f"{r['dout1']:.2f} ({r['dout1'] / read_bw:.0%}) |")
     lines += ["", "The ml_dtypes-cast column compares NVFP4/MXFP4 rows with the NVFP4 ml_dtypes baseline and "
-              "the MXFP8 row with the MXFP8 ml_dtypes baseline. \"amax given\" passes `tensor_amax=` (delayed "
-              "scaling, or an amax fused into the producer), so it skips the amax pass; \"reused buffer\" passes "
-              "`out=` to `dequantize`, which saves the allocation and page faults of a fresh 4-byte-per-element "
-              "output."]
+              "the MXFP8 row with the MXFP8 ml_dtypes baseline; \"÷ plain NumPy\" compares quantize with the "
+              "plain-NumPy NVFP4 fake-quantizer and dequantize with the plain-NumPy NVFP4 dequantizer. \"amax "
+              "given\" passes `tensor_amax=` (delayed scaling, or an amax fused into the producer), so it skips the "
+              "amax pass; \"reused buffer\" passes `out=` to `dequantize`, which saves the page faults of a fresh "
+              "4-byte-per-element output (see the fresh-array baseline above)."]
     text = "\n".join(lines) + "\n"
     write_report(text, args.out)
 
