@@ -518,28 +518,20 @@ def _row_absmax_n(xr, n, ignore_nan, vmax):
 
 
 @njit(inline="always")
-def _abs_at(xr, i, ignore_nan):
-    a = np.uint32(xr[np.uint64(i)] & _ABS)
-    if ignore_nan:
-        return a if a <= _INF_BITS else np.uint32(0)
-    return a
-
-
-@njit(inline="always")
-def _pair_at(xr, i, ignore_nan):
-    return max(_abs_at(xr, i, ignore_nan), _abs_at(xr, i + 8, ignore_nan))
-
-
-@njit(inline="always")
-def _absmax16(xr, b, ignore_nan):
-    """Bits of max |xr[b:b+16]|, written out so that LLVM's SLP vectoriser sees one 8-lane max of the
-    two halves followed by a horizontal reduction (as a loop it vectorises across blocks, with gathers)."""
-    return max(
-        max(max(_pair_at(xr, b, ignore_nan), _pair_at(xr, b + 4, ignore_nan)),
-            max(_pair_at(xr, b + 2, ignore_nan), _pair_at(xr, b + 6, ignore_nan))),
-        max(max(_pair_at(xr, b + 1, ignore_nan), _pair_at(xr, b + 5, ignore_nan)),
-            max(_pair_at(xr, b + 3, ignore_nan), _pair_at(xr, b + 7, ignore_nan))),
-    )
+def _absmax16(xr, b):
+    """Bits of max |xr[b:b+16]| (NaN-propagating), written out flat so that LLVM's SLP vectoriser sees one
+    8-lane max of the two halves and a horizontal reduction (as a loop of 16 it vectorises across
+    blocks, with gathers; as nested inlined helpers it takes Numba minutes to compile)."""
+    i = np.uint64(b)
+    m0 = max(np.uint32(xr[i] & _ABS), np.uint32(xr[i + np.uint64(8)] & _ABS))
+    m1 = max(np.uint32(xr[i + np.uint64(1)] & _ABS), np.uint32(xr[i + np.uint64(9)] & _ABS))
+    m2 = max(np.uint32(xr[i + np.uint64(2)] & _ABS), np.uint32(xr[i + np.uint64(10)] & _ABS))
+    m3 = max(np.uint32(xr[i + np.uint64(3)] & _ABS), np.uint32(xr[i + np.uint64(11)] & _ABS))
+    m4 = max(np.uint32(xr[i + np.uint64(4)] & _ABS), np.uint32(xr[i + np.uint64(12)] & _ABS))
+    m5 = max(np.uint32(xr[i + np.uint64(5)] & _ABS), np.uint32(xr[i + np.uint64(13)] & _ABS))
+    m6 = max(np.uint32(xr[i + np.uint64(6)] & _ABS), np.uint32(xr[i + np.uint64(14)] & _ABS))
+    m7 = max(np.uint32(xr[i + np.uint64(7)] & _ABS), np.uint32(xr[i + np.uint64(15)] & _ABS))
+    return max(max(max(m0, m4), max(m2, m6)), max(max(m1, m5), max(m3, m7)))
 
 
 @njit(inline="always")
@@ -548,19 +540,20 @@ def _row_block_absmax(X, r, BC, ignore_nan, vmax):
 
     Why the special case: LLVM's loop vectoriser needs trip counts of 32 or
     more, so a block of 16 is written out for the SLP vectoriser (a run-time
-    count of 16 runs the scalar remainder loop, 3× slower).  Why inlined (here
+    count of 16 runs the scalar remainder loop, 3× slower); NaN-ignoring
+    amaxes take the generic loop.  Why inlined (here
     and in the other row helpers): called out of line from a parallel kernel,
     the array arguments may alias and LLVM gives up on SIMD.  The structure is
     what measured fastest in ``make bench``.
     """
     xr = X[r]
-    if BC != 16:
+    if BC != 16 or ignore_nan:
         return _row_absmax_n(xr, BC, ignore_nan, vmax)
     C = xr.size
     full = C // 16
     rm = np.uint32(0)
     for j in range(full):
-        m = _absmax16(xr, j * 16, ignore_nan)
+        m = _absmax16(xr, j * 16)
         vmax[j] = m
         rm = max(rm, m)
     if full < vmax.size:
@@ -572,10 +565,10 @@ def _row_block_absmax(X, r, BC, ignore_nan, vmax):
 
 @pjit
 def block_absmax_bits(X, BR, BC, ignore_nan, out, row_out):
-    """out[g, j] = amax bits of tile (g, j) of BR × BC; row_out[r] = amax bits of row r (BR = 1 only).
+    """out[g, j] = amax bits of tile (g, j) of BR × BC; row_out[g] = amax bits of tile row g (a row if BR = 1).
 
-    The tensor amax is ``out.max()``: this pass replaces the tensor-amax pass and
-    the block amax of the quantize pass, so the input is read twice in all.
+    The tensor amax is ``row_out.max()``: this pass replaces the tensor-amax pass
+    and the block amax of the quantize pass, so the input is read twice in all.
     """
     R = X.shape[0]
     ng, nb = out.shape
@@ -586,10 +579,12 @@ def block_absmax_bits(X, BR, BC, ignore_nan, out, row_out):
         vmax = np.empty(nb, np.uint32)
         tm = out[g]
         tm[:] = 0
+        rm = np.uint32(0)
         for r in range(g * BR, min(R, g * BR + BR)):
-            _row_block_absmax(X, r, BC, ignore_nan, vmax)
+            rm = max(rm, _row_block_absmax(X, r, BC, ignore_nan, vmax))
             for j in range(nb):
                 tm[j] = max(tm[j], vmax[j])
+        row_out[g] = rm
 
 
 _MAGIC = np.float32(12582912.0)  # 1.5 · 2**23: adding it rounds a float32 in [0, 2**22) to an integer (RNE)
@@ -720,6 +715,41 @@ def _scale_rne(sdb, mbits, emin_b, qinv, q, nan_code):
     return code, val
 
 
+@njit(inline="always")
+def _two_level_rows(r0, r1, X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan,
+                    packed, tmax, have_tmax, out, scales, epath, ea, sarith):
+    """Rows r0..r1-1 of :func:`quantize_two_level_rne`.
+
+    Inlined: called out of line from the parallel kernel it runs 40 % slower.
+    """
+    C = X.shape[1]
+    nb = scales.shape[1]
+    smb, semin, sqinv, sq, snan = sarith
+    codes = np.empty(nb * BC, np.int32)
+    vmax = np.empty(nb, np.uint32)
+    enc = np.empty(nb, np.float32)
+    for r in range(r0, r1):
+        sek = s_enc[r] * inv_t
+        sd = s_dec[r]
+        vm = tmax[r // BR] if have_tmax else vmax
+        if not have_tmax:
+            _row_block_absmax(X, r, BC, ignore_nan, vmax)
+        if smb > 0:  # arithmetic scale encode: the loop vectorises (no table lookups)
+            for j in range(nb):
+                sdb = fmin_nan(bits_f32(vm[j]) * sek, bound)
+                sb, sv = _scale_rne(sdb, smb, semin, sqinv, sq, snan)
+                scales[r, j] = np.uint8(sb)
+                enc[j] = fmin_nan(np.float32(1.0) / (sv * sd), FLT_MAX)
+        else:
+            for j in range(nb):
+                sdb = fmin_nan(bits_f32(vm[j]) * sek, bound)
+                sb = _lut_code(f32_bits(sdb), slut, sshift)
+                scales[r, j] = sb
+                enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
+        _row_codes(X, r, BC, enc, epath, ea, lut, shift, codes)
+        _emit_row(codes, packed, out, r)
+
+
 @pjit
 def quantize_two_level_rne(
     X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift, stable, lut, shift, ignore_nan, packed, tmax, have_tmax,
@@ -731,35 +761,10 @@ def quantize_two_level_rne(
     :func:`block_absmax_bits`, when ``have_tmax``; else measured here), the
     block scales, then the element codes and the packing.
     """
-    R, C = X.shape
-    nb = scales.shape[1]
-    smb, semin, sqinv, sq, snan = sarith
-    nchunk = -(-R // _ROWS)
-    for ci in prange(nchunk):
-        # scratch rows allocated once per chunk of rows, not once per row
-        codes = np.empty(nb * BC, np.int32)
-        vmax = np.empty(nb, np.uint32)
-        enc = np.empty(nb, np.float32)
-        for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
-            sek = s_enc[r] * inv_t
-            sd = s_dec[r]
-            vm = tmax[r // BR] if have_tmax else vmax
-            if not have_tmax:
-                _row_block_absmax(X, r, BC, ignore_nan, vmax)
-            if smb > 0:  # arithmetic scale encode: the loop vectorises (no table lookups)
-                for j in range(nb):
-                    sdb = fmin_nan(bits_f32(vm[j]) * sek, bound)
-                    sb, sv = _scale_rne(sdb, smb, semin, sqinv, sq, snan)
-                    scales[r, j] = np.uint8(sb)
-                    enc[j] = fmin_nan(np.float32(1.0) / (sv * sd), FLT_MAX)
-            else:
-                for j in range(nb):
-                    sdb = fmin_nan(bits_f32(vm[j]) * sek, bound)
-                    sb = _lut_code(f32_bits(sdb), slut, sshift)
-                    scales[r, j] = sb
-                    enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
-            _row_codes(X, r, BC, enc, epath, ea, lut, shift, codes)
-            _emit_row(codes, packed, out, r)
+    R = X.shape[0]
+    for ci in prange(-(-R // _ROWS)):
+        _two_level_rows(ci * _ROWS, min(R, ci * _ROWS + _ROWS), X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift,
+                        stable, lut, shift, ignore_nan, packed, tmax, have_tmax, out, scales, epath, ea, sarith)
 
 
 @pjit

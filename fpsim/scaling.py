@@ -423,10 +423,10 @@ _POW2_POS = np.append(np.ldexp(np.float32(1), np.arange(255) - 127).astype(np.fl
 
 
 def _block_amax(X: np.ndarray, BR: int, BC: int, nb: int, ignore_nan: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Tile amax bits (ceil(R / BR), nb) and, for 1-D blocks, per-row amax bits (R,): one read of ``X``."""
-    R = X.shape[0]
-    tmax = np.empty((-(-R // BR), nb), np.uint32)
-    row_bits = np.zeros(R if BR == 1 else 0, np.uint32)
+    """Tile amax bits (ceil(R / BR), nb) and the amax bits of each tile row (a row when BR = 1): one read of X."""
+    ng = -(-X.shape[0] // BR)
+    tmax = np.empty((ng, nb), np.uint32)
+    row_bits = np.empty(ng, np.uint32)
     SK.block_absmax_bits(X, BR, BC, ignore_nan, tmax, row_bits)
     return tmax, row_bits
 
@@ -626,7 +626,7 @@ def quantize(
                     SK.row_absmax_bits(X, ignore_nan, row_bits)
                 amax = _as_f32(row_bits).copy()
             elif tmax is not None and tensor_amax is None:
-                amax = _as_f32(_tensor_amax_bits(tmax))
+                amax = _as_f32(_tensor_amax_bits(tile_rows))
             else:
                 amax = measured_amax()
             amax_rows = np.broadcast_to(amax, (R,))
