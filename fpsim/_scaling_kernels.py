@@ -534,7 +534,7 @@ def _absmax16(xr, b):
     return max(max(max(m0, m4), max(m2, m6)), max(max(m1, m5), max(m3, m7)))
 
 
-@njit(inline="always")
+@njit
 def _row_block_absmax(X, r, BC, ignore_nan, vmax):
     """vmax[j] = amax bits of block j of row r (1 × BC blocks, the last one ragged); returns the row's amax bits.
 
@@ -677,7 +677,7 @@ def _row_codes(X, r, BC, mul, epath, ea, lut, shift, codes):
         _row_encode_n(xr, BC, mul, epath, ea, lut, shift, codes)
 
 
-@njit(inline="always")
+@njit
 def _emit_row(codes, packed, out, r):
     """Row r of the output: codes packed two per byte (element 2j in the low nibble), or copied."""
     if packed:
@@ -857,7 +857,7 @@ def _row_dec_n(buf, n, sval, e2m1, etable, sd, two, orow):
         _seg_dec(buf, full * n, C - full * n, e2m1, etable, sval[full], sd, two, orow)
 
 
-@njit(inline="always")
+@njit
 def _row_decode(buf, BC, sval, e2m1, etable, sd, two, out, r):
     """Row r of the output from its unpacked codes and per-block scale values (block loops as above)."""
     orow = out[r]
