@@ -25,3 +25,16 @@ def test_quick_reports_run_and_are_deterministic(tmp_path):
     for sec in a.glob("*/section.md"):
         text = sec.read_text()
         assert "**Paper's claim.**" in text and "**Measured by fpsim.**" in text and "**Verdict.**" in text
+
+
+def test_scaling_benchmark_runs_and_its_baselines_compute_fpsim_bits(tmp_path):
+    """`make bench`'s block-scaling script on a small input: every row is written, and each hand-written
+    baseline (plain NumPy, ml_dtypes casts, the NumPy dequantizer) gives the same bits as fpsim."""
+    out = tmp_path / "bench.md"
+    p = subprocess.run([sys.executable, "-m", "studies.bench_scaling", "--n", str(1 << 16), "--repeat", "1",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = out.read_text()
+    assert text.count("same bits: True") == 4 and "same bits: False" not in text
+    for row in ("| nvfp4 1×16 |", "| nvfp4 16×16 |", "| mxfp4 |", "| mxfp8_e4m3 |"):
+        assert row in text
