@@ -615,22 +615,35 @@ def _e2m1_code(y):
 
 
 @njit(inline="always")
-def _elem_rne(y, mbits, emin_b, qinv, max_code, nan_code, bits):
-    """Satfinite RNE code of float32 ``y`` for a signed ≤ 8-bit format with subnormals, branch-free.
+def _rne_parts(b, f, mbits, emin_b, qinv):
+    """The two roundings behind :func:`_scale_rne` and :func:`_elem_rne`, for |x| with bits ``b`` and value ``f``.
 
-    The arithmetic of :func:`_scale_rne` on |y| (normal range: integer carry on the bits; below it:
-    one exact multiply and the magic addition), then saturation to ``max_code``, the sign, and
-    ``nan_code`` for NaN (SPEC §2, NVIDIA's satfinite conversions).  Equal to the codec (tested).
+    Normal range: the float32 bits rounded to ``mbits`` mantissa bits (the carry walks into the exponent),
+    ``rb`` (the bits shifted down) and the code ``cn`` = rb less the exponent offset.  Below the smallest
+    normal: ``t`` = f / quantum + 1.5·2^23, whose one float32 addition rounds f / quantum to the integer
+    code ``k`` exactly once.  Returns (rb, cn, t, k); the caller selects with ``b < emin_b << 23``.
     """
     # Why the masks and casts: Numba types every integer operation as 64-bit; truncating each result and
     # keeping shift counts provably below 32 lets LLVM narrow the lanes back to 32 bits (8 per AVX2 op).
-    u = f32_bits(y)
-    a = np.uint32(min(np.uint32(u & _ABS), _INF_BITS))
     sh = np.uint32((23 - mbits) & 31)
     half = np.uint32((np.uint32(1) << np.uint32((22 - mbits) & 31)) - np.uint32(1))
-    rb = np.uint32(np.uint32(a + half + np.uint32((a >> sh) & np.uint32(1))) >> sh)
+    rb = np.uint32(np.uint32(b + half + np.uint32((b >> sh) & np.uint32(1))) >> sh)
     cn = np.int32(np.int32(rb) - np.int32((emin_b - 1) << mbits))
-    k = np.int32(np.int32(f32_bits(bits_f32(a) * qinv + _MAGIC)) - _MAGIC_BITS)
+    t = f * qinv + _MAGIC
+    k = np.int32(np.int32(f32_bits(t)) - _MAGIC_BITS)
+    return rb, cn, t, k
+
+
+@njit(inline="always")
+def _elem_rne(y, mbits, emin_b, qinv, max_code, nan_code, bits):
+    """Satfinite RNE code of float32 ``y`` for a signed ≤ 8-bit format with subnormals, branch-free.
+
+    :func:`_rne_parts` on |y| (clamped to inf), then saturation to ``max_code``, the sign, and
+    ``nan_code`` for NaN (SPEC §2, NVIDIA's satfinite conversions).  Equal to the codec (tested).
+    """
+    u = f32_bits(y)
+    a = np.uint32(min(np.uint32(u & _ABS), _INF_BITS))
+    _, cn, _, k = _rne_parts(a, bits_f32(a), mbits, emin_b, qinv)
     mag = min(k if a < np.uint32(emin_b << 23) else cn, np.int32(max_code))
     s = np.int32(np.uint32(u >> np.uint32(31)) << np.uint32((bits - 1) & 31))
     return np.int32(nan_code) if np.uint32(u & _ABS) > _INF_BITS else np.int32(mag | s)
@@ -699,21 +712,13 @@ def _emit_row(codes, packed, out, r):
 def _scale_rne(sdb, mbits, emin_b, qinv, q, nan_code):
     """(code, value) of the RNE scale of ``sdb`` ≥ 0 or NaN, for a scale format with subnormals, branch-free.
 
-    The caller has clamped ``sdb`` to the format's max.  Normal range: round the
-    float32 bits to ``mbits`` mantissa bits (the carry walks into the exponent),
-    the code is the rounded bits shifted down less the exponent offset.  Below
-    it: code = RNE(sdb / quantum) by one exact multiply and the 1.5·2^23 magic
-    addition.  Equal to the codec's table on every input (tested).
+    The caller has clamped ``sdb`` to the format's max; the roundings are :func:`_rne_parts`, the value
+    is the rounded bits (normal range) or k · quantum.  Equal to the codec's table on every input (tested).
     """
-    # Selects only, 32-bit lanes (see _elem_rne): the loop over a row's blocks vectorises.
+    # Selects only, 32-bit lanes (see _rne_parts): the loop over a row's blocks vectorises.
     b = f32_bits(sdb)
-    sh = np.uint32((23 - mbits) & 31)
-    half = np.uint32((np.uint32(1) << np.uint32((22 - mbits) & 31)) - np.uint32(1))
-    rb = np.uint32(np.uint32(b + half + np.uint32((b >> sh) & np.uint32(1))) >> sh)
-    cn = np.int32(np.int32(rb) - np.int32((emin_b - 1) << mbits))
-    vn = bits_f32(np.uint32(rb << sh))
-    t = sdb * qinv + _MAGIC  # the magic addition rounds sdb / quantum to an integer k, exactly once
-    k = np.int32(np.int32(f32_bits(t)) - _MAGIC_BITS)
+    rb, cn, t, k = _rne_parts(b, sdb, mbits, emin_b, qinv)
+    vn = bits_f32(np.uint32(rb << np.uint32((23 - mbits) & 31)))
     vs = (t - _MAGIC) * q  # k · quantum, exact
     sub = b < np.uint32(emin_b << 23)
     nan = b > _INF_BITS
@@ -774,7 +779,7 @@ def quantize_two_level_rne(
 
 
 @pjit
-def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, e8p, lut, shift, nan_code, ignore_nan, packed, tmax,
+def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, lut, shift, nan_code, ignore_nan, packed, tmax,
                     have_tmax, p2, out, scales, epath, ea):
     """MX quantization with RNE elements (SPEC §5): elements fl32(x · 2^-E), one exact-power multiply.
 

@@ -680,7 +680,7 @@ def quantize(
         if not sr:
             SK.quantize_mx_rne(
                 X, BR, BC, sch.scale_rule.kernel_id, el.emax, el.mbits, np.float32(1.0) / np.float32(el.max),
-                sch.scale.kernel_params(), lut, shift, el.nan_code, ignore_nan, packed,
+                lut, shift, el.nan_code, ignore_nan, packed,
                 *((_block_amax(X, BR, BC, nb, ignore_nan)[0], True) if BR > 1 else (_NO_TMAX, False)), _POW2_NEG, out,
                 scales, *_elem_path(el, mode),
             )
