@@ -17,7 +17,7 @@ import numpy as np
 
 from ._jit import njit, pjit, prange
 from ._kernels import RNE, RUP, _split, bits_f32, encode_one, encode_one_sr, f32_bits, philox4x32_10, stream_value
-from ._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16
+from ._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 _ABS = np.uint32(0x7FFFFFFF)
@@ -738,6 +738,41 @@ def _row_e2m1(X, r, BC, mul, codes, out):
 
 
 @njit(inline="always")
+def _blocks_elem(xr, BC, full, mul, ea, orow):
+    for j in range(full):
+        m = mul[j]
+        for k in range(j * BC, j * BC + BC, 16):
+            elem_rne16(xr, k, m, ea, orow, k)
+
+
+@njit
+def _row_elem(X, r, BC, mul, ea, out):
+    """Row r of one-code-per-byte output, :func:`_elem_rne` codes of fl(X[r, c] · mul[c // BC]) (FP8/FP6).
+
+    As :func:`_row_e2m1`: whole blocks (a multiple of 16) through the vector encoder of :mod:`fpsim._simd`,
+    the ragged last block through the scalar one, codes 0 past the last column.
+    """
+    xr = X[r]
+    orow = out[r]
+    C = xr.size
+    full = C // BC
+    if BC == 16:
+        _blocks_elem(xr, 16, full, mul, ea, orow)
+    elif BC == 32:
+        _blocks_elem(xr, 32, full, mul, ea, orow)
+    else:
+        _blocks_elem(xr, BC, full, mul, ea, orow)
+    c0 = full * BC
+    if c0 < C:
+        mb, emin_b, qinv, max_code, nan_code, bits = ea
+        m = mul[full]
+        for t in range(C - c0):
+            i = np.uint64(c0 + t)
+            orow[i] = np.uint8(_elem_rne(bits_f32(xr[i]) * m, mb, emin_b, qinv, max_code, nan_code, bits))
+        orow[C:] = 0
+
+
+@njit(inline="always")
 def _scale_rne(sdb, mbits, emin_b, qinv, q, nan_code):
     """(code, value) of the RNE scale of ``sdb`` ≥ 0 or NaN, for a scale format with subnormals, branch-free.
 
@@ -788,6 +823,8 @@ def _two_level_rows(r0, r1, X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift,
                 enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
         if epath == 1 and packed and BC % 16 == 0:
             _row_e2m1(X, r, BC, enc, codes, out)
+        elif epath == 2 and not packed and BC % 16 == 0:
+            _row_elem(X, r, BC, enc, ea, out)
         else:
             _row_codes(X, r, BC, enc, epath, ea, lut, shift, codes)
             _emit_row(codes, packed, out, r)
@@ -836,9 +873,13 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, lut, shift, nan_code,
                 scales[r, j] = np.uint8(sb)
                 mul[j] = p2[sb]
                 nan_block |= sb == 0xFF
-            if epath == 1 and packed and BC % 16 == 0 and not nan_block:
-                _row_e2m1(X, r, BC, mul, codes, out)
-                continue
+            if BC % 16 == 0 and not nan_block:
+                if epath == 1 and packed:
+                    _row_e2m1(X, r, BC, mul, codes, out)
+                    continue
+                if epath == 2 and not packed:
+                    _row_elem(X, r, BC, mul, ea, out)
+                    continue
             _row_codes(X, r, BC, mul, epath, ea, lut, shift, codes)
             if nan_block:
                 for j in range(nb):

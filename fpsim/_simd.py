@@ -182,3 +182,56 @@ def e2m1_unpack16(typingctx, codes, o, sv, sd, out, i):
         return context.get_dummy_value()
 
     return types.void(codes, o, sv, sd, out, i), codegen
+
+
+def _i32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return builder.trunc(x, _I32) if x.type.width > 32 else builder.sext(x, _I32) if x.type.width < 32 else x
+
+
+def _ibcast(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """<16 x i32> with every lane the scalar integer ``x`` (truncated to 32 bits)."""
+    v = builder.insert_element(ir.Constant(_V16I, ir.Undefined), _i32(builder, x), ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(_V16I, ir.Undefined), _splat(_V16I, 0))
+
+
+@intrinsic
+def elem_rne16(typingctx, xr, i, m, ea, out, o):
+    """out[o:o+16] = the codes (one per byte) of fl(xr[i+t] · m) in a signed ≤ 8-bit format with subnormals.
+
+    Lane-wise :func:`fpsim._scaling_kernels._elem_rne` (satfinite RNE, NaN → ``nan_code``), the same
+    operations in the same order; ``ea`` = (mbits, 127 + emin, 1/quantum, max_code, nan_code, bits), as
+    :func:`fpsim.scaling._elem_path` builds it.
+    """
+    if not (_row(xr, types.uint32) and isinstance(i, types.Integer) and m == types.float32
+            and isinstance(ea, types.BaseTuple) and len(ea) == 6 and _row(out, types.uint8)
+            and isinstance(o, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        xa, xi, mul, ea_v, oa, oi = args
+        mb, emin_b, qinv, max_code, nan_code, nbits = (builder.extract_value(ea_v, k) for k in range(6))
+        mb, emin_b, max_code, nan_code, nbits = (_i32(builder, x) for x in (mb, emin_b, max_code, nan_code, nbits))
+        one = ir.Constant(_I32, 1)
+        sh = builder.sub(ir.Constant(_I32, 23), mb)
+        half = builder.sub(builder.shl(one, builder.sub(ir.Constant(_I32, 22), mb)), one)
+        v = builder.load(_vptr(context, builder, sig.args[0], xa, xi, _V16I), align=4)
+        u = builder.bitcast(builder.fmul(builder.bitcast(v, _V16F), _bcast(builder, mul)), _V16I)
+        ab = builder.and_(u, _splat(_V16I, 0x7FFFFFFF))
+        a = builder.call(_fn(builder, "llvm.umin.v16i32", _V16I, [_V16I, _V16I]), [ab, _splat(_V16I, 0x7F800000)])
+        shv = _ibcast(builder, sh)
+        rb = builder.lshr(builder.add(builder.add(a, _ibcast(builder, half)),
+                                      builder.and_(builder.lshr(a, shv), _splat(_V16I, 1))), shv)
+        cn = builder.sub(rb, _ibcast(builder, builder.shl(builder.sub(emin_b, one), mb)))
+        t = builder.fadd(builder.fmul(builder.bitcast(a, _V16F), _bcast(builder, qinv)), _splat(_V16F, 12582912.0))
+        k = builder.sub(builder.bitcast(t, _V16I), _splat(_V16I, _MAGIC_BITS))
+        sub = builder.icmp_unsigned("<", a, _ibcast(builder, builder.shl(emin_b, ir.Constant(_I32, 23))))
+        mag = builder.call(_fn(builder, "llvm.smin.v16i32", _V16I, [_V16I, _V16I]),
+                           [builder.select(sub, k, cn), _ibcast(builder, max_code)])
+        s = builder.shl(builder.lshr(u, _splat(_V16I, 31)), _ibcast(builder, builder.sub(nbits, one)))
+        code = builder.select(builder.icmp_unsigned(">", ab, _splat(_V16I, 0x7F800000)), _ibcast(builder, nan_code),
+                              builder.or_(mag, s))
+        byte = builder.trunc(code, ir.VectorType(_I8, 16))
+        builder.store(byte, _vptr(context, builder, sig.args[4], oa, oi, ir.VectorType(_I8, 16)), align=1)
+        return context.get_dummy_value()
+
+    return types.void(xr, i, m, ea, out, o), codegen

@@ -9,8 +9,8 @@ import fpsim
 from fpsim import _simd
 from fpsim._jit import njit
 from fpsim._kernels import bits_f32
-from fpsim._scaling_kernels import _e2m1_code
-from fpsim._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16
+from fpsim._scaling_kernels import _e2m1_code, _elem_rne
+from fpsim._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16
 
 
 @njit
@@ -154,3 +154,33 @@ def test_intrinsics_refuse_strided_arrays():
 
     with pytest.raises(TypingError):
         run(np.zeros(64, np.uint32)[::2])
+
+
+@njit
+def _vector_vs_scalar_elem(start, n, step, mul, ea, buf, out):
+    """Mismatches between the vector and scalar FP8/FP6 encoders of fl(x · mul), x = start + k · step (mod 2^32)."""
+    mb, emin_b, qinv, max_code, nan_code, bits = ea
+    bad = 0
+    for base in range(start, start + n, buf.size * step):
+        for t in range(buf.size):
+            buf[t] = np.uint32((base + t * step) & 0xFFFFFFFF)
+        for k in range(0, buf.size, 16):
+            elem_rne16(buf, k, mul, ea, out, k)
+        for t in range(buf.size):
+            want = _elem_rne(bits_f32(buf[t]) * mul, mb, emin_b, qinv, max_code, nan_code, bits)
+            bad += out[t] != (want & 0xFF)
+    return bad
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e3m2", "e2m3"])
+def test_vector_fp8_fp6_encoder_equals_the_scalar_one(name):
+    """Every 7th float32 bit pattern (7 is odd, so every residue of the low mantissa bits, ties included) with
+    multiplier 1, all 2^32 for E4M3 (MXFP8's default), and a 2^26 slice around 1 with multiplier 1/3."""
+    from fpsim.scaling import Rounding, _elem_path
+
+    path, ea = _elem_path(fpsim.get_format(name), Rounding.RNE)
+    assert path == 2
+    buf = np.empty(1 << 16, np.uint32)
+    out = np.empty(1 << 16, np.uint8)
+    assert _vector_vs_scalar_elem(0, 1 << 32, 1 if name == "e4m3" else 7, np.float32(1.0), ea, buf, out) == 0
+    assert _vector_vs_scalar_elem(0x3E000000, 1 << 26, 1, np.float32(1.0 / 3.0), ea, buf, out) == 0
