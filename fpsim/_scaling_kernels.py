@@ -17,7 +17,7 @@ import numpy as np
 
 from ._jit import njit, pjit, prange
 from ._kernels import RNE, RUP, _split, bits_f32, encode_one, encode_one_sr, f32_bits, philox4x32_10, stream_value
-from ._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16
+from ._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16, table_decode16
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 _ABS = np.uint32(0x7FFFFFFF)
@@ -986,6 +986,36 @@ def _row_decode_e2m1(codes, r, BC, sval, sd, out):
             orow[c] = (_e2m1_value(code) * sv) * sd
 
 
+@njit(inline="always")
+def _blocks_table_dec(crow, BC, full, etable, sval, sd, orow):
+    for j in range(full):
+        sv = sval[j]
+        for k in range(j * BC, j * BC + BC, 16):
+            table_decode16(crow, k, etable, sv, sd, orow, k)
+
+
+@njit
+def _row_decode_bytes(codes, r, BC, etable, sval, sd, out):
+    """out[r, c] = fl(fl(e(code) · sval[c // BC]) · sd) for one-code-per-byte rows (FP8/FP6 elements).
+
+    Whole blocks (a multiple of 16) through the gathering decoder of :mod:`fpsim._simd`; the ragged last
+    block through scalar table loads; ``etable`` covers all 256 byte values (:func:`fpsim.scaling._byte_table`).
+    Equal to :func:`_unpack_row` + :func:`_row_decode` (tested).
+    """
+    crow = codes[r]
+    orow = out[r]
+    C = orow.size
+    full = C // BC
+    if BC == 32:
+        _blocks_table_dec(crow, 32, full, etable, sval, sd, orow)
+    else:
+        _blocks_table_dec(crow, BC, full, etable, sval, sd, orow)
+    if full < sval.size:
+        sv = sval[full]
+        for c in range(full * BC, C):
+            orow[c] = (etable[crow[c]] * sv) * sd
+
+
 @pjit
 def dequantize_two_level_fast(codes, scales, BC, s_dec, etable, stable, packed, out, e2m1=False):
     """x̂ = fl((e(code) · f32(s_b)) · S_dec), row by row."""
@@ -998,8 +1028,11 @@ def dequantize_two_level_fast(codes, scales, BC, s_dec, etable, stable, packed, 
         for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
             for j in range(nb):
                 sval[j] = stable[scales[r, j]]
-            if e2m1 and packed and BC % 16 == 0:
+            if BC % 16 == 0 and (e2m1 and packed):
                 _row_decode_e2m1(codes, r, BC, sval, s_dec[r], out)
+                continue
+            if BC % 16 == 0 and not packed:
+                _row_decode_bytes(codes, r, BC, etable, sval, s_dec[r], out)
                 continue
             _unpack_row(codes, r, packed, C, buf)
             _row_decode(buf, BC, sval, e2m1, etable, s_dec[r], True, out, r)
@@ -1017,8 +1050,12 @@ def dequantize_mx_fast(codes, scales, BC, etable, p2inv, packed, out, e2m1=False
         for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
             for j in range(nb):
                 sval[j] = p2inv[scales[r, j]]
-            if e2m1 and packed and BC % 16 == 0:  # fl(fl(e · 2^k) · 1) = fl(e · 2^k): one rounding, as MX
+            # fl(fl(e · 2^k) · 1) = fl(e · 2^k): one rounding, as MX
+            if BC % 16 == 0 and (e2m1 and packed):
                 _row_decode_e2m1(codes, r, BC, sval, np.float32(1.0), out)
+                continue
+            if BC % 16 == 0 and not packed:
+                _row_decode_bytes(codes, r, BC, etable, sval, np.float32(1.0), out)
                 continue
             _unpack_row(codes, r, packed, C, buf)
             _row_decode(buf, BC, sval, e2m1, etable, np.float32(1.0), False, out, r)

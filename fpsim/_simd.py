@@ -235,3 +235,39 @@ def elem_rne16(typingctx, xr, i, m, ea, out, o):
         return context.get_dummy_value()
 
     return types.void(xr, i, m, ea, out, o), codegen
+
+
+_V16B = ir.VectorType(_I8, 16)
+_V16L = ir.VectorType(ir.IntType(64), 16)
+_V16M = ir.VectorType(ir.IntType(1), 16)
+
+
+@intrinsic
+def table_decode16(typingctx, codes, o, table, sv, sd, out, i):
+    """out[i:i+16] = fl(fl(table[codes[o+t]] · sv) · sd): one-byte codes through a 256-entry float32 table.
+
+    One masked gather (``vpgatherdd`` on AVX2) instead of 16 scalar loads; ``table`` must have 256 entries.
+    """
+    if not (_row(codes, types.uint8) and isinstance(o, types.Integer) and _row(table, types.float32)
+            and sv == types.float32 and sd == types.float32 and _row(out, types.float32)
+            and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ca, ci, ta, s1, s2, oa, oi = args
+        c = builder.zext(builder.load(_vptr(context, builder, sig.args[0], ca, ci, _V16B), align=1), _V16L)
+        # Vector addresses by integer arithmetic: llvmlite's GEP takes no vector index.
+        base = builder.ptrtoint(context.make_array(sig.args[2])(context, builder, ta).data, ir.IntType(64))
+        base = builder.insert_element(ir.Constant(_V16L, ir.Undefined), base, ir.Constant(_I32, 0))
+        base = builder.shuffle_vector(base, ir.Constant(_V16L, ir.Undefined), _splat(_V16I, 0))
+        ptr_t = _F32.as_pointer()
+        ptrs = builder.inttoptr(builder.add(base, builder.shl(c, _splat(_V16L, 2))), ir.VectorType(ptr_t, 16))
+        # The overloaded name spells the pointer type: "p0" with LLVM's opaque pointers, "p0f32" before them.
+        name = "llvm.masked.gather.v16f32.v16" + ("p0" if str(ptr_t) == "ptr" else "p0f32")
+        gather = _fn(builder, name, _V16F, [ptrs.type, _I32, _V16M, _V16F])
+        g = builder.call(gather, [ptrs, ir.Constant(_I32, 4), _splat(_V16M, 1), ir.Constant(_V16F, ir.Undefined)])
+        y = builder.fmul(builder.fmul(g, _bcast(builder, s1)), _bcast(builder, s2))
+        builder.store(y, _vptr(context, builder, sig.args[5], oa, oi, _V16F), align=4)
+        return context.get_dummy_value()
+
+    return types.void(codes, o, table, sv, sd, out, i), codegen

@@ -460,6 +460,15 @@ def _elem_path(spec: FormatSpec, mode: Rounding) -> tuple[int, tuple]:
     return 0, _NO_ELEM
 
 
+def _byte_table(spec: FormatSpec) -> np.ndarray:
+    """The element decode table over all 256 byte values: a byte that is no code of a < 8-bit format (a corrupt
+    or hand-made ``.data``) decodes to NaN instead of reading past the table."""
+    t = spec.decode_table()
+    if t.size >= 256:
+        return t
+    return np.concatenate([t, np.full(256 - t.size, np.nan, np.float32)])
+
+
 def _is_e2m1(spec: FormatSpec) -> bool:
     """E2M1 under any name: the row kernels then encode and decode it arithmetically instead of by table."""
     return spec.kernel_params() == get_format("float4_e2m1fn").kernel_params()
@@ -768,16 +777,17 @@ def dequantize(qt: QuantizedTensor, backend: str | None = None, out: np.ndarray 
             raise ValueError(f"out must be a C-contiguous writeable float32 array of shape {tuple(qt.shape)}")
         out = out.reshape(R, C)
     packed = el.bits == 4
+    etable = el.decode_table() if packed else _byte_table(el)
     if kind is _Kind.TWO_LEVEL:
         amax = np.asarray(qt.amax, np.float32)
         amax_rows = amax.reshape(R) if sch.per_row_scale else np.broadcast_to(amax.reshape(()), (R,))
         _, s_dec = _s_enc_dec(sch, amax_rows)
-        SK.dequantize_two_level_fast(codes, scales, BC, s_dec, el.decode_table(), sch.scale.decode_table(), packed, out,
+        SK.dequantize_two_level_fast(codes, scales, BC, s_dec, etable, sch.scale.decode_table(), packed, out,
                                      _is_e2m1(el))
     elif kind is _Kind.POW2:
-        SK.dequantize_mx_fast(codes, scales, BC, el.decode_table(), _POW2_POS, packed, out, _is_e2m1(el))
+        SK.dequantize_mx_fast(codes, scales, BC, etable, _POW2_POS, packed, out, _is_e2m1(el))
     else:
-        SK.dequantize_fp32_scaled(codes, scales, BC, el.decode_table(), out)
+        SK.dequantize_fp32_scaled(codes, scales, BC, etable, out)
     if user_out is not None:
         return user_out
     return np.moveaxis(out.reshape(moved), -1, qt.axis)

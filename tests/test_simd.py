@@ -10,7 +10,7 @@ from fpsim import _simd
 from fpsim._jit import njit
 from fpsim._kernels import bits_f32
 from fpsim._scaling_kernels import _e2m1_code, _elem_rne
-from fpsim._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16
+from fpsim._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16, table_decode16
 
 
 @njit
@@ -184,3 +184,43 @@ def test_vector_fp8_fp6_encoder_equals_the_scalar_one(name):
     out = np.empty(1 << 16, np.uint8)
     assert _vector_vs_scalar_elem(0, 1 << 32, 1 if name == "e4m3" else 7, np.float32(1.0), ea, buf, out) == 0
     assert _vector_vs_scalar_elem(0x3E000000, 1 << 26, 1, np.float32(1.0 / 3.0), ea, buf, out) == 0
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e3m2"])
+def test_vector_table_decoder_equals_the_table(name):
+    """Every byte through the gathering decoder, times scales that are 0, subnormal, huge, inf and NaN."""
+    from fpsim.scaling import _byte_table
+
+    table = _byte_table(fpsim.get_format(name))
+    codes = np.random.default_rng(2).permutation(256).astype(np.uint8)
+
+    @njit
+    def run(codes, table, sv, sd, out):
+        for k in range(codes.size // 16):
+            table_decode16(codes, 16 * k, table, sv, sd, out, 16 * k)
+
+    out = np.empty(256, np.float32)
+    with np.errstate(all="ignore"):
+        for sv in np.float32([1.0, 0.0, 1e-45, 2.0 ** -130, 3e38, np.inf, np.nan]):
+            for sd in np.float32([1.0, 2.0 ** -100, 1e30]):
+                run(codes, table, sv, sd, out)
+                want = (table[codes] * sv) * sd
+                assert np.array_equal(np.isnan(out), np.isnan(want))
+                ok = ~np.isnan(want)
+                assert np.array_equal(out.view(np.uint32)[ok], want.view(np.uint32)[ok])
+
+
+@pytest.mark.parametrize("scheme", ["mxfp6_e3m2", "mxfp6_e2m3"])
+def test_bytes_that_are_no_fp6_code_dequantize_to_nan(scheme):
+    """A hand-made or corrupt 6-bit ``.data`` byte ≥ 64 decodes to NaN (never reads past the code table)."""
+    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    q = fpsim.quantize(x, scheme)
+    data = q.data.copy()
+    data[0, 5] = 64
+    data[1, 63] = 255
+    bad = fpsim.QuantizedTensor(data, q.scales, q.amax, q.scheme, q.shape, q.dtype, q.axis).dequantize()
+    good = q.dequantize()
+    assert np.isnan(bad[0, 5]) and np.isnan(bad[1, 63])
+    mask = np.ones(x.shape, bool)
+    mask[0, 5] = mask[1, 63] = False
+    assert np.array_equal(bad[mask].view(np.uint32), good[mask].view(np.uint32))
