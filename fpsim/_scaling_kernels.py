@@ -481,9 +481,11 @@ def dequantize_fp32_scaled(codes, scales, BC, etable, out):
 # ---------------------------------------------------------------------------
 # Fast paths for the common case: RNE elements, no four-over-six.  Same
 # arithmetic as the general kernels above (tested equal), restructured so the
-# inner loops are straight-line over whole blocks: one row per parallel task,
-# block scales through the codec lookup table, and two codes packed per step.
-# 2-D tiles take their amax from ``tile_absmax_bits`` (one extra read).
+# inner loops are straight-line over whole blocks: rows in chunks per parallel
+# task, block scales by branch-free arithmetic, and blocks of a multiple of 16
+# through the vector code of :mod:`fpsim._simd` (E2M1, FP8/FP6, amax, decode).
+# Block and tile amaxes come from ``block_absmax_bits`` where a tensor amax is
+# measured anyway (one read each pass, two in all).
 
 
 @njit(inline="always")
