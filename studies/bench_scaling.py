@@ -73,9 +73,6 @@ def numpy_mxfp8(x: np.ndarray) -> np.ndarray:
     q = (xb / scale[:, None]).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     return (q * scale[:, None]).reshape(x.shape)
 
-
-
-
 def numpy_nvfp4_dequant(q) -> np.ndarray:
     """NVFP4 1×16 dequantization in plain NumPy: unpack nibbles, E2M1 table, E4M3 scales via ml_dtypes."""
     f = np.float32
@@ -90,7 +87,6 @@ def numpy_nvfp4_dequant(q) -> np.ndarray:
     s_dec = f(1) / s_enc
     e = table[nib].reshape(codes.shape[0], -1, 16)
     return ((e * s_b[:, :, None]) * s_dec).reshape(q.shape)
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -242,7 +238,6 @@ def main() -> None:
               "4-byte-per-element output (see the fresh-array baseline above)."]
     text = "\n".join(lines) + "\n"
     write_report(text, args.out)
-
 
 if __name__ == "__main__":
     main()
