@@ -73,6 +73,7 @@ def numpy_mxfp8(x: np.ndarray) -> np.ndarray:
     q = (xb / scale[:, None]).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     return (q * scale[:, None]).reshape(x.shape)
 
+
 def numpy_nvfp4_dequant(q) -> np.ndarray:
     """NVFP4 1×16 dequantization in plain NumPy: unpack nibbles, E2M1 table, E4M3 scales via ml_dtypes."""
     f = np.float32
