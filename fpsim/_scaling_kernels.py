@@ -667,22 +667,16 @@ def _row_encode_n(xr, n, mul, epath, ea, lut, shift, codes):
         codes[C:] = 0
 
 
-@njit(inline="always")
+@njit
 def _row_codes(X, r, BC, mul, epath, ea, lut, shift, codes):
-    """codes[c] = code of fl(X[r, c] · mul[c // BC]), 0 past the last column.
+    """codes[c] = code of fl(X[r, c] · mul[c // BC]), 0 past the last column: the general row encoder.
 
-    Blocks of 16 loop over a literal count, which LLVM unrolls and SLP-vectorises
-    (a run-time count of 16 would run its scalar remainder loop); other sizes loop
-    over ``BC``.
-
-    ``codes`` is int32 scratch: the encoder's lanes stay 32-bit until the one
-    narrowing in :func:`_emit_row`, which keeps the loops in 8-wide AVX2 registers.
+    The hot cases (E2M1 and FP8/FP6 RNE elements in blocks of a multiple of 16) take the vector rows
+    :func:`_row_e2m1` and :func:`_row_elem`; this one serves the rest (other rounding modes through the
+    table, ragged block sizes), out of line and over a run-time block length to keep compile time down.
+    ``codes`` is int32 scratch, narrowed once in :func:`_emit_row`.
     """
-    xr = X[r]
-    if BC == 16:
-        _row_encode_n(xr, 16, mul, epath, ea, lut, shift, codes)
-    else:
-        _row_encode_n(xr, BC, mul, epath, ea, lut, shift, codes)
+    _row_encode_n(X[r], BC, mul, epath, ea, lut, shift, codes)
 
 
 @njit
@@ -943,12 +937,9 @@ def _row_dec_n(buf, n, sval, e2m1, etable, sd, two, orow):
 
 @njit
 def _row_decode(buf, BC, sval, e2m1, etable, sd, two, out, r):
-    """Row r of the output from its unpacked codes and per-block scale values (block loops as above)."""
-    orow = out[r]
-    if BC == 16:
-        _row_dec_n(buf, 16, sval, e2m1, etable, sd, two, orow)
-    else:
-        _row_dec_n(buf, BC, sval, e2m1, etable, sd, two, orow)
+    """Row r of the output from its unpacked codes and per-block scale values: the general row decoder,
+    for what the vector rows (:func:`_row_decode_e2m1`, :func:`_row_decode_bytes`) do not cover."""
+    _row_dec_n(buf, BC, sval, e2m1, etable, sd, two, out[r])
 
 
 @njit(inline="always")
