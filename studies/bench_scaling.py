@@ -26,7 +26,7 @@ import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
 from fpsim._scaling_kernels import row_absmax_bits
 from fpsim.scaling import dequantize, quantize
-from studies.benchlib import best_times, write_report
+from studies.benchlib import best_times, round_ratio, round_times, write_report
 
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
 E2M1_MIDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5], np.float32)
@@ -142,8 +142,8 @@ def main() -> None:
             row_absmax_bits(bits, False, row_max)
         return run
 
-    t = best_times({"1": parallel_read(1), "all": parallel_read(ncores)}, args.repeat)
-    read_scale = t["1"] / t["all"]
+    t = round_times({"1": parallel_read(1), "all": parallel_read(ncores)}, args.repeat)
+    read_scale = round_ratio(t, "1", "all")
     set_num_threads(ncores)
 
     cases = [("nvfp4", (1, 16)), ("nvfp4", (16, 16)), ("mxfp4", None), ("mxfp8_e4m3", None)]
@@ -171,16 +171,19 @@ def main() -> None:
         }
         if q.scheme.tensor_scale:
             fns["qa1"] = on(1, lambda: quantize(x, scheme, tensor_amax=float(q.amax), **kw))
-        t = best_times(fns, args.repeat)
+        t = round_times(fns, args.repeat)
         for k, v in t.items():
-            r[k] = gb / v
+            r[k] = gb / min(v)
+        # Ratios: medians of per-round ratios (see round_ratio), not ratios of best times.
+        for k in ("q1", "d1", "dout1", "qa1"):
+            if k in t:
+                r["ro_" + k] = round_ratio(t, "read1", k)
+        r["up_q"] = round_ratio(t, "q1", f"q{ncores}")
+        r["up_d"] = round_ratio(t, "d1", f"d{ncores}")
         set_num_threads(ncores)
         r["bits"] = q.bits_per_element
         rows.append(r)
         print(f"  {r['scheme']}: quantize {r['q1']:.2f} GB/s (1 thread, read-only {r['read1']:.2f})", file=sys.stderr)
-
-    def norm(speed, read):
-        return speed / read
 
     # The baselines are 10–60× slower than the kernels, so drift hardly moves their ratios; and they disturb
     # the read-only pass timed next to them (hundreds of MB of temporaries freed), so they are not normalised.
@@ -196,9 +199,10 @@ def main() -> None:
         "output).",
         "",
         "Each scheme's speeds are timed in the same rounds as a read-only pass `x.max()` (one thread), all of "
-        "them taking turns (one thread and all cores alike), so the read-only and speed-up ratios are between "
-        "speeds measured under the same drift (the baseline ratios are plain same-run ratios, see the note under "
-        "the table): this machine's speed drifts "
+        "them taking turns (one thread and all cores alike). Speeds are the best round; the read-only and "
+        "speed-up ratios are medians over the rounds of the ratio of the two timings within a round, taken "
+        "seconds apart, so that drift lasting longer than a round cancels (the baseline ratios are plain same-run "
+        "ratios, see the note under the table): this machine's speed drifts "
         f"by ±25 % over seconds (read-only passes in this run: {min(r['read1'] for r in rows):.1f}–"
         f"{max(r['read1'] for r in rows):.1f} GB/s, mean {read_mean:.1f}).",
         "",
@@ -219,15 +223,12 @@ def main() -> None:
     ]
     for r in rows:
         ml_ref = mx_q if r["scheme"].startswith("mxfp8") else ml_q
-        qn = norm(r["q1"], r["read1"])
-        dn = norm(r["d1"], r["read1"])
         qall, dall = r[f"q{ncores}"], r[f"d{ncores}"]
-        qa = f"{r['qa1']:.2f} ({norm(r['qa1'], r['read1']):.0%})" if "qa1" in r else "—"
+        qa = f"{r['qa1']:.2f} ({r['ro_qa1']:.0%})" if "qa1" in r else "—"
         lines.append(
-            f"| {r['scheme']} | {r['bits']:.3f} | {r['q1']:.2f} | {qn:.0%} | {r['q1'] / np_q:.0f}× | "
-            f"{r['q1'] / ml_ref:.0f}× | {qall:.2f} | {qall / r['q1']:.2f}× | {qa} | {r['d1']:.2f} | {dn:.0%} | "
-            f"{r['d1'] / np_d:.0f}× | "
-            f"{dall:.2f} | {dall / r['d1']:.2f}× | {r['dout1']:.2f} ({norm(r['dout1'], r['read1']):.0%}) |"
+            f"| {r['scheme']} | {r['bits']:.3f} | {r['q1']:.2f} | {r['ro_q1']:.0%} | {r['q1'] / np_q:.0f}× | "
+            f"{r['q1'] / ml_ref:.0f}× | {qall:.2f} | {r['up_q']:.2f}× | {qa} | {r['d1']:.2f} | {r['ro_d1']:.0%} | "
+            f"{r['d1'] / np_d:.0f}× | {dall:.2f} | {r['up_d']:.2f}× | {r['dout1']:.2f} ({r['ro_dout1']:.0%}) |"
         )
     lines += ["", "The ml_dtypes-cast column compares NVFP4/MXFP4 rows with the NVFP4 ml_dtypes baseline and "
               "the MXFP8 row with the MXFP8 ml_dtypes baseline; \"÷ plain NumPy\" compares quantize with the "
@@ -239,6 +240,7 @@ def main() -> None:
               "4-byte-per-element output (see the fresh-array baseline above)."]
     text = "\n".join(lines) + "\n"
     write_report(text, args.out)
+
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -17,6 +18,26 @@ def best_time(fn, repeat: int) -> float:
     return min(times)
 
 
+def round_times(fns: dict, repeat: int) -> dict:
+    """Seconds of each function in each of ``repeat`` rounds (lists), the functions taking turns within a round,
+    after one warm-up call each."""
+    for fn in fns.values():
+        fn()
+    times = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return times
+
+
+def round_ratio(times: dict, slow: str, fast: str) -> float:
+    """Median over rounds of times[slow] / times[fast]: a ratio of two timings taken seconds apart in each
+    round, so drift that lasts longer than a round (a neighbour's job on a shared machine) cancels."""
+    return statistics.median(a / b for a, b in zip(times[slow], times[fast], strict=True))
+
+
 def best_times(fns: dict, repeat: int) -> dict:
     """Fastest of ``repeat`` rounds for each function, the functions taking turns within a round.
 
@@ -24,15 +45,7 @@ def best_times(fns: dict, repeat: int) -> dict:
     timing a kernel and its baseline alternately makes their ratio robust to that
     drift, where timing them one after the other would not be.
     """
-    for fn in fns.values():
-        fn()
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t)
-    return best
+    return {k: min(v) for k, v in round_times(fns, repeat).items()}
 
 
 def write_report(text: str, out: Path | None) -> None:
