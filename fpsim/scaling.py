@@ -324,6 +324,9 @@ class QuantizedTensor:
     dtype: str
     axis: int
 
+    def __post_init__(self) -> None:
+        _check_layout(self)
+
     def dequantize(self, out: np.ndarray | None = None) -> np.ndarray:
         """Decode to float32 in the original shape (SPEC §4–§6 decode rules); ``out``: see :func:`dequantize`."""
         return dequantize(self, out=out)
@@ -378,6 +381,44 @@ def _dtype_name(x) -> str:
 def _moved_2d(shape: tuple[int, ...], axis: int) -> tuple[tuple[int, ...], int, int]:
     moved = shape[:axis] + shape[axis + 1 :] + (shape[axis],)
     return moved, math.prod(moved[:-1]), moved[-1]
+
+
+def _layout(sch: BlockScheme, shape: tuple[int, ...], axis: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The (shape, dtype) of ``data``, ``scales`` and ``amax`` that :func:`quantize` gives this scheme, shape, axis."""
+    el = sch.element
+    f32, u8 = np.dtype(np.float32), np.dtype(np.uint8)
+    if sch.kind is _Kind.CAST:
+        return {"data": (shape, np.dtype(np.uint16 if el.bits > 8 else np.uint8)), "scales": ((0,), u8),
+                "amax": ((), f32)}
+    if sch.block is None:
+        return {"data": (shape, u8), "scales": ((), f32), "amax": ((), f32)}
+    moved, _, C = _moved_2d(shape, axis)
+    BC = sch.block[1]
+    nb = -(-C // BC)
+    lead = moved[:-1]
+    width = nb * BC // 2 if el.bits == 4 else nb * BC
+    per_row = sch.kind is _Kind.TWO_LEVEL and sch.per_row_scale
+    return {"data": (lead + (width,), u8), "scales": (lead + (nb,), f32 if sch.kind is _Kind.FP32 else u8),
+            "amax": (lead if per_row else (), f32)}
+
+
+def _check_layout(qt: QuantizedTensor) -> None:
+    """ValueError, one line, unless data/scales/amax have the shapes and dtypes that the scheme gives the
+    original shape and axis: the kernels read them with raw (vector) loads, so a hand-made or corrupt
+    tensor must not reach them."""
+    shape = tuple(qt.shape)
+    if not isinstance(qt.scheme, BlockScheme):
+        raise ValueError(f"QuantizedTensor scheme must be a BlockScheme, got {type(qt.scheme).__name__}")
+    if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
+        raise ValueError(f"QuantizedTensor shape must be non-negative integers, got {qt.shape!r}")
+    if shape and not 0 <= qt.axis < len(shape):
+        raise ValueError(f"QuantizedTensor axis {qt.axis} out of range for shape {shape}")
+    for name, (want_shape, want_dtype) in _layout(qt.scheme, shape, qt.axis if shape else 0).items():
+        a = getattr(qt, name)
+        got = (tuple(a.shape), a.dtype) if isinstance(a, np.ndarray) else (None, type(a).__name__)
+        if got != (want_shape, want_dtype):
+            raise ValueError(f"QuantizedTensor {name} must be {want_dtype} of shape {want_shape} for "
+                             f"{qt.scheme.name} {shape} along axis {qt.axis}, got {got[1]} of shape {got[0]}")
 
 
 def _rbits_2d(rbits, x_shape, axis, k) -> np.ndarray:
@@ -874,6 +915,8 @@ def _from_parts(meta: dict, arrays: dict, path) -> QuantizedTensor:
         )
     except KeyError as e:
         raise ValueError(f"{path}: missing field {e}") from None
+    except ValueError as e:  # arrays that do not fit the scheme (a corrupt or hand-edited file)
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _atomic_write(path: Path, write) -> None:

@@ -391,6 +391,40 @@ def test_save_load_round_trip_is_bit_identical(tmp_path, scheme, ext):
     assert same_floats(back.dequantize(), q.dequantize())
 
 
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_tensors_that_do_not_fit_their_scheme_are_refused(scheme):
+    """data/scales/amax of the wrong shape or dtype (hand-made, or a corrupt file) raise a one-line ValueError at
+    construction: the kernels read them with unchecked vector loads, which would read past the arrays."""
+    x = np.random.default_rng(9).standard_normal((3, 40)).astype(np.float32)
+    q = quantize(x, scheme)
+    parts = {"data": q.data, "scales": q.scales, "amax": q.amax}
+    bad = {
+        "data": [q.data[..., :-1], q.data[:-1], q.data.astype(np.int32)],
+        "scales": [np.zeros(q.scales.shape + (1,), q.scales.dtype), q.scales.astype(np.float64)],
+        "amax": [np.zeros(3, np.float32) if q.amax.ndim == 0 else np.float32(1.0), q.amax.astype(np.float64)],
+    }
+    for name, variants in bad.items():
+        for v in variants:
+            kw = {**parts, name: v}
+            with pytest.raises(ValueError, match=f"QuantizedTensor {name} must be") as e:
+                QuantizedTensor(kw["data"], kw["scales"], kw["amax"], q.scheme, q.shape, q.dtype, q.axis)
+            assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="axis"):
+        QuantizedTensor(q.data, q.scales, q.amax, q.scheme, q.shape, q.dtype, 2)
+
+
+def test_loading_a_file_whose_arrays_do_not_fit_is_refused(tmp_path):
+    q = quantize(np.ones((4, 32), np.float32), "nvfp4")
+    path = tmp_path / "q.npz"
+    q.save(path)
+    with np.load(path) as z:
+        arrays = dict(z)
+    arrays["data"] = arrays["data"][:, :-1]
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=r"q\.npz: QuantizedTensor data must be"):
+        load_quantized(path)
+
+
 def test_save_load_custom_scheme(tmp_path):
     sch = BlockScheme(
         "custom",
