@@ -4,8 +4,8 @@ Imported only by :mod:`fpsim.torch_backend` when Triton is importable.  Every ke
 works on float32 *bit patterns* in int32 registers; the only float operations are
 the multiplications of SPEC §4–§5 (``fl(vmax · sek)``, ``fl(x · enc_b)``,
 ``fl(x · 2^-E)``, ``fl((e · s_b) · S_dec)``), each a single IEEE ``mul.rn.f32``
-(no additions follow a multiplication, so FMA contraction cannot change a bit;
-FMA contraction cannot change a bit: a product that feeds an addition is exact).
+(where a product feeds an addition it is exact, a sign flip of the random Hadamard
+transform, so FMA contraction cannot change a bit).
 The divisions of the NVFP4 recipe (S_enc = 2688/amax, S_dec = 1/S_enc and
 enc_b = 1/(s_b · S_dec)) use ``tl.math.div_rn`` (PTX ``div.rn.f32``, IEEE): Triton's
 ``/`` lowers to ``div.full.f32``, up to 2 ulp off (triton-lang/triton#10661).  Each
@@ -517,3 +517,47 @@ def nvfp4_quant_2d_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, R, C, NB, k0, k1, count
     gm = (row < R) & (bt < NB)
     tl.store(q_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], _pack_words(code, 16 * BT, 16, 4), mask=gm[:, None])
     tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
+
+
+@triton.jit
+def _bf16_round(x):
+    """float32 → the nearest BF16 value as float32 (RNE; NaN → 0x7FC00000; inf kept), as fpsim.transforms."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    r = tl.where((b & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, r)
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr, BB: tl.constexpr,
+               BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr, INVERSE: tl.constexpr, IDX64: tl.constexpr):
+    """Random Hadamard transform of BB contiguous tiles of D values: fpsim.rht's float32 operations in its order.
+
+    Signs (before the butterflies, or after them for the inverse), log2 D butterfly stages that each map the
+    pairs (i, i + h) of every 2h-group to (a + b, a − b), h = 1, 2, 4, …, then one multiply by fl(1/√D); BF16
+    rounding of the input and output when asked.  The stages are reshapes of the [BB, D] tile, so the pairs
+    and the order of the additions are those of the Numba and eager torch kernels, bit for bit.
+    """
+    if IDX64:
+        t = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    else:
+        t = tl.program_id(0) * BB + tl.arange(0, BB)
+    j = tl.arange(0, D)
+    offs = t[:, None] * D + j[None, :]
+    m = (t < NT)[:, None] & (j[None, :] < D)
+    v = tl.load(x_ptr + offs, mask=m, other=0.0)
+    sg = tl.load(s_ptr + j)[None, :]
+    if BF16_IN:
+        v = _bf16_round(v)
+    if not INVERSE:
+        v = v * sg
+    for k in tl.static_range(LOG2D):  # h = 2^k (a constexpr cannot be reassigned in compiled Triton)
+        w = tl.permute(tl.reshape(v, [BB, D // (2 << k), 2, 1 << k]), [0, 1, 3, 2])  # [BB, groups, h, 2]
+        a, b = tl.split(w)
+        v = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2]), [BB, D])
+    v = v * inv_sqrt
+    if INVERSE:
+        v = v * sg
+    if BF16_OUT:
+        v = _bf16_round(v)
+    tl.store(out_ptr + offs, v, mask=m)

@@ -298,11 +298,14 @@ def _bf16_round(x):
 
 
 def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf16_out: bool = True,
-        inverse: bool = False):
+        inverse: bool = False, impl: str = "auto"):
     """Random Hadamard transform with the same float32 operations, in the same order, as :func:`fpsim.rht`.
 
     Each butterfly stage computes (a + b, a − b) on the same pairs as the Numba
     kernel, so every output element sees the identical sequence of roundings.
+    On CUDA (``impl="auto"``) one Triton kernel does the whole transform in
+    registers; ``impl="eager"`` runs it as torch operations (a few launches and
+    temporaries per stage).
     """
     from .transforms import sign_vector
 
@@ -313,6 +316,20 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
     if n % d:
         raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
     lead = v.shape[:-1]
+    d = int(d)
+    if _impl(x, impl) and d <= 4096:  # one tile in registers (larger d: the eager path)
+        from . import _triton_kernels as K
+
+        v = v.contiguous()
+        out = torch.empty_like(v)
+        nt = v.numel() // d
+        bb = max(1, 2048 // d)  # tiles per program: 2048 values, like the quantizers' programs
+        if nt:
+            K.rht_kernel[(-(-nt // bb),)](
+                v, s, out, nt, float(np.float32(1.0 / np.sqrt(d))), D=d, LOG2D=d.bit_length() - 1, BB=bb,
+                BF16_IN=bf16_in, BF16_OUT=bf16_out, INVERSE=inverse, IDX64=v.numel() >= (1 << 31) - 4096,
+                num_warps=_WARPS)
+        return torch.movedim(out, -1, axis)
     t = v.reshape(-1, n // d, d)
     if bf16_in:
         t = _bf16_round(t)
@@ -750,8 +767,9 @@ class TorchQuantized:
     @classmethod
     def from_quantized(cls, q, device="cpu") -> TorchQuantized:
         torch = _t()
-        return cls(torch.from_numpy(np.ascontiguousarray(q.data)).to(device),
-                   torch.from_numpy(np.ascontiguousarray(q.scales)).to(device),
+        # np.asarray(order="C"), not ascontiguousarray, which makes a 0-d per-tensor scale 1-d.
+        return cls(torch.from_numpy(np.array(q.data, order="C")).to(device),
+                   torch.from_numpy(np.array(q.scales, order="C")).to(device),
                    torch.from_numpy(np.asarray(q.amax, np.float32).copy()).to(device), q.scheme, tuple(q.shape), q.axis)
 
     def to_quantized(self, dtype: str = "float32"):

@@ -82,6 +82,13 @@ def bit_identity(x: torch.Tensor) -> list[tuple[str, bool]]:
         out.append((f"{scheme} codes, scales, dequantize", same(t.data.cpu().numpy(), q.data)
                     and same(t.scales.cpu().numpy(), q.scales) and same(t.dequantize().cpu().numpy(), q.dequantize())))
     out.append(("E4M3 encode (fused)", same(tb.encode_fused(xs, "e4m3").cpu().numpy(), fpsim.encode(xc, "e4m3"))))
+    ok = True  # the RHT (one Triton kernel); NaNs are compared as NaNs (canonical on both sides after BF16)
+    for dh, signs, bf16 in ((16, "recipe", True), (16, 5, False), (128, 9, True)):
+        want = fpsim.rht(xc, dh, signs, bf16_in=bf16, bf16_out=bf16)
+        got = tb.rht(xs, dh, signs, bf16_in=bf16, bf16_out=bf16).cpu().numpy()
+        nan = np.isnan(want)
+        ok &= bool(np.array_equal(np.isnan(got), nan)) and same(got[~nan], want[~nan])
+    out.append(("RHT (d = 16 recipe signs, 16 seeded, 128; BF16 in/out and float32)", ok))
     return out
 
 
@@ -133,6 +140,9 @@ def main() -> None:
         gb + n_el * (1 + 4 / 128) / 1e9)
     row("E4M3 element encode (fused)", lambda: tb.encode_fused(x, "e4m3"), gb + n_el / 1e9)
     row("eager torch NVFP4 quantize (before: session 1)", lambda: tb.quantize_nvfp4(x), gb + nv_out, reps=3)
+    row("RHT d = 16, BF16 in/out, float32 storage (one Triton kernel)", lambda: tb.rht(x, 16), 2 * gb)
+    row("RHT d = 16, the same as eager torch operations (before)", lambda: tb.rht(x, 16, impl="eager"), 2 * gb,
+        reps=3)
 
     checks = bit_identity(x)
     y = d = s = cm = sm = c8 = s8 = None  # free the GPU memory before the GEMMs

@@ -163,3 +163,12 @@ def test_fake_quantize_sr_equals_the_cpu_quantizer(device, scheme):
     want = fpsim.quantize(x, scheme, rounding="sr", seed=42, counter=3).dequantize()
     got = tb.fake_quantize(torch.from_numpy(x).to(device), scheme, rounding="sr", seed=42, counter=3)
     same_bits(got.cpu().numpy(), want)
+
+
+@pytest.mark.parametrize("scheme", list(fpsim.scaling.SCHEMES))
+def test_torch_quantized_round_trip_keeps_the_layout(scheme):
+    """from_quantized → to_quantized gives back an equal QuantizedTensor (0-d per-tensor scales stay 0-d)."""
+    x = np.random.default_rng(12).standard_normal((4, 64)).astype(np.float32)
+    q = fpsim.quantize(x, scheme)
+    back = tb.TorchQuantized.from_quantized(q).to_quantized(q.dtype)
+    assert back.equals(q)

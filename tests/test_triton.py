@@ -270,3 +270,23 @@ def test_quantize_and_dequantize_along_any_axis(scheme, shape, axis):
     t = tb.quantize(T(x), scheme, axis=axis, impl="triton")
     assert t.to_quantized().equals(q)
     assert same_f32(N(t.dequantize(impl="triton")), q.dequantize())
+
+
+@pytest.mark.parametrize("d,signs", [(1, "none"), (2, 3), (16, "recipe"), (16, 7), (128, 9), (256, "none")])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_rht_kernel_equals_the_reference(d, signs, bf16):
+    """The one-kernel RHT gives fpsim.rht's bits (forward and inverse), specials included, along either axis."""
+    rng = np.random.default_rng(d)
+    x = (rng.standard_t(3, (6, 512)) * 100).astype(np.float32)
+    x[0, :5] = [np.nan, np.inf, -np.inf, -0.0, 1e-41]
+    x[1, :] *= np.float32(1e-38)  # sums of subnormals: no flush to zero
+    x[2, :] *= np.float32(3e36)  # sums that overflow to inf
+    for axis in (-1, 0) if d <= 2 else (-1,):
+        want = fpsim.rht(x, d, signs, axis=axis, bf16_in=bf16, bf16_out=bf16)
+        got = N(tb.rht(T(x), d, signs, axis=axis, bf16_in=bf16, bf16_out=bf16, impl="triton"))
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan) and same_f32(got[~nan], want[~nan]), (d, signs, bf16, axis)
+    back = N(tb.rht(T(want), d, signs, bf16_in=False, bf16_out=False, inverse=True, impl="triton"))
+    ref = fpsim.rht(want, d, signs, bf16_in=False, bf16_out=False, inverse=True)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(back), nan) and same_f32(back[~nan], ref[~nan])
