@@ -1,4 +1,4 @@
-"""Hand-written vector code for the hottest blocks of 16 elements (NVFP4, MX).  Private.
+"""Hand-written vector code for the hottest blocks of 16 elements (NVFP4, MX, the RHT).  Private.
 
 Each function here is a Numba intrinsic that emits LLVM's generic vector IR
 (``<16 x i32>``, ``<16 x float>``, ``llvm.vector.reduce.umax``, ``shufflevector``,
@@ -6,15 +6,20 @@ Each function here is a Numba intrinsic that emits LLVM's generic vector IR
 whatever the host has (two 8-lane AVX2 halves here, four NEON quarters on Arm).
 Why by hand: Numba's auto-vectoriser turns a 16-element block max into scalar
 code, the nibble packing into strided shuffles, and table decoding into scalar
-loads.  Measured on one thread of the 2-core AVX2 VM, 64 Mi float32 values: block
-amax 16.5 GB/s (the flat scalar form: 13), E2M1 encode + pack 11.7 GB/s, NVFP4
-decode into a reused buffer 12.7 GB/s (the scalar row kernel: 6.5).
+loads, and it keeps the 16-point Hadamard butterflies in memory.  Measured on one
+thread of the 2-core AVX2 VM, 64 Mi float32 values: block amax 16.5 GB/s (the flat
+scalar form: 13), E2M1 encode + pack 11.7 GB/s, NVFP4 decode into a reused buffer
+12.7 GB/s (the scalar row kernel: 6.5); the d = 16 RHT 3.4 GB/s (the loop: 0.7).
 
 The arithmetic is that of the scalar kernels in :mod:`fpsim._scaling_kernels`
 (tested equal bit for bit, exhaustively over float32 for the encoders): plain
 IEEE binary32 ``fmul``/``fadd`` with no fast-math flags, so LLVM neither contracts
 them into FMAs nor flushes subnormals.  Works with typed (LLVM 14, numba 0.59) and
 opaque (LLVM 15+) pointers; both were tested.
+
+Numba's disk cache does not notice an edit here: a kernel in another module
+that inlines these intrinsics keeps its cached machine code until its own file
+changes (tests/conftest.py keys the test cache on all of fpsim's sources).
 
 Contract for callers (not checked, like any raw load): the arrays are 1-D and
 C-contiguous (enforced by the typing) and the 16 elements (8 packed bytes)
@@ -275,3 +280,60 @@ def table_decode16(typingctx, codes, o, table, sv, sd, out, i):
         return context.get_dummy_value()
 
     return types.void(codes, o, table, sv, sd, out, i), codegen
+
+
+def _bf16_round_ir(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """<16 x float> rounded to BF16 values (RNE; NaN → 0x7FC00000; inf kept), as fpsim.transforms._bf16_round."""
+    b = builder.bitcast(v, _V16I)
+    r = builder.add(builder.add(b, _splat(_V16I, 0x7FFF)), builder.and_(builder.lshr(b, _splat(_V16I, 16)),
+                                                                         _splat(_V16I, 1)))
+    r = builder.and_(r, _splat(_V16I, 0xFFFF0000))
+    nan = builder.icmp_unsigned(">", builder.and_(b, _splat(_V16I, 0x7FFFFFFF)), _splat(_V16I, 0x7F800000))
+    return builder.bitcast(builder.select(nan, _splat(_V16I, 0x7FC00000), r), _V16F)
+
+
+def _butterfly_ir(builder: ir.IRBuilder, v: ir.Value, h: int) -> ir.Value:
+    """One Walsh–Hadamard stage on 16 lanes: lanes j and j + h of every 2h-group become (a + b, a − b)."""
+    lo = [j for j in range(16) if not j & h]
+    a = builder.shuffle_vector(v, v, ir.Constant(_V8I, lo))
+    b = builder.shuffle_vector(v, v, ir.Constant(_V8I, [j + h for j in lo]))
+    mask = [lo.index(j) if not j & h else 8 + lo.index(j - h) for j in range(16)]
+    return builder.shuffle_vector(builder.fadd(a, b), builder.fsub(a, b), ir.Constant(_V16I, mask))
+
+
+@intrinsic
+def rht16(typingctx, src, i, signs, scale, flags, dst, o):
+    """dst[o:o+16] = the random Hadamard transform of the tile src[i:i+16] (d = 16), as fpsim.transforms.
+
+    ``flags``: bit 0 rounds the input to BF16, bit 1 the output, bit 2 multiplies by the signs before the
+    butterflies (the forward transform), bit 3 after them (the inverse).  The operations are those of the scalar loop in :mod:`fpsim.transforms`, in its order:
+    BF16 input rounding, signs, stages h = 1, 2, 4, 8 mapping (a, b) to (a + b, a − b), one multiply by
+    ``scale``, the inverse's signs, BF16 output rounding; ``signs`` holds 16 float32 ±1.
+    """
+    if not (_row(src, types.float32) and isinstance(i, types.Integer) and _row(signs, types.float32)
+            and scale == types.float32 and isinstance(flags, types.Integer) and _row(dst, types.float32)
+            and isinstance(o, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sa, si, ga, sc, fl, da, do = args
+        fl = _i32(builder, fl)
+
+        def flag(bit):
+            return builder.icmp_unsigned("!=", builder.and_(fl, ir.Constant(_I32, bit)), ir.Constant(_I32, 0))
+
+        bf_in, bf_out, before, after = flag(1), flag(2), flag(4), flag(8)
+        zero = context.get_constant(types.intp, 0)
+        s = builder.load(_vptr(context, builder, sig.args[2], ga, zero, _V16F), align=4)
+        v = builder.load(_vptr(context, builder, sig.args[0], sa, si, _V16F), align=4)
+        v = builder.select(bf_in, _bf16_round_ir(builder, v), v)
+        v = builder.select(before, builder.fmul(v, s), v)
+        for h in (1, 2, 4, 8):
+            v = _butterfly_ir(builder, v, h)
+        v = builder.fmul(v, _bcast(builder, sc))
+        v = builder.select(after, builder.fmul(v, s), v)
+        v = builder.select(bf_out, _bf16_round_ir(builder, v), v)
+        builder.store(v, _vptr(context, builder, sig.args[5], da, do, _V16F), align=4)
+        return context.get_dummy_value()
+
+    return types.void(src, i, signs, scale, flags, dst, o), codegen

@@ -25,6 +25,7 @@ from . import backends
 from ._arrays import as_float32
 from ._jit import njit, pjit, prange
 from ._kernels import bits_f32, f32_bits
+from ._simd import rht16
 from .random import random_bits
 
 __all__ = ["RECIPE_SIGNS", "sign_vector", "derive_seed", "rht", "hadamard_matrix"]
@@ -95,13 +96,64 @@ def _bf16_round(v):
     return bits_f32(r & np.uint32(0xFFFF0000))
 
 
-@pjit
-def _rht_rows(src, dst, signs, d, scale, bf16_in, bf16_out, inverse):
+def _rht_rows(src, dst, signs, d, scale, bf16_in, bf16_out, inverse) -> None:
     """Transform every d-tile of every row of ``src`` (2-D, float32) into ``dst``.
 
-    Each tile goes through a local buffer: the butterflies then touch no
-    aliased array, which lets LLVM keep the tile in registers.
+    d = 16 (the recipe's) is one vector tile of :func:`fpsim._simd.rht16`; larger multiples of 16 run its
+    first four butterfly stages per 16-lane chunk and the rest as contiguous loops; 2, 4, 8 take the scalar
+    loop.  Every path makes the same operations in the same order (tested equal bit for bit).
     """
+    if d == 16:
+        flags = int(bf16_in) | int(bf16_out) << 1 | (8 if inverse else 4)
+        _rht16_rows(src, dst, signs, scale, np.int32(flags))
+    elif d % 16 == 0:
+        _rht_rows_wide(src, dst, signs, d, scale, bf16_in, bf16_out, inverse)
+    else:
+        _rht_rows_scalar(src, dst, signs, d, scale, bf16_in, bf16_out, inverse)
+
+
+@pjit
+def _rht16_rows(src, dst, signs, scale, flags):
+    rows, n = src.shape
+    for i in prange(rows):
+        sr, dr = src[i], dst[i]
+        for t0 in range(0, n, 16):
+            rht16(sr, t0, signs, scale, flags, dr, t0)
+
+
+@pjit
+def _rht_rows_wide(src, dst, signs, d, scale, bf16_in, bf16_out, inverse):
+    """d a multiple of 16 above 16: stages h = 1 … 8 in 16-lane chunks (:func:`fpsim._simd.rht16` with scale 1,
+    an identity on the sums it multiplies), then h = 16 … d/2, the scale, the inverse's signs, BF16 output."""
+    rows, n = src.shape
+    first = np.int32(bf16_in) | np.int32(0 if inverse else 4)
+    one = np.float32(1.0)
+    for i in prange(rows):
+        buf = np.empty(d, np.float32)
+        sr, dr = src[i], dst[i]
+        for t0 in range(0, n, d):
+            for k in range(0, d, 16):
+                rht16(sr, t0 + k, signs[k:k + 16], one, first, buf, k)
+            h = 16
+            while h < d:
+                for k in range(0, d, 2 * h):
+                    for j in range(k, k + h):
+                        a = buf[j]
+                        b = buf[j + h]
+                        buf[j] = a + b
+                        buf[j + h] = a - b
+                h *= 2
+            for j in range(d):
+                v = buf[j] * scale
+                if inverse:
+                    v *= signs[j]
+                dr[t0 + j] = _bf16_round(v) if bf16_out else v
+
+
+@pjit
+def _rht_rows_scalar(src, dst, signs, d, scale, bf16_in, bf16_out, inverse):
+    """The transform of any power-of-two d.  Each tile goes through a local buffer: the butterflies then touch
+    no aliased array, which lets LLVM keep the tile in registers."""
     rows, n = src.shape
     for i in prange(rows):
         buf = np.empty(d, np.float32)
