@@ -306,9 +306,10 @@ def rht16(typingctx, src, i, signs, scale, flags, dst, o):
     """dst[o:o+16] = the random Hadamard transform of the tile src[i:i+16] (d = 16), as fpsim.transforms.
 
     ``flags``: bit 0 rounds the input to BF16, bit 1 the output, bit 2 multiplies by the signs before the
-    butterflies (the forward transform), bit 3 after them (the inverse).  The operations are those of the scalar loop in :mod:`fpsim.transforms`, in its order:
-    BF16 input rounding, signs, stages h = 1, 2, 4, 8 mapping (a, b) to (a + b, a − b), one multiply by
-    ``scale``, the inverse's signs, BF16 output rounding; ``signs`` holds 16 float32 ±1.
+    butterflies (the forward transform), bit 3 after them (the inverse).  The operations are those of the
+    scalar loop in :mod:`fpsim.transforms`, in its order: BF16 input rounding, signs, stages h = 1, 2, 4, 8
+    mapping (a, b) to (a + b, a − b), one multiply by ``scale``, the inverse's signs, BF16 output rounding;
+    ``signs`` holds 16 float32 ±1.
     """
     if not (_row(src, types.float32) and isinstance(i, types.Integer) and _row(signs, types.float32)
             and scale == types.float32 and isinstance(flags, types.Integer) and _row(dst, types.float32)

@@ -16,7 +16,7 @@ import numpy as np
 
 import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
-from studies.benchlib import best_time, write_report
+from studies.benchlib import best_time, round_ratio, round_times, write_report
 
 
 def main() -> None:
@@ -39,9 +39,18 @@ def main() -> None:
         ("d=128, seeded signs, exact", {"d": 128, "signs": 7, "bf16_in": False, "bf16_out": False}),
     ]:
         r = {"label": label}
-        for th in (1, ncores):
-            set_num_threads(th)
-            r[th] = gb / best_time(lambda: fpsim.rht(x, **kw), args.repeat)
+
+        def on(threads, kw=kw):
+            def run():
+                set_num_threads(threads)
+                fpsim.rht(x, **kw)
+            return run
+
+        # One thread and all cores take turns (7 rounds at least): the second core of this VM wakes slowly, and
+        # a best-of-3 of all-core runs timed after the one-thread runs can catch it asleep.
+        t = round_times({1: on(1), ncores: on(ncores)}, max(7, args.repeat))
+        r[1], r[ncores] = gb / min(t[1]), gb / min(t[ncores])
+        r["up"] = round_ratio(t, 1, ncores)
         set_num_threads(ncores)
         rht_rows.append(r)
         print(f"  RHT {label}: {r[1]:.2f} GB/s (1 thread)", file=sys.stderr)
@@ -71,7 +80,7 @@ def main() -> None:
         "| transform | 1 thread GB/s | all cores GB/s | speed-up |",
         "|---|---:|---:|---:|",
     ]
-    lines += [f"| {r['label']} | {r[1]:.2f} | {r[ncores]:.2f} | {r[ncores] / r[1]:.2f}× |" for r in rht_rows]
+    lines += [f"| {r['label']} | {r[1]:.2f} | {r[ncores]:.2f} | {r['up']:.2f}× |" for r in rht_rows]
     total_blas = t_q + t_blas
     lines += [
         "",

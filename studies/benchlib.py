@@ -18,11 +18,20 @@ def best_time(fn, repeat: int) -> float:
     return min(times)
 
 
-def round_times(fns: dict, repeat: int) -> dict:
+def round_times(fns: dict, repeat: int, warm_s: float = 3.0) -> dict:
     """Seconds of each function in each of ``repeat`` rounds (lists), the functions taking turns within a round,
-    after one warm-up call each."""
-    for fn in fns.values():
-        fn()
+    after warm-up rounds that last at least ``warm_s`` seconds.
+
+    Why seconds of warm-up: on this 2-core VM a core that has been idle (say, during single-threaded
+    baselines) runs parallel kernels at a fraction of their speed for the first 2–4 seconds of load
+    (measured: 0.5 GB/s rising to 6 over four rounds), which one warm-up call does not cover.
+    """
+    t_end = time.perf_counter() + warm_s
+    while True:
+        for fn in fns.values():
+            fn()
+        if time.perf_counter() >= t_end:
+            break
     times = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
