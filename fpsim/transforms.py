@@ -96,6 +96,29 @@ def _bf16_round(v):
     return bits_f32(r & np.uint32(0xFFFF0000))
 
 
+@njit(inline="always")
+def _stages(buf, h, d):
+    """Butterfly stages h, 2h, … d/2 on the tile ``buf``: lanes j and j + h of every 2h-group → (a + b, a − b)."""
+    while h < d:
+        for k in range(0, d, 2 * h):
+            for j in range(k, k + h):
+                a = buf[j]
+                b = buf[j + h]
+                buf[j] = a + b
+                buf[j + h] = a - b
+        h *= 2
+
+
+@njit(inline="always")
+def _finish(buf, d, scale, signs, inverse, bf16_out, dr, t0):
+    """dr[t0 + j] = the tile's scaled value (the inverse's signs after the scale), BF16-rounded when asked."""
+    for j in range(d):
+        v = buf[j] * scale
+        if inverse:
+            v *= signs[j]
+        dr[t0 + j] = _bf16_round(v) if bf16_out else v
+
+
 def _rht_rows(src, dst, signs, d, scale, bf16_in, bf16_out, inverse) -> None:
     """Transform every d-tile of every row of ``src`` (2-D, float32) into ``dst``.
 
@@ -134,20 +157,8 @@ def _rht_rows_wide(src, dst, signs, d, scale, bf16_in, bf16_out, inverse):
         for t0 in range(0, n, d):
             for k in range(0, d, 16):
                 rht16(sr, t0 + k, signs[k:k + 16], one, first, buf, k)
-            h = 16
-            while h < d:
-                for k in range(0, d, 2 * h):
-                    for j in range(k, k + h):
-                        a = buf[j]
-                        b = buf[j + h]
-                        buf[j] = a + b
-                        buf[j + h] = a - b
-                h *= 2
-            for j in range(d):
-                v = buf[j] * scale
-                if inverse:
-                    v *= signs[j]
-                dr[t0 + j] = _bf16_round(v) if bf16_out else v
+            _stages(buf, 16, d)
+            _finish(buf, d, scale, signs, inverse, bf16_out, dr, t0)
 
 
 @pjit
@@ -163,20 +174,8 @@ def _rht_rows_scalar(src, dst, signs, d, scale, bf16_in, bf16_out, inverse):
                 if bf16_in:
                     v = _bf16_round(v)
                 buf[j] = v if inverse else v * signs[j]
-            h = 1
-            while h < d:
-                for k in range(0, d, 2 * h):
-                    for j in range(k, k + h):
-                        a = buf[j]
-                        b = buf[j + h]
-                        buf[j] = a + b
-                        buf[j + h] = a - b
-                h *= 2
-            for j in range(d):
-                v = buf[j] * scale
-                if inverse:
-                    v *= signs[j]
-                dst[i, t0 + j] = _bf16_round(v) if bf16_out else v
+            _stages(buf, 1, d)
+            _finish(buf, d, scale, signs, inverse, bf16_out, dst[i], t0)
 
 
 def rht(
