@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._arrays import as_float32
-from .packing import unpack_fp4
+from ._jit import pjit, prange
 from .random import stream_width
 from .recipe import ROLE_TENSOR, ROLES, get_recipe, quantize_operand
 from .scaling import QuantizedTensor, _Kind, get_scheme, quantize
@@ -80,71 +80,184 @@ class _Acc:
     nan_out: bool = False
 
     def add(self, x: np.ndarray, xq: np.ndarray, q: QuantizedTensor | None) -> None:
-        x64 = x.astype(np.float64)
-        d = x64 - xq.astype(np.float64)
+        x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
+        q2 = np.ascontiguousarray(xq, np.float32).reshape(x2.shape)
+        f = np.empty((x2.shape[0], 4), np.float64)
+        k = np.empty((x2.shape[0], 3), np.int64)
+        if x2.size:
+            _err_rows(x2, q2, f, k)
         self.n += x.size
-        self.sq += float(np.sum(x64 * x64))
-        self.err_sq += float(np.sum(d * d))
-        self.err_sum += float(np.sum(d))
-        if d.size:
-            self.max_abs_err = max(self.max_abs_err, float(np.max(np.abs(d))))
-        nz = x != 0
-        self.nonzero += int(nz.sum())
-        self.flushed += int((nz & (xq == 0)).sum())
+        self.sq += float(f[:, 0].sum())
+        self.err_sq += float(f[:, 1].sum())
+        self.err_sum += float(f[:, 2].sum())
+        if x2.size:
+            m = math.nan if k[:, 2].any() else float(f[:, 3].max())
+            self.max_abs_err = math.nan if math.isnan(m) or math.isnan(self.max_abs_err) else max(
+                self.max_abs_err, m)
+        self.nonzero += int(k[:, 0].sum())
+        self.flushed += int(k[:, 1].sum())
         if q is not None:
             self._block_stats(x, xq, q)
 
     def _block_stats(self, x, xq, q):
         sch = q.scheme
         el = sch.element
-        codes = q.data if el.bits != 4 else unpack_fp4(q.data)
-        codes = codes.reshape(x.shape[0], -1)[:, : x.shape[1]]
-        at_max = (codes & el.magnitude_mask) == el.max_code
-        self.saturated += int((at_max & (np.abs(x) > np.abs(xq))).sum())
+        x2 = np.ascontiguousarray(x, np.float32)
+        codes = np.ascontiguousarray(q.data).reshape(x2.shape[0], -1)
+        bc = sch.block[1] if sch.block is not None and sch.block[0] == 1 else 0
+        f = np.empty(x2.shape[0])
+        k = np.empty((x2.shape[0], 2), np.int64)
+        if x2.size:
+            _block_rows(x2, np.ascontiguousarray(xq, np.float32).reshape(x2.shape), codes, el.bits == 4,
+                        el.magnitude_mask, el.max_code, bc, f, k)
+        self.saturated += int(k[:, 0].sum())
         if sch.kind is _Kind.TWO_LEVEL:
             sc = q.scales.reshape(-1)
             exp_field = sch.scale.magnitude_mask & ~((1 << sch.scale.mbits) - 1)
             self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
             self.blocks += sc.size
-        if sch.block is not None and sch.block[0] == 1:
-            bc = sch.block[1]
-            pad = -x.shape[1] % bc
-            a = np.abs(np.pad(x, ((0, 0), (0, pad)))).reshape(x.shape[0], -1, bc)
-            amax = a.max(axis=-1)
-            amin = np.where(a > 0, a, np.inf).min(axis=-1)
-            ok = (amax > 0) & np.isfinite(amin) & np.isfinite(amax)
-            self.dyn_sum += float(np.sum(np.log2(amax[ok].astype(np.float64) / amin[ok])))
-            self.dyn_n += int(ok.sum())
+        if bc:
+            self.dyn_sum += float(f.sum())
+            self.dyn_n += int(k[:, 1].sum())
+
+
+@pjit
+def _block_rows(x, xq, codes, packed, mag_mask, max_code, bc, f, k):
+    """Per row: k[r, 0] = elements whose code is the largest magnitude and whose |x| exceeds |x̂| (saturated);
+    with 1 × bc blocks (bc > 0), f[r] = Σ log2(amax / smallest nonzero |x|) over the row's blocks whose amax is
+    finite, positive and NaN-free, and k[r, 1] their number (the block dynamic range, float64)."""
+    R, C = x.shape
+    for r in prange(R):
+        sat = 0
+        for c in range(C):
+            code = (codes[r, c >> 1] >> (4 * (c & 1))) & 0xF if packed else codes[r, c]
+            if (code & mag_mask) == max_code and abs(x[r, c]) > abs(xq[r, c]):
+                sat += 1
+        k[r, 0] = sat
+        dyn = 0.0
+        nb = 0
+        if bc > 0:
+            for c0 in range(0, C, bc):
+                amax = np.float32(0.0)
+                amin = np.float32(np.inf)
+                nan = False
+                for c in range(c0, min(c0 + bc, C)):
+                    a = abs(x[r, c])
+                    if a != a:
+                        nan = True
+                    else:
+                        amax = max(amax, a)
+                        if a > 0:
+                            amin = min(amin, a)
+                if not nan and amax > 0 and amax < np.inf and amin < np.inf:
+                    dyn += np.log2(np.float64(amax) / np.float64(amin))
+                    nb += 1
+        f[r] = dyn
+        k[r, 1] = nb
+
+
+@pjit
+def _err_rows(x, xq, f, k):
+    """Per row of float32 ``x`` and its quantized ``xq``, with d = x − x̂ exact in float64: f = (Σx², Σd², Σd,
+    max|d|), k = (#x ≠ 0, #(x ≠ 0 and x̂ = 0), #NaN d).  One pass instead of NumPy's float64 temporaries."""
+    R, C = x.shape
+    for r in prange(R):
+        sq = 0.0
+        esq = 0.0
+        es = 0.0
+        mx = 0.0
+        nz = 0
+        fl = 0
+        nan = 0
+        for c in range(C):
+            a = np.float64(x[r, c])
+            d = a - np.float64(xq[r, c])
+            sq += a * a
+            esq += d * d
+            es += d
+            ad = abs(d)
+            if ad > mx:
+                mx = ad
+            nan += d != d
+            z = x[r, c] != 0
+            nz += z
+            fl += z and xq[r, c] == 0
+        f[r, 0] = sq
+        f[r, 1] = esq
+        f[r, 2] = es
+        f[r, 3] = mx
+        k[r, 0] = nz
+        k[r, 1] = fl
+        k[r, 2] = nan
+
+
+@pjit
+def _moment_rows(x, mean, f, k):
+    """Per row over the finite values: f = (Σv, Σv², max|v|, Σ(v − mean)⁴) in float64, k = (#finite, #NaN, #inf)."""
+    R, C = x.shape
+    for r in prange(R):
+        s1 = 0.0
+        s2 = 0.0
+        s4 = 0.0
+        mx = 0.0
+        n = 0
+        nan = 0
+        inf = 0
+        for c in range(C):
+            v = np.float64(x[r, c])
+            if v != v:
+                nan += 1
+            elif abs(v) == np.inf:
+                inf += 1
+            else:
+                n += 1
+                s1 += v
+                s2 += v * v
+                if abs(v) > mx:
+                    mx = abs(v)
+                dv = v - mean
+                s4 += (dv * dv) * (dv * dv)
+        f[r, 0] = s1
+        f[r, 1] = s2
+        f[r, 2] = mx
+        f[r, 3] = s4
+        k[r, 0] = n
+        k[r, 1] = nan
+        k[r, 2] = inf
+
+
+def _moment_chunks(x2d: np.ndarray, chunk_rows: int, mean: float):
+    """Sums of :func:`_moment_rows` over the chunks of rows of ``x2d`` (read once per chunk)."""
+    tf = np.zeros(4)
+    tk = np.zeros(3, np.int64)
+    amax = 0.0
+    for i in range(0, x2d.shape[0], chunk_rows):
+        c = np.ascontiguousarray(as_float32(x2d[i : i + chunk_rows]))
+        c = c.reshape(-1, c.shape[-1] if c.ndim else 1)
+        if not c.size:
+            continue
+        f = np.empty((c.shape[0], 4))
+        k = np.empty((c.shape[0], 3), np.int64)
+        _moment_rows(c, np.float64(mean), f, k)
+        tf += f.sum(axis=0)
+        tk += k.sum(axis=0)
+        amax = max(amax, float(f[:, 2].max()))
+    return tf, tk, amax
 
 
 def _moments(x2d: np.ndarray, chunk_rows: int) -> dict:
-    """amax, std, kurtosis (Pearson, 3 for a Gaussian), NaN/inf counts — one pass, float64 sums."""
-    n = 0
-    s1 = s2 = 0.0
-    amax = 0.0
-    nan = inf = 0
-    for i in range(0, x2d.shape[0], chunk_rows):
-        c = as_float32(x2d[i : i + chunk_rows])
-        fin = np.isfinite(c)
-        nan += int(np.isnan(c).sum())
-        inf += int(np.isinf(c).sum())
-        v = c[fin].astype(np.float64)
-        n += v.size
-        s1 += float(v.sum())
-        s2 += float((v * v).sum())
-        if v.size:
-            amax = max(amax, float(np.abs(v).max()))
+    """amax, std, kurtosis (Pearson, 3 for a Gaussian), NaN/inf counts over the finite values: float64 sums,
+    two passes (the fourth moment about the mean needs the mean)."""
+    (s1, s2, _, _), (n, nan, inf), amax = _moment_chunks(x2d, chunk_rows, 0.0)
+    n = int(n)
     mean = s1 / n if n else math.nan
     var = max(s2 / n - mean * mean, 0.0) if n else math.nan
     s4 = 0.0
     if n and var > 0:
-        for i in range(0, x2d.shape[0], chunk_rows):
-            c = as_float32(x2d[i : i + chunk_rows])
-            v = c[np.isfinite(c)].astype(np.float64) - mean
-            s4 += float((v**4).sum())
+        s4 = float(_moment_chunks(x2d, chunk_rows, mean)[0][3])
     std = math.sqrt(var) if n else math.nan
     kurt = (s4 / n) / (var * var) if n and var > 0 else math.nan
-    return {"amax": amax, "std": std, "kurtosis": kurt, "nan_count": nan, "inf_count": inf}
+    return {"amax": amax, "std": std, "kurtosis": kurt, "nan_count": int(nan), "inf_count": int(inf)}
 
 
 def _as_2d(arr):

@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import os
+import sys
 
 __all__ = ["available", "default", "use", "current", "resolve", "AUTO_GPU_MIN"]
 
@@ -63,8 +65,16 @@ def _probe() -> tuple[str, ...]:
     return tuple(names)
 
 
+def _gpu_possible() -> bool:
+    """False on Linux when no NVIDIA driver device exists: then the default needs no torch import (2–3 s) to
+    learn that there is no GPU.  Elsewhere (no /dev to look at) torch is asked."""
+    return not sys.platform.startswith("linux") or os.path.exists("/dev/nvidiactl")
+
+
 def default() -> str:
     """The backend fpsim picks: the GPU when there is one, else the Numba reference."""
+    if not _gpu_possible():
+        return "numba-cpu"
     av = available()
     return "torch-cuda" if "torch-cuda" in av else "numba-cpu"
 

@@ -244,3 +244,45 @@ def test_dask_cluster_gives_identical_results():
         a = run(EXAMPLE, *FAST, "--format", "csv")
         b = run(EXAMPLE, *FAST, "--format", "csv", "--scheduler", c.scheduler_address)
     assert a.exit_code == b.exit_code == 0 and a.output == b.output
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp8_e4m3", "mxfp6_e3m2", "fp8_e4m3"])
+def test_error_and_block_sums_equal_numpy(scheme):
+    """The one-pass kernels behind the metrics against NumPy's float64 formulas, with zeros, NaN, ±inf,
+    subnormals and a ragged last block; counts exactly, sums to float64 rounding."""
+    import fpsim
+    from fpsim.analysis import _Acc, _moments
+    from fpsim.packing import unpack_fp4
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_t(3, (37, 100)) * 10.0 ** rng.integers(-40, 5, (37, 1))).astype(np.float32)
+    x[0, :16] = 0
+    x[1, 3], x[2, 50], x[3, 99], x[4, 7] = np.nan, np.inf, -np.inf, 1e-45
+    q = fpsim.quantize(x, scheme)
+    xq = q.dequantize()
+    acc = _Acc()
+    acc.add(x, xq, q if q.scheme.block is not None else None)
+    with np.errstate(invalid="ignore"):
+        x64, d = x.astype(np.float64), x.astype(np.float64) - xq.astype(np.float64)
+        assert acc.nonzero == int((x != 0).sum()) and acc.flushed == int(((x != 0) & (xq == 0)).sum())
+        for got, want in ((acc.sq, np.sum(x64 * x64)), (acc.err_sq, np.sum(d * d)), (acc.err_sum, np.sum(d))):
+            assert (math.isnan(got) and math.isnan(want)) or math.isclose(got, want, rel_tol=1e-12), (got, want)
+        assert math.isnan(acc.max_abs_err)  # a NaN input gives a NaN error
+        if q.scheme.block is not None:
+            el = q.scheme.element
+            codes = (unpack_fp4(q.data) if el.bits == 4 else q.data).reshape(37, -1)[:, :100]
+            sat = ((codes & el.magnitude_mask) == el.max_code) & (np.abs(x) > np.abs(xq))
+            assert acc.saturated == int(sat.sum())
+            bc = q.scheme.block[1]
+            a = np.abs(np.pad(x, ((0, 0), (0, -100 % bc)))).reshape(37, -1, bc)
+            amax, amin = a.max(axis=-1), np.where(a > 0, a, np.inf).min(axis=-1)
+            ok = (amax > 0) & np.isfinite(amin) & np.isfinite(amax)
+            assert acc.dyn_n == int(ok.sum())
+            assert math.isclose(acc.dyn_sum, float(np.sum(np.log2(amax[ok].astype(np.float64) / amin[ok]))),
+                                rel_tol=1e-12)
+    fin = x[np.isfinite(x)].astype(np.float64)
+    m = _moments(x, 8)
+    assert m["nan_count"] == 1 and m["inf_count"] == 2 and m["amax"] == float(np.abs(fin).max())
+    assert math.isclose(m["std"], float(fin.std()), rel_tol=1e-9)
+    kurt = float(np.mean((fin - fin.mean()) ** 4) / fin.var() ** 2)
+    assert math.isclose(m["kurtosis"], kurt, rel_tol=1e-9)

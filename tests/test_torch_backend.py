@@ -1,5 +1,7 @@
 """The torch backend gives the Numba reference's bits (CPU here; CUDA on the device machine)."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -172,3 +174,15 @@ def test_torch_quantized_round_trip_keeps_the_layout(scheme):
     q = fpsim.quantize(x, scheme)
     back = tb.TorchQuantized.from_quantized(q).to_quantized(q.dtype)
     assert back.equals(q)
+
+
+def test_default_backend_needs_no_torch_import_without_a_gpu_device():
+    """On Linux with no NVIDIA device node, picking the default (every large numpy call) does not import torch."""
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux") or os.path.exists("/dev/nvidiactl"):
+        pytest.skip("a GPU device node exists here (or this is not Linux)")
+    code = "import sys, fpsim; assert fpsim.backends.default() == 'numba-cpu'; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
