@@ -1,7 +1,10 @@
-"""Helpers shared by the benchmark scripts (`make bench`): best-of timing and atomic report writing."""
+"""Helpers shared by the benchmark scripts (`make bench`): best-of timing, atomic report writing, and the
+Numba cache directory that `make` and the tests use."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -65,3 +68,24 @@ def write_report(text: str, out: Path | None) -> None:
         tmp = out.with_suffix(out.suffix + ".tmp")
         tmp.write_text(text)
         tmp.replace(out)
+
+
+def numba_cache_dir(root: Path | None = None) -> str:
+    """A Numba cache directory keyed on the text of every fpsim/*.py (``make`` and tests/conftest.py set
+    ``NUMBA_CACHE_DIR`` to it); caches of older sources are removed.
+
+    Why: Numba's disk cache checks only the source file of each jitted function, not the modules whose code
+    it inlines (the vector intrinsics of fpsim._simd, the helpers of fpsim._kernels), so after an edit there
+    a test or a benchmark could run stale machine code.
+    """
+    root = Path(__file__).resolve().parents[1] if root is None else root
+    h = hashlib.sha256()
+    for p in sorted((root / "fpsim").rglob("*.py")):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    base = root / ".pytest_cache" / "numba"
+    key = h.hexdigest()[:16]
+    if base.is_dir():
+        for old in base.iterdir():
+            if old.name != key:
+                shutil.rmtree(old, ignore_errors=True)
+    return str(base / key)

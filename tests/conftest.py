@@ -1,36 +1,14 @@
-import hashlib
 import os
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+from studies.benchlib import numba_cache_dir
 
-def _numba_cache_dir() -> str:
-    """A Numba cache directory keyed on the library's source text.
-
-    Numba's disk cache checks only the source file of each jitted function, not the modules whose code it
-    inlines (the vector intrinsics of fpsim._simd, the helpers of fpsim._kernels): after an edit there, a
-    test could run stale machine code and pass.  Keyed on every fpsim/*.py, any edit recompiles; caches of
-    older sources are removed.
-    """
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for p in sorted((root / "fpsim").rglob("*.py")):
-        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
-    base = root / ".pytest_cache" / "numba"
-    key = h.hexdigest()[:16]
-    if base.is_dir():
-        for old in base.iterdir():
-            if old.name != key:
-                shutil.rmtree(old, ignore_errors=True)
-    return str(base / key)
-
-
-# Before fpsim (and so numba) is imported: Numba reads the variable once, at import.
-os.environ.setdefault("NUMBA_CACHE_DIR", _numba_cache_dir())
+# Before fpsim (and so numba) is imported: Numba reads the variable once, at import.  Keyed on the library's
+# sources (see numba_cache_dir): an edit to a module that kernels inline from must not leave stale code.
+os.environ.setdefault("NUMBA_CACHE_DIR", numba_cache_dir())
 
 import fpsim  # noqa: E402
 
