@@ -763,6 +763,19 @@ def _row_elem(X, r, BC, mul, ea, out):
         orow[C:] = 0
 
 
+@njit
+def _encode_row(X, r, BC, mul, epath, ea, lut, shift, packed, codes, out):
+    """Row r of the output, codes of fl(X[r, c] · mul[c // BC]): the vector rows where they apply (E2M1
+    packed or FP8/FP6 one per byte, blocks of a multiple of 16), else the general encoder and packing."""
+    if BC % 16 == 0 and epath == 1 and packed:
+        _row_e2m1(X, r, BC, mul, codes, out)
+    elif BC % 16 == 0 and epath == 2 and not packed:
+        _row_elem(X, r, BC, mul, ea, out)
+    else:
+        _row_codes(X, r, BC, mul, epath, ea, lut, shift, codes)
+        _emit_row(codes, packed, out, r)
+
+
 @njit(inline="always")
 def _scale_rne(sdb, mbits, emin_b, qinv, q, nan_code):
     """(code, value) of the RNE scale of ``sdb`` ≥ 0 or NaN, for a scale format with subnormals, branch-free.
@@ -813,13 +826,7 @@ def _two_level_rows(r0, r1, X, BR, BC, s_enc, s_dec, inv_t, bound, slut, sshift,
                 sb = _lut_code(f32_bits(sdb), slut, sshift)
                 scales[r, j] = sb
                 enc[j] = fmin_nan(np.float32(1.0) / (stable[sb] * sd), FLT_MAX)
-        if epath == 1 and packed and BC % 16 == 0:
-            _row_e2m1(X, r, BC, enc, codes, out)
-        elif epath == 2 and not packed and BC % 16 == 0:
-            _row_elem(X, r, BC, enc, ea, out)
-        else:
-            _row_codes(X, r, BC, enc, epath, ea, lut, shift, codes)
-            _emit_row(codes, packed, out, r)
+        _encode_row(X, r, BC, enc, epath, ea, lut, shift, packed, codes, out)
 
 
 @pjit
@@ -865,13 +872,9 @@ def quantize_mx_rne(X, BR, BC, rule, emax, mbits, inv_max, lut, shift, nan_code,
                 scales[r, j] = np.uint8(sb)
                 mul[j] = p2[sb]
                 nan_block |= sb == 0xFF
-            if BC % 16 == 0 and not nan_block:
-                if epath == 1 and packed:
-                    _row_e2m1(X, r, BC, mul, codes, out)
-                    continue
-                if epath == 2 and not packed:
-                    _row_elem(X, r, BC, mul, ea, out)
-                    continue
+            if not nan_block:
+                _encode_row(X, r, BC, mul, epath, ea, lut, shift, packed, codes, out)
+                continue
             _row_codes(X, r, BC, mul, epath, ea, lut, shift, codes)
             if nan_block:
                 for j in range(nb):
@@ -1005,9 +1008,24 @@ def _row_decode_bytes(codes, r, BC, etable, sval, sd, out):
             orow[c] = (etable[crow[c]] * sv) * sd
 
 
+@njit
+def _decode_row(codes, r, BC, sval, e2m1, packed, etable, sd, two, buf, out):
+    """Row r of the output: the vector rows where they apply (packed E2M1 or one-byte codes, blocks of a
+    multiple of 16), else unpacking into ``buf`` and the general decoder.  MX passes sd = 1 (two = False):
+    fl(fl(e · 2^k) · 1) = fl(e · 2^k), its one rounding."""
+    if BC % 16 == 0 and e2m1 and packed:
+        _row_decode_e2m1(codes, r, BC, sval, sd, out)
+    elif BC % 16 == 0 and not packed:
+        _row_decode_bytes(codes, r, BC, etable, sval, sd, out)
+    else:
+        _unpack_row(codes, r, packed, out.shape[1], buf)
+        _row_decode(buf, BC, sval, e2m1, etable, sd, two, out, r)
+
+
 @pjit
-def dequantize_two_level_fast(codes, scales, BC, s_dec, etable, stable, packed, out, e2m1=False):
-    """x̂ = fl((e(code) · f32(s_b)) · S_dec), row by row."""
+def dequantize_blocks_fast(codes, scales, BC, svtable, s_dec, two, etable, packed, out, e2m1):
+    """x̂ = fl((e(code) · s_b) · S_dec[r]) with s_b = ``svtable[scale byte]``, row by row: two-level scales
+    (E4M3 values, ``two``) or MX (``svtable[b]`` = 2**(b − 127), NaN for 0xFF; S_dec = 1, not ``two``)."""
     R, C = out.shape
     nb = scales.shape[1]
     nchunk = -(-R // _ROWS)
@@ -1016,35 +1034,5 @@ def dequantize_two_level_fast(codes, scales, BC, s_dec, etable, stable, packed, 
         sval = np.empty(nb, np.float32)
         for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
             for j in range(nb):
-                sval[j] = stable[scales[r, j]]
-            if BC % 16 == 0 and (e2m1 and packed):
-                _row_decode_e2m1(codes, r, BC, sval, s_dec[r], out)
-                continue
-            if BC % 16 == 0 and not packed:
-                _row_decode_bytes(codes, r, BC, etable, sval, s_dec[r], out)
-                continue
-            _unpack_row(codes, r, packed, C, buf)
-            _row_decode(buf, BC, sval, e2m1, etable, s_dec[r], True, out, r)
-
-
-@pjit
-def dequantize_mx_fast(codes, scales, BC, etable, p2inv, packed, out, e2m1=False):
-    """x̂ = fl(e(code) · 2^(b − 127)), row by row; ``p2inv[b]`` = 2**(b − 127) (NaN for 0xFF)."""
-    R, C = out.shape
-    nb = scales.shape[1]
-    nchunk = -(-R // _ROWS)
-    for ci in prange(nchunk):
-        buf = np.empty(C, np.int32)
-        sval = np.empty(nb, np.float32)
-        for r in range(ci * _ROWS, min(R, ci * _ROWS + _ROWS)):
-            for j in range(nb):
-                sval[j] = p2inv[scales[r, j]]
-            # fl(fl(e · 2^k) · 1) = fl(e · 2^k): one rounding, as MX
-            if BC % 16 == 0 and (e2m1 and packed):
-                _row_decode_e2m1(codes, r, BC, sval, np.float32(1.0), out)
-                continue
-            if BC % 16 == 0 and not packed:
-                _row_decode_bytes(codes, r, BC, etable, sval, np.float32(1.0), out)
-                continue
-            _unpack_row(codes, r, packed, C, buf)
-            _row_decode(buf, BC, sval, e2m1, etable, np.float32(1.0), False, out, r)
+                sval[j] = svtable[scales[r, j]]
+            _decode_row(codes, r, BC, sval, e2m1, packed, etable, s_dec[r], two, buf, out)

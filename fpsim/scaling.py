@@ -823,10 +823,11 @@ def dequantize(qt: QuantizedTensor, backend: str | None = None, out: np.ndarray 
         amax = np.asarray(qt.amax, np.float32)
         amax_rows = amax.reshape(R) if sch.per_row_scale else np.broadcast_to(amax.reshape(()), (R,))
         _, s_dec = _s_enc_dec(sch, amax_rows)
-        SK.dequantize_two_level_fast(codes, scales, BC, s_dec, etable, sch.scale.decode_table(), packed, out,
-                                     _is_e2m1(el))
+        SK.dequantize_blocks_fast(codes, scales, BC, sch.scale.decode_table(), s_dec, True, etable, packed, out,
+                                  _is_e2m1(el))
     elif kind is _Kind.POW2:
-        SK.dequantize_mx_fast(codes, scales, BC, etable, _POW2_POS, packed, out, _is_e2m1(el))
+        SK.dequantize_blocks_fast(codes, scales, BC, _POW2_POS, np.ones(R, np.float32), False, etable, packed, out,
+                                  _is_e2m1(el))
     else:
         SK.dequantize_fp32_scaled(codes, scales, BC, etable, out)
     if user_out is not None:
