@@ -16,7 +16,7 @@ import numpy as np
 
 import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
-from studies.benchlib import best_time, round_ratio, round_times, write_report
+from studies.benchlib import best_time, on_threads, round_ratio, round_times, write_report
 
 
 def main() -> None:
@@ -40,15 +40,12 @@ def main() -> None:
     ]:
         r = {"label": label}
 
-        def on(threads, kw=kw):
-            def run():
-                set_num_threads(threads)
-                fpsim.rht(x, **kw)
-            return run
+        def transform(kw=kw):
+            fpsim.rht(x, **kw)
 
         # One thread and all cores take turns (7 rounds at least): the second core of this VM wakes slowly, and
         # a best-of-3 of all-core runs timed after the one-thread runs can catch it asleep.
-        t = round_times({1: on(1), ncores: on(ncores)}, max(7, args.repeat))
+        t = round_times({1: on_threads(1, transform), ncores: on_threads(ncores, transform)}, max(7, args.repeat))
         r[1], r[ncores] = gb / min(t[1]), gb / min(t[ncores])
         r["up"] = round_ratio(t, 1, ncores)
         set_num_threads(ncores)

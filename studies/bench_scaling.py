@@ -26,7 +26,7 @@ import fpsim
 from fpsim._jit import get_num_threads, set_num_threads
 from fpsim._scaling_kernels import row_absmax_bits
 from fpsim.scaling import dequantize, quantize
-from studies.benchlib import best_times, round_ratio, round_times, write_report
+from studies.benchlib import best_times, on_threads, round_ratio, round_times, write_report
 
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
 E2M1_MIDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5], np.float32)
@@ -136,13 +136,10 @@ def main() -> None:
     # cores, taking turns.  A kernel that is partly memory-bound cannot scale much better than this.
     bits, row_max = x.view(np.uint32), np.empty(x.shape[0], np.uint32)
 
-    def parallel_read(threads):
-        def run():
-            set_num_threads(threads)
-            row_absmax_bits(bits, False, row_max)
-        return run
+    def parallel_read():
+        row_absmax_bits(bits, False, row_max)
 
-    t = round_times({"1": parallel_read(1), "all": parallel_read(ncores)}, args.repeat)
+    t = round_times({"1": on_threads(1, parallel_read), "all": on_threads(ncores, parallel_read)}, args.repeat)
     read_scale = round_ratio(t, "1", "all")
     set_num_threads(ncores)
 
@@ -154,23 +151,17 @@ def main() -> None:
         q = quantize(x, scheme, **kw)
         buf = np.empty_like(x)
 
-        def on(threads, fn):
-            def run():
-                set_num_threads(threads)
-                fn()
-            return run
-
         # One-thread and all-core runs take turns in the same rounds too, so the speed-up is a same-drift ratio.
         fns = {
-            "read1": on(1, read_only),
-            "q1": on(1, lambda: quantize(x, scheme, **kw)),
-            f"q{ncores}": on(ncores, lambda: quantize(x, scheme, **kw)),
-            "d1": on(1, lambda: dequantize(q)),
-            f"d{ncores}": on(ncores, lambda: dequantize(q)),
-            "dout1": on(1, lambda: dequantize(q, out=buf)),
+            "read1": on_threads(1, read_only),
+            "q1": on_threads(1, lambda: quantize(x, scheme, **kw)),
+            f"q{ncores}": on_threads(ncores, lambda: quantize(x, scheme, **kw)),
+            "d1": on_threads(1, lambda: dequantize(q)),
+            f"d{ncores}": on_threads(ncores, lambda: dequantize(q)),
+            "dout1": on_threads(1, lambda: dequantize(q, out=buf)),
         }
         if q.scheme.tensor_scale:
-            fns["qa1"] = on(1, lambda: quantize(x, scheme, tensor_amax=float(q.amax), **kw))
+            fns["qa1"] = on_threads(1, lambda: quantize(x, scheme, tensor_amax=float(q.amax), **kw))
         t = round_times(fns, args.repeat)
         for k, v in t.items():
             r[k] = gb / min(v)

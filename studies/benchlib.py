@@ -21,6 +21,18 @@ def best_time(fn, repeat: int) -> float:
     return min(times)
 
 
+def on_threads(threads: int, fn):
+    """``fn`` wrapped to run with ``threads`` Numba threads (benchmarks time one-thread and all-core runs
+    of the same kernel in turns)."""
+    from fpsim._jit import set_num_threads  # not at import: tests/conftest imports this module before numba
+
+    def run():
+        set_num_threads(threads)
+        fn()
+
+    return run
+
+
 def round_times(fns: dict, repeat: int, warm_s: float = 3.0) -> dict:
     """Seconds of each function in each of ``repeat`` rounds (lists), the functions taking turns within a round,
     after warm-up rounds that last at least ``warm_s`` seconds.
