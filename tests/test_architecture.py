@@ -98,8 +98,8 @@ EDGES = _edges()
 
 
 def _layer(mod: str) -> int:
-    if mod in ("fpsim",):
-        return len(LAYERS)  # the package facade imports everything
+    if mod in ("fpsim", "fpsim.torch"):
+        return len(LAYERS)  # package facades: they import (or lazily expose) everything below them
     if mod.startswith(TRAINING):
         return LAYERS.index(("fpsim.recipe",)) + 0.5
     best = None
