@@ -30,8 +30,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("fpsim_cli", "fpsim.__main__"),
 ]
 
-#: Training modules of fpsim.torch sit on the recipe, above the backend they use.
-TRAINING = ("fpsim.torch.nn", "fpsim.torch.train", "fpsim.torch.monitor", "fpsim.torch.convert")
+#: Training modules of fpsim.torch sit above the backend they use: the layers on the recipe, the monitor on io.
+TRAINING = {"fpsim.torch.nn": "fpsim.recipe", "fpsim.torch.monitoring": "fpsim.io"}
 
 
 def _modules() -> dict[str, Path]:
@@ -100,8 +100,8 @@ EDGES = _edges()
 def _layer(mod: str) -> int:
     if mod in ("fpsim", "fpsim.torch"):
         return len(LAYERS)  # package facades: they import (or lazily expose) everything below them
-    if mod.startswith(TRAINING):
-        return LAYERS.index(("fpsim.recipe",)) + 0.5
+    if mod in TRAINING:
+        return _layer(TRAINING[mod]) + 0.5
     best = None
     for i, group in enumerate(LAYERS):
         for g in group:

@@ -43,6 +43,11 @@ HEAD_PATTERNS = ("lm_head", "*.lm_head", "output", "*.output", "head", "*.head",
                  "*embed*")
 
 
+#: Callables ``(layer, role, step, source, copy)`` told of every quantized copy (the training monitor registers
+#: here: it sits above this module, so this module never imports it).
+OBSERVERS: list[Callable] = []
+
+
 def _copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str):
     """One operand copy (reduction axis last): RHT, then the block scheme; the same steps as the reference."""
     st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
@@ -51,7 +56,10 @@ def _copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: st
         x = tb.rht(x, st.rht, st.signs)
     if st.scheme is None:
         return x
-    return tb.quantize(x, st.scheme, **({"seed": st.seed} if st.seed is not None else {}))
+    q = tb.quantize(x, st.scheme, **({"seed": st.seed} if st.seed is not None else {}))
+    for ob in OBSERVERS:
+        ob(layer, role, step, x, q)
+    return q
 
 
 def _values(q) -> torch.Tensor:
