@@ -56,28 +56,37 @@ def _copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: st
         x = tb.rht(x, st.rht, st.signs)
     if st.scheme is None:
         return x
-    q = tb.quantize(x, st.scheme, **({"seed": st.seed} if st.seed is not None else {}))
+    sch = st.scheme
+    if sch.kind.value == "cast" and sch.element.name in _TORCH_CASTS and sch.rounding.value == "rne":
+        # torch's float32 → BF16/FP16 conversion is RNE with IEEE overflow, the reference cast's convention:
+        # the copy is the cast tensor itself (no codes to keep), on any device, at copy speed.
+        return x.to(_TORCH_CASTS[sch.element.name])
+    q = tb.quantize(x, sch, **({"seed": st.seed} if st.seed is not None else {}))
     for ob in OBSERVERS:
         ob(layer, role, step, x, q)
     return q
 
 
+_TORCH_CASTS = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def _values(q) -> torch.Tensor:
-    """The float32 values a copy stands for (a plain tensor is its own value)."""
-    return q if isinstance(q, torch.Tensor) else q.dequantize()
+    """The float32 values a copy stands for (a plain or cast tensor is its own value)."""
+    return q.to(torch.float32) if isinstance(q, torch.Tensor) else q.dequantize()
 
 
 def _mm(qa, qb, gemm: str) -> torch.Tensor:
     """``A · Bᵀ`` of two copies, float32."""
     if isinstance(qa, torch.Tensor) or isinstance(qb, torch.Tensor):
-        if gemm == "fp32":  # the reference's chunked FP32 model also defines unquantized operands
+        if gemm == "fp32":  # the reference's chunked FP32 model also defines plain and cast operands
             from ..gemm import gemm as ref_gemm
 
             a, b = (_values(q).cpu().numpy() for q in (qa, qb))
             return torch.from_numpy(ref_gemm(a, b, "fp32")).to(_values(qa).device)
+        if isinstance(qa, torch.Tensor) and isinstance(qb, torch.Tensor) and qa.dtype == qb.dtype != torch.float32 \
+                and qa.is_cuda:
+            return (qa @ qb.T).to(torch.float32)  # BF16/FP16 tensor cores, FP32 accumulation
         return _values(qa) @ _values(qb).T
-    if gemm == "blas" and qa.scheme.kind.value == "cast" and qb.scheme.kind.value == "cast":
-        return _values(qa) @ _values(qb).T  # BF16/FP16 values are exact in float32: an FP32 GEMM of them
     return tb.gemm(qa, qb, gemm)
 
 
