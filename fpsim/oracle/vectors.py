@@ -1,0 +1,236 @@
+"""Golden test vectors of named edge cases (:func:`write_vectors`, :func:`read_vectors`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..packing import unpack_fp4
+from ..scaling import _Kind, get_scheme, quantize, swizzle_scales
+from .common import F32
+
+__all__ = ["read_vectors", "vector_cases", "write_vectors"]
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+def _blk(*vals, n):
+    return list(vals) + [0.0] * (n - len(vals))
+
+
+def vector_cases(scheme="nvfp4") -> list[tuple[str, np.ndarray, dict]]:
+    """The named edge cases of :func:`write_vectors`: ``(name, x (float32), quantize kwargs)``.
+
+    For NVFP4 these are the inputs of the hand-derived golden cases of the test
+    suite (zero, −0, zero block, subnormal and zero E4M3 scales, E2M1 ties,
+    E4M3 scale ties, the operation-order tie, inf, NaN propagated and ignored,
+    S_enc capped at FLT_MAX, ragged, 2-D tiles, axis=0); other block schemes
+    get the same kinds of cases built from their element format, plus a
+    seeded random tensor with outliers.
+    """
+    sch = get_scheme(scheme)
+    if sch.kind is _Kind.CAST or sch.block is None:
+        raise ValueError(f"vectors are defined for block-scaled schemes, not {sch.name}")
+    BR, BC = sch.block
+    el = sch.element
+    M = el.max
+
+    def b(*v):
+        return _blk(*v, n=BC)
+
+    two = sch.kind is _Kind.TWO_LEVEL and sch.tensor_scale
+    A = F32(el.max) * F32(sch.scale.max) if two else F32(M)  # an anchor block amax: S_enc = 1 for NVFP4
+    A = float(A)
+    Z = float(sch.scale.max) if two else M
+    cases: list[tuple[str, list | np.ndarray, dict]] = [
+        ("zero tensor", [b()], {}),
+        ("negative zero", [[-0.0] * BC], {}),
+        ("zero block inside a tensor", [b() + b(A, Z, -Z)], {}),
+    ]
+    vals = [float(v) for v in el.values()]
+    mids = [(a + c) / 2 for a, c in zip(vals[:-1], vals[1:])]
+    if two and el.name == "float4_e2m1fn" and sch.scale.name == "float8_e4m3fn":
+        cases += [
+            ("subnormal E4M3 scale", [b(A) + b(6 * 2.0**-8, 2.0**-8, -3 * 2.0**-8)], {}),
+            ("E4M3 scale tie at half the smallest subnormal", [b(A) + b(6 * 2.0**-10) + b(7 * 2.0**-10)], {}),
+            ("zero E4M3 scale (block 1e-7 x amax)", [b(A) + b(2.688e-4, -1e-4)], {}),
+            ("E2M1 ties after scaling", [b(A) + b(6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0)], {}),
+            ("E4M3 scale ties and element saturation", [b(A) + b(51.0) + b(57.0)], {}),
+            ("E4M3 scale tie decided by the operation order", [b(100.0) + b(0.3487723469734192)], {}),
+            ("inf", [b(_INF, 448.0, -_INF) + b(1.0)], {}),
+            ("NaN propagates", [b(_NAN, 1.0) + b(2.0)], {}),
+            ("NaN ignored", [b(_NAN, A) + b(6.0)], {"nan_amax": "ignore"}),
+            ("tiny tensor: S_enc capped at FLT_MAX", [b(2.0**-149)], {}),
+            ("ragged 3x20", [[A] + [6.0] * 19, [6.0] * 20, [6.0] * 20], {}),
+        ]
+        if (BR, BC) == (1, 16):
+            t = np.zeros((16, 32), np.float32)
+            t[15, 0], t[3, 20], t[0, 17] = A, 6.0, -3.0
+            cases.append(("2D 16x16 tiles", t, {"block": (16, 16)}))
+            cases.append(("axis=0", np.array([b(A), b(6.0, 0.25)], np.float32).T, {"axis": 0}))
+    else:
+        row = [M]
+        for v in vals[1:] + mids:
+            row += [v, -v]
+        n = -(-len(row) // BC) * BC
+        row += [0.0] * (n - len(row))
+        grid = np.array(row, np.float32).reshape(-1, BC)
+        grid[:, 0] = M  # every block keeps the amax M: the element grid and its midpoints at scale 1
+        cases += [
+            ("element grid and midpoints", grid.reshape(1, -1), {}),
+            ("small blocks: subnormal, zero and clamped scales",
+             [b(A) + b(M * 2.0**-8) + b(M * 2.0**-10) + b(M * 2.0**-20) + b(M * 2.0**-140)], {}),
+            ("block amax not on the grid", [b(M * 7 / 6, 1.0) + b(float(np.nextafter(F32(8 * M / 6), F32(0))))], {}),
+            ("inf", [b(_INF, M, -_INF) + b(1.0)], {}),
+            ("NaN propagates", [b(_NAN, 1.0) + b(2.0)], {}),
+            ("NaN ignored", [b(_NAN, A) + b(M)], {"nan_amax": "ignore"}),
+            ("huge values", [b(1.5 * 2.0**127, -1.0)], {}),
+            ("ragged 3xN", np.full((3, BC + 4), M, np.float32), {}),
+        ]
+    rng = np.random.default_rng(20240607)
+    r = rng.standard_normal((4, 4 * BC)).astype(np.float32)
+    r[0, 3], r[2, 5 * BC // 2] = 40.0, -1e3  # outliers
+    cases.append(("random normal with outliers", r, {}))
+    return [(n, np.asarray(v, np.float32), kw) for n, v, kw in cases]
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+_VEC_TAG = "fpsim.vectors/1"
+_FIELDS = ("input", "codes", "packed", "scales", "scales_swizzled", "amax", "decoded")
+
+
+def write_vectors(scheme, out_dir) -> dict:
+    """Write golden vectors of :func:`vector_cases` for ``scheme`` into ``out_dir``; return the manifest.
+
+    Layout (all written atomically)::
+
+        out_dir/manifest.json           scheme, conventions, per case: name, kwargs, files
+        out_dir/vectors.npz             every array, keyed "<case slug>.<field>"
+        out_dir/bin/<slug>.<field>.bin  the same arrays as raw little-endian bytes, C order
+
+    The manifest lists for each file its ``dtype`` (numpy name, little-endian),
+    ``shape`` and ``sha256``.  Fields: ``input`` (float32, the original shape),
+    ``codes`` (uint8, one code per byte, quantized axis last and padded to whole
+    blocks: [rows, blocks·block_width]), ``packed`` (4-bit elements: two codes
+    per byte, element 2j in the low nibble), ``scales`` (raw scale bytes
+    [rows, blocks], or float32 for FP32 scales), ``scales_swizzled`` (E4M3/E8M0
+    scales in the Blackwell layout, SPEC §4), ``amax`` (float32 tensor amax; NaN
+    where the scheme has none), ``decoded`` (float32, original shape).
+    """
+    sch = get_scheme(scheme)
+    out = Path(out_dir)
+    (out / "bin").mkdir(parents=True, exist_ok=True)
+    import fpsim
+
+    manifest: dict = {
+        "format": _VEC_TAG,
+        "fpsim_version": fpsim.__version__,
+        "scheme": sch.to_json(),
+        "conventions": "SPEC.md: NVIDIA conversions (RNE, satfinite, NaN → positive NaN/max code), Transformer "
+        "Engine NVFP4 order sdb = min(fl(vmax·fl(S_enc·fl(1/6))), 448), no lower scale clamp, MX rceil, "
+        "element 2j in the low nibble",
+        "byteorder": "little",
+        "cases": [],
+    }
+    npz: dict[str, np.ndarray] = {}
+    for name, x, kw in vector_cases(sch):
+        q = quantize(x, sch, **kw)
+        R = math.prod(q.data.shape[:-1])
+        arrays = {"input": x}
+        if sch.element.bits == 4:
+            arrays["codes"] = unpack_fp4(q.data)
+            arrays["packed"] = q.data
+        else:
+            arrays["codes"] = q.data
+        arrays["scales"] = q.scales
+        if sch.scale.bits == 8:
+            arrays["scales_swizzled"] = swizzle_scales(np.ascontiguousarray(q.scales).reshape(R, -1))
+        arrays["amax"] = np.asarray(q.amax, np.float32)
+        arrays["decoded"] = q.dequantize()
+        slug = _slug(name)
+        files = {}
+        for fld, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            le = a.astype(a.dtype.newbyteorder("<"), copy=False)
+            raw = le.tobytes()
+            rel = f"bin/{slug}.{fld}.bin"
+            _atomic_bytes(out / rel, raw)
+            files[fld] = {"path": rel, "dtype": a.dtype.name, "shape": list(a.shape),
+                          "sha256": hashlib.sha256(raw).hexdigest()}
+            npz[f"{slug}.{fld}"] = a
+        kwj = {k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items()}
+        manifest["cases"].append({"name": name, "slug": slug, "kwargs": kwj, "axis": q.axis, "files": files})
+
+    def write_npz(path):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix="vectors", suffix=".npz.tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **npz)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    write_npz(out / "vectors.npz")
+    _atomic_bytes(out / "manifest.json", (json.dumps(manifest, indent=1, allow_nan=False) + "\n").encode())
+    return manifest
+
+
+def read_vectors(vec_dir, source: str = "bin") -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+    """Read vectors written by :func:`write_vectors`: ``(manifest, {case name: {field: array}})``.
+
+    ``source="bin"`` reads the raw little-endian files through the manifest
+    (checking size and sha256, as a C++/Rust reader would); ``"npz"`` reads
+    ``vectors.npz`` (never unpickling).
+    """
+    d = Path(vec_dir)
+    try:
+        manifest = json.loads((d / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{d}: no manifest.json (not a vectors directory)") from None
+    if manifest.get("format") != _VEC_TAG:
+        raise ValueError(f"{d}: unknown vectors format {manifest.get('format')!r}")
+    cases: dict[str, dict[str, np.ndarray]] = {}
+    if source == "npz":
+        with np.load(d / "vectors.npz", allow_pickle=False) as z:
+            for c in manifest["cases"]:
+                cases[c["name"]] = {f: z[f"{c['slug']}.{f}"] for f in c["files"]}
+        return manifest, cases
+    if source != "bin":
+        raise ValueError("source must be 'bin' or 'npz'")
+    for c in manifest["cases"]:
+        arrs = {}
+        for fld, info in c["files"].items():
+            raw = (d / info["path"]).read_bytes()
+            if hashlib.sha256(raw).hexdigest() != info["sha256"]:
+                raise ValueError(f"{info['path']}: sha256 does not match the manifest")
+            dt = np.dtype(info["dtype"]).newbyteorder("<")
+            n = math.prod(info["shape"])
+            if len(raw) != n * dt.itemsize:
+                raise ValueError(f"{info['path']}: {len(raw)} bytes, expected {n * dt.itemsize}")
+            arrs[fld] = np.frombuffer(raw, dt).astype(dt.newbyteorder("=")).reshape(info["shape"])
+        cases[c["name"]] = arrs
+    return manifest, cases
