@@ -7,13 +7,12 @@ Results on stdout, one-line messages on stderr, never a traceback.  Exit codes:
 * ``diff``: 0 identical; 1 different; 2 usage or unusable input (missing or
   pickled file, wrong key names, wrong shapes).
 
-JSON output never holds bare ``NaN``: non-finite floats are written as the
-strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``.
+JSON output follows fpsim's one convention (``fpsim.io.dumps``): numbers are JSON numbers or ``null``
+(NaN, ±inf), with a ``hex`` or ``class`` field beside each float that says which.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
@@ -40,9 +39,9 @@ def _parse_value(s: str) -> np.float32:
 
 
 def _dump_json(obj) -> None:
-    from fpsim.oracle import jsonable
+    from fpsim.io import dumps
 
-    click.echo(json.dumps(jsonable(obj), indent=2, allow_nan=False))
+    click.echo(dumps(obj, indent=2), nl=False)
 
 
 def _g(v) -> str:
@@ -121,7 +120,7 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
               help="Explain block IDX (flat, or ROW,BLOCK) of array NAME in a .npz/.npy/.safetensors file.")
 @click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme for --block.")
 @click.option("--axis", default=-1, show_default=True, help="Quantized axis for --block.")
-@click.option("--json", "as_json", is_flag=True, help="JSON output (non-finite floats as strings).")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (NaN and ±inf as null, with their hex bits beside).")
 def explain(value, fmt, scale, rounding, no_saturate, block_ref, scheme, axis, as_json) -> None:
     """Explain one conversion (VALUE --format F) or one block (--block FILE:NAME:IDX --scheme S), step by step.
 
@@ -266,7 +265,7 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
     except (ValueError, TypeError) as e:
         _fail(str(e).splitlines()[0], 2)
     if out_format == "json":
-        click.echo(json.dumps(rep.to_dict(), indent=2, allow_nan=False))
+        _dump_json(rep.to_dict())
     else:
         click.echo(rep.format_table())
     click.get_current_context().exit(0 if rep.identical else 1)
@@ -281,6 +280,7 @@ def vectors(scheme, out_dir) -> None:
     OUT/vectors.npz, OUT/bin/<case>.<field>.bin (raw little-endian) and
     OUT/manifest.json (dtype, shape, sha256 per file) — see docs/oracle.md.
     """
+    from fpsim.io import OutputError
     from fpsim.oracle import write_vectors
     from fpsim.scaling import get_scheme
 
@@ -292,8 +292,8 @@ def vectors(scheme, out_dir) -> None:
         m = write_vectors(sch, out_dir)
     except ValueError as e:
         _fail(str(e), 2)
-    except OSError as e:
-        _fail(f"{out_dir}: cannot write ({e.strerror or e})", 1)
+    except OutputError as e:
+        _fail(str(e), 1)
     for c in m["cases"]:
         click.echo(f"{c['slug']:<48} {c['name']}")
     click.echo(f"wrote {len(m['cases'])} cases of {sch.name} to {out_dir} (manifest.json, vectors.npz, bin/)")

@@ -380,7 +380,8 @@ def test_cli_explain_value_and_json():
     assert r.exit_code == 0 and "code 0xE" in r.stdout
     r = CliRunner().invoke(main, ["explain", "nan", "--format", "e4m3", "--json"])
     d = json.loads(r.stdout)
-    assert d["input"]["value"] == "NaN" and d["result"]["hex"] == "0x7F"
+    assert d["input"]["value"] is None and d["input"]["class"] == "nan" and d["result"]["hex"] == "0x7F"
+    assert d["result"]["value"] is None and d["result"]["class"] == "nan"  # E4M3 0x7F decodes to NaN
     r = CliRunner().invoke(main, ["explain", "0x43E80000", "--format", "e4m3", "--no-saturate", "--json"])
     assert json.loads(r.stdout)["result"]["hex"] == "0x7E"
 
@@ -444,7 +445,8 @@ def test_cli_diff_json_has_no_bare_nan(files):
                                   "--format", "json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)  # json.loads would accept bare NaN; check the text too
-    assert "NaN" not in r.stdout.replace('"NaN"', "") and d["amax"]["ours"] == "NaN"
+    assert "NaN" not in r.stdout and "Infinity" not in r.stdout
+    assert d["amax"]["ours"] is None and d["amax"]["ours_class"] == "nan"
 
 
 def test_cli_diff_raw_files(files):

@@ -16,22 +16,22 @@ bytes for the same input".  This module answers it with fpsim's conventions
   edge cases in ``.npz`` and as raw little-endian ``.bin`` files + a JSON manifest.
 
 Values are float32 throughout (inputs are converted by RNE first, SPEC §9).
-Results are plain dicts / dataclasses; :func:`jsonable` turns them into JSON-safe
-data (non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``).
+Results are plain dicts / dataclasses; write them as JSON with :func:`fpsim.io.dumps` (NaN and ±inf
+become ``null``; a float's ``hex`` or ``class`` field beside it says which it was).
 """
 
-from .common import jsonable, load_arrays
+from .common import load_arrays
 from .diff import CAUSES, DiffReport, diff
 from .explain import explain_block, explain_value
-from .vectors import read_vectors, vector_cases, write_vectors
+from .vectors import element_cases, read_vectors, vector_cases, write_vectors
 
 __all__ = [
     "CAUSES",
     "DiffReport",
     "diff",
     "explain_block",
+    "element_cases",
     "explain_value",
-    "jsonable",
     "load_arrays",
     "read_vectors",
     "vector_cases",

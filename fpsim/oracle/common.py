@@ -10,39 +10,11 @@ import numpy as np
 from ..codecs import decode
 from ..formats import FormatSpec
 
-__all__ = ["F32", "FLT_MAX", "code_bits", "code_info", "f32_fields", "fmin_nan", "hex32", "jsonable",
+__all__ = ["F32", "FLT_MAX", "code_bits", "code_info", "f32_fields", "fmin_nan", "f32_class", "hex32",
            "load_arrays", "positive_codes"]
 
 F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)
-
-
-
-def jsonable(obj):
-    """A copy of ``obj`` that ``json.dumps(..., allow_nan=False)`` accepts.
-
-    Non-finite floats become the strings ``"NaN"``, ``"Infinity"`` and
-    ``"-Infinity"`` (plain ``json.dumps`` would write invalid bare ``NaN``);
-    numpy scalars and arrays become Python numbers and lists; tuples become lists.
-    """
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        if math.isnan(v):
-            return "NaN"
-        if math.isinf(v):
-            return "Infinity" if v > 0 else "-Infinity"
-        return v
-    return obj
 
 
 def hex32(v) -> str:
@@ -50,17 +22,26 @@ def hex32(v) -> str:
     return f"0x{int(np.asarray(v, np.float32).view(np.uint32)):08X}"
 
 
+def f32_class(v) -> str:
+    """``"nan"``, ``"inf"`` (either sign), ``"zero"``, ``"subnormal"`` or ``"normal"``: the class of float32 ``v``.
+
+    JSON output writes NaN and ±inf as ``null`` (``fpsim.io.to_json``); this class, next to the value, says why.
+    """
+    b = int(np.asarray(v, np.float32).view(np.uint32))
+    e, m = (b >> 23) & 0xFF, b & 0x7FFFFF
+    if e == 0xFF:
+        return "nan" if m else "inf"
+    if e == 0:
+        return "subnormal" if m else "zero"
+    return "normal"
+
+
 def f32_fields(v) -> dict:
-    """The float32 ``v``: value, bits in hex, sign / exponent / mantissa fields and class."""
+    """The float32 ``v``: value, bits in hex, sign / exponent / mantissa fields and class (:func:`f32_class`)."""
     v = F32(v)
     b = int(np.asarray(v).view(np.uint32))
     s, e, m = b >> 31, (b >> 23) & 0xFF, b & 0x7FFFFF
-    if e == 0xFF:
-        cls = "nan" if m else "inf"
-    elif e == 0:
-        cls = "subnormal" if m else "zero"
-    else:
-        cls = "normal"
+    cls = f32_class(v)
     return {
         "value": float(v),
         "hex": f"0x{b:08X}",
@@ -87,12 +68,14 @@ def code_bits(code: int, spec: FormatSpec) -> str:
 
 
 def code_info(code: int, spec: FormatSpec) -> dict:
-    """Code, hex spelling, fields in binary and decoded value of one element code."""
+    """Code, hex spelling, fields in binary, decoded value and its class (:func:`f32_class`) of one code."""
+    v = decode(np.array([code]), spec)[0]
     return {
         "code": int(code),
         "hex": f"0x{code:0{(spec.bits + 3) // 4}X}",
         "binary": code_bits(int(code), spec),
-        "value": float(decode(np.array([code]), spec)[0]),
+        "value": float(v),
+        "class": f32_class(v),
     }
 
 

@@ -10,9 +10,10 @@ import numpy as np
 
 from .._arrays import as_float32
 from ..codecs import Rounding, encode
+from ..io import to_json
 from ..packing import unpack_fp4
 from ..scaling import BlockScheme, ScaleRule, _Kind, get_scheme, quantize, unswizzle_scales
-from .common import F32, FLT_MAX, hex32, jsonable, positive_codes
+from .common import F32, FLT_MAX, f32_class, hex32, positive_codes
 
 __all__ = ["CAUSES", "DiffReport", "diff"]
 
@@ -75,8 +76,8 @@ class DiffReport:
         return self.n_code_mismatches == 0 and self.n_scale_mismatches == 0 and self.amax_match is not False
 
     def to_dict(self) -> dict:
-        """JSON-safe dict (non-finite floats as the strings "NaN", "Infinity", "-Infinity")."""
-        return jsonable(
+        """JSON-ready dict (``fpsim.io.to_json``: NaN and ±inf are ``null``; ``amax.*_class`` says which)."""
+        return to_json(
             {
                 "scheme": self.scheme,
                 "identical": self.identical,
@@ -86,7 +87,9 @@ class DiffReport:
                 "blocks": self.n_blocks,
                 "scale_mismatches": self.n_scale_mismatches,
                 "scale_mismatch_rate": self.scale_mismatch_rate,
-                "amax": {"ours": self.amax_ours, "candidate": self.amax_candidate, "match": self.amax_match},
+                "amax": {"ours": self.amax_ours, "ours_class": _classes(self.amax_ours),
+                         "candidate": self.amax_candidate, "candidate_class": _classes(self.amax_candidate),
+                         "match": self.amax_match},
                 "causes": self.causes,
                 "findings": self.findings,
                 "first_code_mismatches": self.code_mismatches,
@@ -125,6 +128,13 @@ class DiffReport:
                              f"{m['ours_hex']:>5} {m['candidate_hex']:>5}  {m['cause']}"
                              + (f" ({m['detail']})" if m.get("detail") else ""))
         return "\n".join(lines)
+
+
+def _classes(v):
+    """:func:`f32_class` of an amax (a float or a list of them), None where there is none."""
+    if v is None:
+        return None
+    return [f32_class(a) for a in v] if isinstance(v, list) else f32_class(v)
 
 
 def _block_vmax(X: np.ndarray, BR: int, BC: int, nb: int) -> np.ndarray:

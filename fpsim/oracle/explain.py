@@ -349,6 +349,7 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
             "code_hex": code_info(int(codes[i]), el)["hex"],
             "code_binary": code_bits(int(codes[i]), el),
             "decoded": float(dec[i]),
+            "decoded_hex": hex32(dec[i]),
         }
         for i in range(flat.size)
     ]

@@ -5,18 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import tempfile
+import shutil
 from pathlib import Path
 
 import numpy as np
 
+from ..codecs import decode, encode
+from ..formats import get_format
+from ..io import OutputError, atomic_write, dumps
 from ..packing import unpack_fp4
-from ..scaling import _Kind, get_scheme, quantize, swizzle_scales
+from ..scaling import BlockScheme, ScaleRule, get_scheme, quantize, swizzle_scales
+from ..scaling import _Kind as Kind
 from .common import F32
 
-__all__ = ["read_vectors", "vector_cases", "write_vectors"]
+__all__ = ["element_cases", "read_vectors", "vector_cases", "write_vectors"]
 
 _NAN, _INF = float("nan"), float("inf")
 
@@ -36,7 +39,7 @@ def vector_cases(scheme="nvfp4") -> list[tuple[str, np.ndarray, dict]]:
     seeded random tensor with outliers.
     """
     sch = get_scheme(scheme)
-    if sch.kind is _Kind.CAST or sch.block is None:
+    if sch.kind is Kind.CAST or sch.block is None:
         raise ValueError(f"vectors are defined for block-scaled schemes, not {sch.name}")
     BR, BC = sch.block
     el = sch.element
@@ -45,7 +48,7 @@ def vector_cases(scheme="nvfp4") -> list[tuple[str, np.ndarray, dict]]:
     def b(*v):
         return _blk(*v, n=BC)
 
-    two = sch.kind is _Kind.TWO_LEVEL and sch.tensor_scale
+    two = sch.kind is Kind.TWO_LEVEL and sch.tensor_scale
     A = F32(el.max) * F32(sch.scale.max) if two else F32(M)  # an anchor block amax: S_enc = 1 for NVFP4
     A = float(A)
     Z = float(sch.scale.max) if two else M
@@ -105,98 +108,154 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 _VEC_TAG = "fpsim.vectors/1"
-_FIELDS = ("input", "codes", "packed", "scales", "scales_swizzled", "amax", "decoded")
+_CONVENTIONS = ("SPEC.md: NVIDIA conversions (RNE, satfinite, NaN → positive NaN/max code), Transformer Engine "
+                "NVFP4 order sdb = min(fl(vmax·fl(S_enc·fl(1/6))), 448), no lower scale clamp, MX rceil, "
+                "element 2j in the low nibble")
 
 
-def write_vectors(scheme, out_dir) -> dict:
-    """Write golden vectors of :func:`vector_cases` for ``scheme`` into ``out_dir``; return the manifest.
+def element_cases(fmt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codec vectors of element format ``fmt``: ``(codes, decoded, inputs)``.
 
-    Layout (all written atomically)::
+    ``codes``: every code of the format (all 2^bits; 16-bit formats: all 65,536); ``decoded`` their float32
+    values; ``inputs``: float32 values probing every rounding decision: each finite grid value, each midpoint
+    between neighbours and the float32 values one ulp either side of it, past-max values (max + half a
+    step and its neighbours, 2·max, float32 max), ±0, ±inf, NaN and float32 subnormals — all with both signs.
+    """
+    spec = get_format(fmt)
+    if spec.is_passthrough:
+        raise ValueError("float32 is the input format itself: it has no codec vectors")
+    codes = np.arange(1 << spec.bits, dtype=np.uint32).astype(spec.code_dtype)
+    decoded = decode(codes, spec)
+    vals = np.unique(np.abs(decoded[np.isfinite(decoded)]).astype(np.float64))
+    mids = (vals[:-1] + vals[1:]) / 2
+    top = 2.0 ** (spec.emax - spec.mbits)
+    past = np.array([vals[-1] + top / 2, vals[-1] * 2, float(np.finfo(np.float32).max)])
+    with np.errstate(over="ignore"):  # past-max probes of E8M0 overflow float32: they become inf, also a probe
+        core = np.concatenate([vals, mids, past]).astype(np.float32)
+        up = np.nextafter(core, F32(np.inf))
+    down = np.nextafter(core, F32(0))
+    sub = np.array([2.0**-149, 2.0**-126 - 2.0**-149], np.float32)
+    mag = np.unique(np.concatenate([core, up, down, sub, np.array([np.inf], np.float32)]))
+    inputs = np.concatenate([mag, -mag, np.array([np.nan], np.float32)]).astype(np.float32)
+    return codes, decoded, inputs
 
-        out_dir/manifest.json           scheme, conventions, per case: name, kwargs, files
+
+def _element_arrays(fmt) -> tuple[dict, list[tuple[str, dict, int | None, dict]]]:
+    spec = get_format(fmt)
+    codes, decoded, inputs = element_cases(spec)
+    enc: dict[str, np.ndarray] = {"input": inputs}
+    for mode in ("rne", "rtz", "rup", "rdown", "rna"):
+        enc[f"codes_{mode}"] = encode(inputs, spec, mode)
+        enc[f"codes_{mode}_nosat"] = encode(inputs, spec, mode, saturate=False)
+    head = {"element": spec.name, "conventions": "SPEC.md §2: NVIDIA conversions; _nosat = __NV_NOSAT"}
+    return head, [("decode every code", {}, None, {"codes": codes, "decoded": decoded}),
+                  ("encode grid, midpoints and neighbours", {"rounding": ["rne", "rtz", "rup", "rdown", "rna"],
+                                                              "saturate": [True, False]}, None, enc)]
+
+
+def _scheme_arrays(sch: BlockScheme, rules) -> tuple[dict, list[tuple[str, dict, int | None, dict]]]:
+    cases = []
+    many = len(rules) > 1
+    for rule in rules:
+        for name, x, kw in vector_cases(sch):
+            kw = dict(kw, scale_rule=rule) if rule is not None else kw
+            q = quantize(x, sch, **kw)
+            R = math.prod(q.data.shape[:-1])
+            arrays = {"input": x}
+            if sch.element.bits == 4:
+                arrays["codes"] = unpack_fp4(q.data)
+                arrays["packed"] = q.data
+            else:
+                arrays["codes"] = q.data
+            arrays["scales"] = q.scales
+            if sch.scale.bits == 8:
+                arrays["scales_swizzled"] = swizzle_scales(np.ascontiguousarray(q.scales).reshape(R, -1))
+            arrays["amax"] = np.asarray(q.amax, np.float32)
+            arrays["decoded"] = q.dequantize()
+            kwj = {k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items()}
+            cases.append((f"{name} [{rule}]" if many else name, kwj, q.axis, arrays))
+    return {"scheme": sch.to_json(), "conventions": _CONVENTIONS}, cases
+
+
+def write_vectors(scheme=None, out_dir=None, *, element=None, scale_rules=None) -> dict:
+    """Write golden vectors into ``out_dir`` (created, with ``bin/``, only once every array is computed).
+
+    Either block-scheme vectors (``scheme``: the cases of :func:`vector_cases`) or element-codec vectors
+    (``element``: :func:`element_cases`, encoded under every rounding mode with and without saturation).
+    ``scale_rules``: for MX schemes, the E8M0 rules to write (``"all"`` or a list; default the scheme's);
+    with several, each case name ends in `` [rule]``.  Returns the manifest.
+
+    Layout (every file written atomically through :func:`fpsim.io.atomic_write`)::
+
+        out_dir/manifest.json           scheme or element, conventions, per case: name, kwargs, files
         out_dir/vectors.npz             every array, keyed "<case slug>.<field>"
         out_dir/bin/<slug>.<field>.bin  the same arrays as raw little-endian bytes, C order
 
     The manifest lists for each file its ``dtype`` (numpy name, little-endian),
-    ``shape`` and ``sha256``.  Fields: ``input`` (float32, the original shape),
+    ``shape`` and ``sha256``.  Scheme fields: ``input`` (float32, the original shape),
     ``codes`` (uint8, one code per byte, quantized axis last and padded to whole
     blocks: [rows, blocks·block_width]), ``packed`` (4-bit elements: two codes
     per byte, element 2j in the low nibble), ``scales`` (raw scale bytes
     [rows, blocks], or float32 for FP32 scales), ``scales_swizzled`` (E4M3/E8M0
     scales in the Blackwell layout, SPEC §4), ``amax`` (float32 tensor amax; NaN
-    where the scheme has none), ``decoded`` (float32, original shape).
+    where the scheme has none), ``decoded`` (float32, original shape).  Element fields: ``codes`` /
+    ``decoded`` (every code), ``input`` and ``codes_<mode>[_nosat]``.
+    A refusal (bad scheme, format or rule) raises ``ValueError`` before anything is created.
     """
-    sch = get_scheme(scheme)
-    out = Path(out_dir)
-    (out / "bin").mkdir(parents=True, exist_ok=True)
     import fpsim
 
-    manifest: dict = {
-        "format": _VEC_TAG,
-        "fpsim_version": fpsim.__version__,
-        "scheme": sch.to_json(),
-        "conventions": "SPEC.md: NVIDIA conversions (RNE, satfinite, NaN → positive NaN/max code), Transformer "
-        "Engine NVFP4 order sdb = min(fl(vmax·fl(S_enc·fl(1/6))), 448), no lower scale clamp, MX rceil, "
-        "element 2j in the low nibble",
-        "byteorder": "little",
-        "cases": [],
-    }
-    npz: dict[str, np.ndarray] = {}
-    for name, x, kw in vector_cases(sch):
-        q = quantize(x, sch, **kw)
-        R = math.prod(q.data.shape[:-1])
-        arrays = {"input": x}
-        if sch.element.bits == 4:
-            arrays["codes"] = unpack_fp4(q.data)
-            arrays["packed"] = q.data
+    if (scheme is None) == (element is None):
+        raise ValueError("give a block scheme or an element format, not both or neither")
+    if out_dir is None:
+        raise ValueError("out_dir is required")
+    if element is not None:
+        head, cases = _element_arrays(element)
+    else:
+        sch = get_scheme(scheme)
+        if scale_rules is not None and sch.kind is not Kind.POW2:
+            raise ValueError(f"scale rules apply to MX (E8M0-scaled) schemes, not {sch.name}")
+        if scale_rules is None:
+            rules = [None]
+        elif scale_rules == "all":
+            rules = [r.value for r in ScaleRule]
         else:
-            arrays["codes"] = q.data
-        arrays["scales"] = q.scales
-        if sch.scale.bits == 8:
-            arrays["scales_swizzled"] = swizzle_scales(np.ascontiguousarray(q.scales).reshape(R, -1))
-        arrays["amax"] = np.asarray(q.amax, np.float32)
-        arrays["decoded"] = q.dequantize()
+            rules = [ScaleRule.parse(r).value for r in ([scale_rules] if isinstance(scale_rules, str) else
+                                                          scale_rules)]
+        head, cases = _scheme_arrays(sch, rules)
+    manifest: dict = {"format": _VEC_TAG, "fpsim_version": fpsim.__version__, **head, "byteorder": "little",
+                      "cases": []}
+    blobs: dict[str, bytes] = {}
+    npz: dict[str, np.ndarray] = {}
+    for name, kw, axis, arrays in cases:
         slug = _slug(name)
         files = {}
         for fld, a in arrays.items():
             a = np.ascontiguousarray(a)
-            le = a.astype(a.dtype.newbyteorder("<"), copy=False)
-            raw = le.tobytes()
+            raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
             rel = f"bin/{slug}.{fld}.bin"
-            _atomic_bytes(out / rel, raw)
+            blobs[rel] = raw
             files[fld] = {"path": rel, "dtype": a.dtype.name, "shape": list(a.shape),
                           "sha256": hashlib.sha256(raw).hexdigest()}
             npz[f"{slug}.{fld}"] = a
-        kwj = {k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items()}
-        manifest["cases"].append({"name": name, "slug": slug, "kwargs": kwj, "axis": q.axis, "files": files})
-
-    def write_npz(path):
-        fd, tmp = tempfile.mkstemp(dir=out, prefix="vectors", suffix=".npz.tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **npz)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-
-    write_npz(out / "vectors.npz")
-    _atomic_bytes(out / "manifest.json", (json.dumps(manifest, indent=1, allow_nan=False) + "\n").encode())
+        manifest["cases"].append({"name": name, "slug": slug, "kwargs": kw, "axis": axis, "files": files})
+    _write_tree(Path(out_dir), blobs, npz, manifest)
     return manifest
+
+
+def _write_tree(out: Path, blobs: dict[str, bytes], npz: dict[str, np.ndarray], manifest: dict) -> None:
+    """Create ``out`` and ``out/bin`` and write every file; a failure removes the directories it created."""
+    made = [d for d in (out, out / "bin") if not d.exists()]
+    try:
+        (out / "bin").mkdir(parents=True, exist_ok=True)
+        for rel, raw in blobs.items():
+            atomic_write(out / rel, raw)
+        atomic_write(out / "vectors.npz", lambda f: np.savez(f, **npz))
+        atomic_write(out / "manifest.json", dumps(manifest))  # last: a directory with a manifest is complete
+    except (OSError, OutputError) as e:
+        for d in reversed(made):
+            shutil.rmtree(d, ignore_errors=True)
+        raise OutputError(str(e).splitlines()[0] if str(e) else f"{out}: cannot write") from None
 
 
 def read_vectors(vec_dir, source: str = "bin") -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
