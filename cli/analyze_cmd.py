@@ -119,7 +119,7 @@ def _atomic_write(path: Path, text: str) -> None:
 @click.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--formats", "schemes", default="nvfp4,mxfp4,mxfp8_e4m3,fp8_e4m3,bf16", show_default=True,
-              help="Comma-separated schemes (see fpsim.scaling.SCHEMES).")
+              help="Comma-separated schemes (see fpsim.schemes.SCHEMES).")
 @click.option("--recipe", default=None,
               help="Also quantize each tensor as the recipe's GEMM copies (e.g. nvfp4_paper).")
 @click.option("--select", "select", multiple=True, help="Only tensors whose name matches this glob (repeatable).")
@@ -144,7 +144,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
     from fpsim.io import InputError, open_tensors
     from fpsim.recipe import get_recipe
-    from fpsim.scaling import get_scheme
+    from fpsim.schemes import get_scheme
 
     def note(msg: str) -> None:
         if not quiet:

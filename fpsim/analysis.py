@@ -30,10 +30,11 @@ import numpy as np
 
 from ._arrays import as_float32
 from ._jit import pjit, prange
+from .dispatch import quantize, rht
 from .random import stream_width
 from .recipe import ROLE_TENSOR, ROLES, get_recipe, quantize_operand
-from .scaling import QuantizedTensor, _Kind, get_scheme, quantize
-from .transforms import rht
+from .schemes import Kind, get_scheme
+from .tensor import QuantizedTensor
 
 __all__ = ["guess_role", "analyze_tensor", "METRIC_COLUMNS", "TensorSkipped", "DEFAULT_SCHEMES"]
 
@@ -111,7 +112,7 @@ class _Acc:
             _block_rows(x2, np.ascontiguousarray(xq, np.float32).reshape(x2.shape), codes, el.bits == 4,
                         el.magnitude_mask, el.max_code, bc, f, k)
         self.saturated += int(k[:, 0].sum())
-        if sch.kind is _Kind.TWO_LEVEL:
+        if sch.kind is Kind.TWO_LEVEL:
             sc = q.scales.reshape(-1)
             exp_field = sch.scale.magnitude_mask & ~((1 << sch.scale.mbits) - 1)
             self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
@@ -323,7 +324,7 @@ def analyze_tensor(
         if cols % rht_d:
             pass  # the RHT needs whole tiles along the last axis; reported as absent rows
         else:
-            variants += [(s, rht_d) for s in schemes if get_scheme(s).kind is not _Kind.CAST]
+            variants += [(s, rht_d) for s in schemes if get_scheme(s).kind is not Kind.CAST]
     for scheme, d in variants:
         sch = get_scheme(scheme)
         label = scheme if not d else f"{scheme}+rht{d}"
@@ -342,16 +343,16 @@ def analyze_tensor(
             c = as_float32(x2d[i : i + chunk_rows])
             if d:
                 c = rht(c, d, _rht_signs(d), axis=-1)
-            kw = {"tensor_amax": amax} if amax is not None and sch.kind is not _Kind.CAST else {}
+            kw = {"tensor_amax": amax} if amax is not None and sch.kind is not Kind.CAST else {}
             q = quantize(c, sch, **kw)
             xq = q.dequantize()
-            acc.add(c, xq, q if sch.kind is not _Kind.CAST else None)
+            acc.add(c, xq, q if sch.kind is not Kind.CAST else None)
             nbytes += q.data.nbytes + (q.scales.nbytes if sch.block is not None else 0)
-        if amax is not None and sch.kind is not _Kind.CAST:
+        if amax is not None and sch.kind is not Kind.CAST:
             nbytes += 4  # the one FP32 tensor amax / scale
         row = _row(acc, base, label, 8.0 * nbytes / x2d.size)
         row["bias_rne"] = acc.err_sum / max(acc.n, 1) * -1.0
-        if seeds and role == "gradient" and sch.kind is not _Kind.CAST and not d:
+        if seeds and role == "gradient" and sch.kind is not Kind.CAST and not d:
             draws = []
             for s in range(seeds):
                 tot = 0.0

@@ -17,10 +17,11 @@ import numpy as np
 
 from .._arrays import as_float32
 from ..codecs import Rounding
+from ..dispatch import quantize
 from ..io import to_json
 from ..packing import unpack_fp4
-from ..scaling import BlockScheme, get_scheme, quantize, unswizzle_scales
-from ..scaling import _Kind as Kind
+from ..scaling import unswizzle_scales
+from ..schemes import BlockScheme, Kind, get_scheme
 from .common import f32_class, hex32
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
 from .model import Convention, TensorView, model_bytes

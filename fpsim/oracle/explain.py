@@ -9,9 +9,10 @@ import numpy as np
 
 from .._arrays import as_float32
 from ..codecs import Rounding, decode, encode
+from ..dispatch import quantize
 from ..formats import get_format
 from ..packing import unpack_fp4
-from ..scaling import BlockScheme, ScaleRule, _Kind, get_scheme, quantize
+from ..schemes import BlockScheme, Kind, ScaleRule, get_scheme
 from .common import F32, FLT_MAX, code_bits, code_info, f32_fields, fmin_nan, hex32, positive_codes
 
 __all__ = ["explain_block", "explain_value"]
@@ -209,7 +210,7 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
     """
     sch = get_scheme(scheme)
     kind = sch.kind
-    if kind is _Kind.CAST:
+    if kind is Kind.CAST:
         raise ValueError(f"{sch.name} is a plain cast without scales: use explain_value")
     if sch.rounding is not Rounding.RNE:
         raise ValueError("explain_block covers RNE element rounding (stochastic rounding needs the random bits)")
@@ -228,7 +229,7 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
     steps = [_step("vmax", "max |x| over the block", vmax)]
     out: dict = {"scheme": sch.name, "block": list(sch.block) if sch.block else None}
     with np.errstate(all="ignore"):
-        if kind is _Kind.TWO_LEVEL:
+        if kind is Kind.TWO_LEVEL:
             sc = sch.scale
             s_enc = s_dec = F32(1.0)
             amax = None
@@ -268,7 +269,7 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
             scale_code: int | float = sb
             formula = "fl(x · enc_b)"
             dec_formula = "fl((e(code) · f32(s_b)) · S_dec)"
-        elif kind is _Kind.POW2:
+        elif kind is Kind.POW2:
             rule = sch.scale_rule
             e8 = sch.scale
             amax = None

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..dispatch import quantize
 from ..packing import unpack_fp4
-from ..scaling import BlockScheme, quantize
-from ..scaling import _Kind as Kind
+from ..schemes import BlockScheme, Kind
 from .model import (
     ENC_ORDERS,
     MX_RULES,

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codecs import encode
-from ..scaling import BlockScheme
-from ..scaling import _Kind as Kind
+from ..schemes import BlockScheme, Kind
 from .common import F32, FLT_MAX
 
 __all__ = ["Convention", "TensorView", "ENC_ORDERS", "SCALE_ORDERS", "MX_RULES", "ROUNDINGS", "block_scales",

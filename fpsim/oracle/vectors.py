@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from ..codecs import decode, encode
+from ..dispatch import quantize
 from ..formats import get_format
 from ..io import OutputError, atomic_write, dumps
 from ..packing import unpack_fp4
-from ..scaling import BlockScheme, ScaleRule, get_scheme, quantize, swizzle_scales
-from ..scaling import _Kind as Kind
+from ..scaling import swizzle_scales
+from ..schemes import BlockScheme, Kind, ScaleRule, get_scheme
 from .common import F32
 
 __all__ = ["element_cases", "read_vectors", "vector_cases", "write_vectors"]
