@@ -69,3 +69,33 @@ def test_manifest_is_strict_json_without_nan(tmp_path):
     text = (tmp_path / "manifest.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the manifest"))
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_two_level_decoder_matches_dequantize_and_torchao_order_differs(tmp_path):
+    from fpsim.oracle.vectors import decode_two_level
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((64, 64)) * np.exp2(rng.integers(-20, 4, (64, 1)))).astype(np.float32)
+    q = fpsim.quantize(x, "nvfp4")
+    sch = fpsim.get_scheme("nvfp4")
+    codes = fpsim.unpack_fp4(q.data)
+    te = decode_two_level(codes, q.scales, np.full(64, q.amax, np.float32), sch)
+    assert te.tobytes() == q.dequantize().tobytes()
+    ta = decode_two_level(codes, q.scales, np.full(64, q.amax, np.float32), sch, "torchao")
+    assert not np.array_equal(ta, te) and np.allclose(ta, te, rtol=1e-6, atol=0)
+
+
+def test_torchao_options_scale_clamp_and_dequantize_order(tmp_path):
+    m = write_vectors("nvfp4", tmp_path / "v", scale_min=2.0**-6, dequantize_order="torchao")
+    assert m["scale_min"] == 2.0**-6 and m["dequantize_order"] == "torchao" and "≥ 0.015625" in m["conventions"]
+    _, cases = read_vectors(tmp_path / "v")
+    v = cases["subnormal E4M3 scale"]
+    e4m3 = fpsim.get_format("e4m3").decode_table()
+    assert e4m3[v["scales"]].min() >= 2.0**-6  # fpsim's own vectors have a subnormal scale here
+    _, plain = read_vectors(tmp_path / "w") if write_vectors("nvfp4", tmp_path / "w") else (None, None)
+    assert e4m3[plain["subnormal E4M3 scale"]["scales"]].min() < 2.0**-6
+    for kw in ({"scheme": "mxfp4", "scale_min": 0.1}, {"scheme": "mxfp4", "dequantize_order": "torchao"},
+               {"scheme": "nvfp4", "dequantize_order": "other"}):
+        with pytest.raises(ValueError):
+            write_vectors(out_dir=tmp_path / "x", **kw)
+        assert not (tmp_path / "x").exists()

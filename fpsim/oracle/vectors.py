@@ -15,12 +15,13 @@ from ..codecs import decode, encode
 from ..dispatch import quantize
 from ..formats import get_format
 from ..io import OutputError, atomic_write, dumps
-from ..packing import unpack_fp4
+from ..packing import pack_fp4, unpack_fp4
 from ..scaling import swizzle_scales
 from ..schemes import BlockScheme, Kind, ScaleRule, get_scheme
 from .common import F32
+from .model import Convention, TensorView, model_bytes, tensor_s_enc
 
-__all__ = ["element_cases", "read_vectors", "vector_cases", "write_vectors"]
+__all__ = ["DEQUANTIZE_ORDERS", "decode_two_level", "element_cases", "read_vectors", "vector_cases", "write_vectors"]
 
 _NAN, _INF = float("nan"), float("inf")
 
@@ -155,37 +156,105 @@ def _element_arrays(fmt) -> tuple[dict, list[tuple[str, dict, int | None, dict]]
                                                               "saturate": [True, False]}, None, enc)]
 
 
-def _scheme_arrays(sch: BlockScheme, rules) -> tuple[dict, list[tuple[str, dict, int | None, dict]]]:
+#: Orders of the two-level decode x̂ from code value e, block scale s and tensor amax.
+DEQUANTIZE_ORDERS = {
+    "fpsim": "fl(fl(e·s)·S_dec), S_dec = fl(1/S_enc)  (SPEC §4; Transformer Engine)",
+    "torchao": "fl(e·fl(pts·s)), pts = fl(amax/2688)  (torchao's NVFP4 dequantize)",
+}
+
+
+def decode_two_level(codes: np.ndarray, scales: np.ndarray, amax_rows: np.ndarray, sch: BlockScheme,
+                     order: str = "fpsim") -> np.ndarray:
+    """Decoded values [R, nb·BC] of two-level codes [R, nb·BC] and scale bytes [R, nb] in :data:`DEQUANTIZE_ORDERS`.
+
+    ``amax_rows``: the tensor amax of each row (float32, [R]); unused without a tensor scale.
+    """
+    el, sc = sch.element, sch.scale
+    R, nb = scales.shape
+    e = el.decode_table()[codes.astype(np.int64)].reshape(R, nb, -1)
+    s = sc.decode_table()[scales.astype(np.int64)][:, :, None]
+    num = F32(el.max) * F32(256.0 if sch.four_over_six else sc.max)
+    with np.errstate(all="ignore"):
+        if not sch.tensor_scale:
+            return (e * s).astype(F32).reshape(R, -1)
+        am = np.asarray(amax_rows, F32).reshape(R, 1, 1)
+        if order == "torchao":
+            return (e * ((am / num).astype(F32) * s)).astype(F32).reshape(R, -1)
+        s_dec = (F32(1.0) / tensor_s_enc(am, num)).astype(F32)
+        return ((e * s).astype(F32) * s_dec).astype(F32).reshape(R, -1)
+
+
+def _case_bytes(x: np.ndarray, sch: BlockScheme, kw: dict, scale_min, order: str):
+    """(codes [R, nb·BC] one per byte, packed or None, scales, amax, decoded in x's shape, axis) of one case."""
+    if scale_min is None:
+        q = quantize(x, sch, **kw)
+        R = math.prod(q.data.shape[:-1])
+        codes = unpack_fp4(q.data) if sch.element.bits == 4 else q.data
+        packed = q.data if sch.element.bits == 4 else None
+        if order == "fpsim" or sch.kind is not Kind.TWO_LEVEL:
+            return codes, packed, q.scales, np.asarray(q.amax, F32), q.dequantize(), q.axis
+        scales, amax, axis = np.asarray(q.scales), np.asarray(q.amax, F32), q.axis
+        codes2, scales2 = codes.reshape(R, -1), scales.reshape(R, -1)
+    else:
+        axis = kw.get("axis", -1) % x.ndim
+        s2 = sch.replace(block=tuple(kw["block"])) if "block" in kw else sch
+        X = np.ascontiguousarray(np.moveaxis(x, axis, -1)).reshape(-1, x.shape[axis])
+        view = TensorView(X, s2.block)
+        nan = kw.get("nan_amax", "propagate")
+        codes2, scales2 = model_bytes(view, s2, Convention(nan_amax=nan, scale_min=float(scale_min)))
+        rows = view.amax_rows(nan, "keep", bool(s2.per_row_scale))
+        amax = rows.copy() if s2.per_row_scale else np.asarray(rows[0] if rows.size else F32(0), F32)
+        if not s2.tensor_scale:
+            amax = np.asarray(np.nan, F32)
+        lead = tuple(np.moveaxis(x, axis, -1).shape[:-1])
+        codes, scales = codes2.reshape(lead + (-1,)), scales2.reshape(lead + (-1,))
+        packed = pack_fp4(codes) if sch.element.bits == 4 else None
+    rows = np.broadcast_to(np.asarray(amax, F32).reshape(-1), (codes2.shape[0],))
+    dec = decode_two_level(codes2, scales2, rows, sch, order)[:, : x.shape[axis]]
+    moved = tuple(np.moveaxis(x, axis, -1).shape)
+    return codes, packed, scales, amax, np.moveaxis(dec.reshape(moved), -1, axis), axis
+
+
+def _scheme_arrays(sch: BlockScheme, rules, scale_min=None, order: str = "fpsim", nan_amax: str = "propagate"):
+    """Manifest head and cases ``(name, kwargs, axis, arrays)`` of a block scheme (one set per scale rule)."""
     cases = []
     many = len(rules) > 1
     for rule in rules:
         for name, x, kw in vector_cases(sch):
             kw = dict(kw, scale_rule=rule) if rule is not None else kw
-            q = quantize(x, sch, **kw)
-            R = math.prod(q.data.shape[:-1])
-            arrays = {"input": x}
-            if sch.element.bits == 4:
-                arrays["codes"] = unpack_fp4(q.data)
-                arrays["packed"] = q.data
-            else:
-                arrays["codes"] = q.data
-            arrays["scales"] = q.scales
+            if nan_amax != "propagate":
+                kw = dict(kw, nan_amax=nan_amax)
+            codes, packed, scales, amax, decoded, axis = _case_bytes(x, sch, kw, scale_min, order)
+            R = math.prod(codes.shape[:-1])
+            arrays = {"input": x, "codes": codes}
+            if packed is not None:
+                arrays["packed"] = packed
+            arrays["scales"] = scales
             if sch.scale.bits == 8:
-                arrays["scales_swizzled"] = swizzle_scales(np.ascontiguousarray(q.scales).reshape(R, -1))
-            arrays["amax"] = np.asarray(q.amax, np.float32)
-            arrays["decoded"] = q.dequantize()
+                arrays["scales_swizzled"] = swizzle_scales(np.ascontiguousarray(scales).reshape(R, -1))
+            arrays["amax"] = amax
+            arrays["decoded"] = decoded
             kwj = {k: (list(v) if isinstance(v, tuple) else v) for k, v in kw.items()}
-            cases.append((f"{name} [{rule}]" if many else name, kwj, q.axis, arrays))
-    return {"scheme": sch.to_json(), "conventions": _CONVENTIONS}, cases
+            cases.append((f"{name} [{rule}]" if many else name, kwj, axis, arrays))
+    conv = _CONVENTIONS
+    if scale_min is not None:
+        conv = conv.replace("no lower scale clamp", f"block scale clamped to ≥ {scale_min:g} before encoding")
+    if order != "fpsim":
+        conv += f"; decoded = {DEQUANTIZE_ORDERS[order]}"
+    return {"scheme": sch.to_json(), "conventions": conv, "scale_min": scale_min, "dequantize_order": order}, cases
 
 
-def write_vectors(scheme=None, out_dir=None, *, element=None, scale_rules=None) -> dict:
+def write_vectors(scheme=None, out_dir=None, *, element=None, scale_rules=None, scale_min: float | None = None,
+                  dequantize_order: str = "fpsim", nan_amax: str = "propagate") -> dict:
     """Write golden vectors into ``out_dir`` (created, with ``bin/``, only once every array is computed).
 
     Either block-scheme vectors (``scheme``: the cases of :func:`vector_cases`) or element-codec vectors
     (``element``: :func:`element_cases`, encoded under every rounding mode with and without saturation).
     ``scale_rules``: for MX schemes, the E8M0 rules to write (``"all"`` or a list; default the scheme's);
-    with several, each case name ends in `` [rule]``.  Returns the manifest.
+    with several, each case name ends in `` [rule]``.  ``scale_min``: two-level schemes, clamp the block scale
+    to at least this before encoding (torchao: ``2**-6``); ``dequantize_order``: how ``decoded`` is computed
+    (:data:`DEQUANTIZE_ORDERS`; two-level schemes); ``nan_amax="ignore"``: every case ignores NaN in its
+    amaxes (SPEC §9).  Returns the manifest.
 
     Layout (every file written atomically through :func:`fpsim.io.atomic_write`)::
 
@@ -223,7 +292,15 @@ def write_vectors(scheme=None, out_dir=None, *, element=None, scale_rules=None) 
         else:
             rules = [ScaleRule.parse(r).value for r in ([scale_rules] if isinstance(scale_rules, str) else
                                                           scale_rules)]
-        head, cases = _scheme_arrays(sch, rules)
+        if dequantize_order not in DEQUANTIZE_ORDERS:
+            raise ValueError(f"unknown dequantize order {dequantize_order!r}; known: {', '.join(DEQUANTIZE_ORDERS)}")
+        if (scale_min is not None or dequantize_order != "fpsim") and sch.kind is not Kind.TWO_LEVEL:
+            raise ValueError(f"scale_min and dequantize_order apply to two-level (E4M3-scaled) schemes, not {sch.name}")
+        if scale_min is not None and sch.four_over_six:
+            raise ValueError("scale_min cannot be combined with four-over-six")
+        if nan_amax not in ("propagate", "ignore"):
+            raise ValueError("nan_amax must be 'propagate' or 'ignore'")
+        head, cases = _scheme_arrays(sch, rules, scale_min, dequantize_order, nan_amax)
     manifest: dict = {"format": _VEC_TAG, "fpsim_version": fpsim.__version__, **head, "byteorder": "little",
                       "cases": []}
     blobs: dict[str, bytes] = {}
