@@ -11,7 +11,7 @@ import pytest
 
 import fpsim
 from fpsim.oracle import diff
-from fpsim.scaling import BlockScheme
+from fpsim.schemes import BlockScheme
 
 F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)

@@ -34,8 +34,8 @@ SCHEMES = [
     fpsim.get_scheme("nvfp4"),
     fpsim.get_scheme("nvfp4").replace(block=(16, 16)),
     fpsim.get_scheme("nvfp4").replace(per_row_scale=True),
-    fpsim.scaling.BlockScheme("one", "e2m1", "e4m3", (1, 16)),
-    fpsim.scaling.BlockScheme("e4m3x32", "e4m3", "e4m3", (1, 32), tensor_scale=True),
+    fpsim.schemes.BlockScheme("one", "e2m1", "e4m3", (1, 16)),
+    fpsim.schemes.BlockScheme("e4m3x32", "e4m3", "e4m3", (1, 32), tensor_scale=True),
     *[fpsim.get_scheme(s).replace(scale_rule=r) for s in ("mxfp4", "mxfp6_e2m3", "mxfp8_e5m2")
       for r in ("floor", "ceil", "even", "rceil")],
     fpsim.get_scheme("mxfp8_e4m3").replace(block=(32, 32)),
@@ -89,7 +89,7 @@ def test_mx_float_log2_rules_are_off_by_one_where_documented():
 
 
 def test_tie_rules():
-    sch = fpsim.scaling.BlockScheme("one", "e2m1", "e4m3", (1, 16))
+    sch = fpsim.schemes.BlockScheme("one", "e2m1", "e4m3", (1, 16))
     x = np.array([[6.0, 0.25, 0.75, 1.25, 2.5, 5.0, -0.25, -0.75] + [0.0] * 8], F32)  # scale 1: ties as written
     v = TensorView(x, sch.block)
     codes = {r: model_bytes(v, sch, Convention(rounding=r))[0][0, :8].tolist() for r in ("rne", "rna", "ties_zero",

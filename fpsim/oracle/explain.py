@@ -18,6 +18,42 @@ from .common import F32, FLT_MAX, code_bits, code_info, f32_fields, fmin_nan, he
 __all__ = ["explain_block", "explain_value"]
 
 
+def _rounding_rule(spec, mode: Rounding, saturate: bool, code: int, a: float, lo: float, hi: float,
+                   top: float) -> tuple[str, dict, list[str]]:
+    """The rule that rounded |y| = ``a`` (strictly between grid points ``lo`` < a < ``hi``) to ``code``, where
+    it lies in the step (exact fractions), and notes."""
+    notes = []
+    p = (Fraction(a) - Fraction(lo)) / (Fraction(hi) - Fraction(lo))
+    if p > 1:  # beyond the virtual point: no rounding choice left
+        p = Fraction(1)
+    rb = p >= Fraction(1, 2)
+    position = {"fraction_of_step": float(p), "round_bit": int(rb), "sticky": bool((2 * p) % 1 != 0)}
+    mag = code & spec.magnitude_mask
+    nearest = mode in (Rounding.RNE, Rounding.RNA)
+    if (spec.has_inf and mag == spec.inf_code) or (spec.has_nan and mag == spec.nan_code):
+        rule = "overflow to inf" if spec.has_inf else "overflow to NaN"
+        notes.append("no saturation (__NV_NOSAT): past max + half a step the value overflows")
+    elif a > top and mag == spec.max_code and (p > Fraction(1, 2) or mode in (Rounding.RUP, Rounding.RDOWN,
+                                                                             Rounding.RNA)):
+        rule = "saturation"
+        notes.append("beyond max: .satfinite gives ±max" if saturate else "rounds back to max")
+    elif p == Fraction(1, 2) and nearest:
+        rule = "tie-to-even" if mode is Rounding.RNE else "tie away from zero"
+        if mode is Rounding.RNE:
+            notes.append(f"exactly halfway: the even code 0x{code:X} wins")
+    elif nearest:
+        rule = "sticky bits" if rb else "below midpoint"
+        notes.append("round bit 1 and sticky bits ≠ 0: above the midpoint, rounds away from zero" if rb else
+                     "round bit 0: below the midpoint, rounds toward zero")
+    else:
+        rule = f"directed rounding ({mode.value})"
+    if spec.subnormals and 0 < a < spec.min_normal:
+        notes.append(f"subnormal range of {spec.name} (spacing {spec.min_subnormal:g})")
+    if mag == 0 and a != 0:
+        notes.append("underflow to ±0")
+    return rule, position, notes
+
+
 def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> dict:
     """Explain the conversion of one value to element format ``fmt`` (SPEC §2).
 
@@ -114,43 +150,9 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> 
             if a == 0:
                 notes.append("zero keeps its sign" if spec.signed else "zero")
         else:
-            lo_v = Fraction(float(vals[i]))
-            hi_v = Fraction(abs(hi["value"]))
-            p = (Fraction(a) - lo_v) / (hi_v - lo_v)
-            if p > 1:  # beyond the virtual point: no rounding choice left
-                p = Fraction(1)
-            rb = p >= Fraction(1, 2)
-            sticky = (2 * p) % 1 != 0
-            out["position"] = {"fraction_of_step": float(p), "round_bit": int(rb), "sticky": bool(sticky)}
-            res_mag = code & spec.magnitude_mask
-            overflowed = (spec.has_inf and res_mag == spec.inf_code) or (spec.has_nan and res_mag == spec.nan_code)
-            beyond = a > vals[-1]
-            if overflowed:
-                out["rule"] = "overflow to inf" if spec.has_inf else "overflow to NaN"
-                notes.append("no saturation (__NV_NOSAT): past max + half a step the value overflows")
-            elif beyond and res_mag == spec.max_code and (p > Fraction(1, 2) or mode in (Rounding.RUP, Rounding.RDOWN,
-                                                                                       Rounding.RNA)):
-                out["rule"] = "saturation"
-                notes.append("beyond max: .satfinite gives ±max" if saturate else "rounds back to max")
-            elif p == Fraction(1, 2) and mode in (Rounding.RNE, Rounding.RNA):
-                if mode is Rounding.RNE:
-                    out["rule"] = "tie-to-even"
-                    notes.append(f"exactly halfway: the even code 0x{code:X} wins")
-                else:
-                    out["rule"] = "tie away from zero"
-            elif mode in (Rounding.RNE, Rounding.RNA):
-                if rb:
-                    out["rule"] = "sticky bits"
-                    notes.append("round bit 1 and sticky bits ≠ 0: above the midpoint, rounds away from zero")
-                else:
-                    out["rule"] = "below midpoint"
-                    notes.append("round bit 0: below the midpoint, rounds toward zero")
-            else:
-                out["rule"] = f"directed rounding ({mode.value})"
-            if spec.subnormals and 0 < a < spec.min_normal:
-                notes.append(f"subnormal range of {spec.name} (spacing {spec.min_subnormal:g})")
-            if code & spec.magnitude_mask == 0 and a != 0:
-                notes.append("underflow to ±0")
+            out["rule"], out["position"], more = _rounding_rule(spec, mode, saturate, code, a, float(vals[i]),
+                                                                abs(hi["value"]), float(vals[-1]))
+            notes += more
     out["notes"] = notes
     return out
 
@@ -176,6 +178,130 @@ def _block_cross_check(xb: np.ndarray, sch: BlockScheme, amax) -> tuple[np.ndarr
     q = quantize(X, sch)
     codes = unpack_fp4(q.data) if sch.element.bits == 4 else q.data
     return codes[: xb.shape[0], : xb.shape[1]].reshape(-1), q.scales[0, 0]
+
+
+def _two_level_steps(sch: BlockScheme, flat: np.ndarray, vmax, tensor_amax, steps: list) -> tuple:
+    """SPEC §4 step by step: (amax, scaled, codes, decoded, scale byte, formulas)."""
+    el = sch.element
+    with np.errstate(all="ignore"):
+        sc = sch.scale
+        s_enc = s_dec = F32(1.0)
+        amax = None
+        if sch.tensor_scale:
+            amax = vmax if tensor_amax is None else F32(tensor_amax)
+            if not np.isnan(amax) and not np.isnan(vmax) and amax < vmax:
+                raise ValueError(f"tensor amax {float(amax):g} is below the block amax {float(vmax):g}")
+            num = F32(el.max) * F32(sc.max)
+            steps.append(_step("amax", "tensor amax (max |x| over the tensor)", amax))
+            s_raw = num / amax
+            s_enc = fmin_nan(s_raw, FLT_MAX)
+            rule = f"min(fl({num:g} / amax), FLT_MAX)"
+            if amax == 0 or s_enc == 0:
+                s_enc = F32(1.0)
+                rule += "; 1 because amax == 0 or the quotient is 0"
+            steps.append(_step("S_enc", rule, s_enc))
+            s_dec = F32(1.0) / s_enc
+            steps.append(_step("S_dec", "fl(1 / S_enc)", s_dec))
+        inv = F32(1.0) / F32(el.max)
+        steps.append(_step(f"fl(1/{el.max:g})", f"fl(1 / {el.max:g})", inv))
+        k = s_enc * inv
+        steps.append(_step(f"S_enc·fl(1/{el.max:g})", f"fl(S_enc · fl(1/{el.max:g}))  (TE order: this first)", k))
+        prod = vmax * k
+        steps.append(_step("vmax·(…)", f"fl(vmax · fl(S_enc · fl(1/{el.max:g})))", prod))
+        sdb = fmin_nan(prod, F32(sc.max))
+        steps.append(_step("sdb", f"min(…, {sc.max:g})", sdb))
+        sb = int(encode(np.array([sdb], np.float32), sc)[0])
+        steps.append(_byte_step("s_b", f"{sc.name} RNE satfinite of sdb (stored byte; no lower clamp)", sb, sc))
+        sbv = F32(decode(np.array([sb]), sc)[0])
+        p = sbv * s_dec
+        steps.append(_step("f32(s_b)·S_dec", "fl(f32(s_b) · S_dec)", p))
+        enc = fmin_nan(F32(1.0) / p, FLT_MAX)
+        steps.append(_step("enc_b", "min(fl(1 / fl(f32(s_b) · S_dec)), FLT_MAX)", enc))
+        ys = (flat * enc).astype(np.float32)
+        codes = encode(ys, el)
+        dec = ((decode(codes, el) * sbv).astype(np.float32) * s_dec).astype(np.float32)
+        scale_code: int | float = sb
+        formula = "fl(x · enc_b)"
+        dec_formula = "fl((e(code) · f32(s_b)) · S_dec)"
+    return amax, ys, codes, dec, scale_code, formula, dec_formula
+
+
+def _pow2_steps(sch: BlockScheme, flat: np.ndarray, vmax, tensor_amax, steps: list) -> tuple:
+    """SPEC §5 step by step (E8M0 scale rules on the amax's fields)."""
+    el = sch.element
+    with np.errstate(all="ignore"):
+        rule = sch.scale_rule
+        e8 = sch.scale
+        amax = None
+        if np.isnan(vmax):
+            sb = 0xFF
+            steps.append(_byte_step("scale byte", "NaN amax → 0xFF", sb, e8))
+        elif np.isinf(vmax):
+            sb = 0xFE
+            steps.append(_byte_step("scale byte", "inf amax → 0xFE (satfinite)", sb, e8))
+        else:
+            if rule is ScaleRule.RCEIL:
+                inv = F32(1.0) / F32(el.max)
+                steps.append(_step(f"fl(1/{el.max:g})", f"fl(1 / {el.max:g})", inv))
+                t = vmax * inv
+                steps.append(_step("t", f"fl(vmax · fl(1/{el.max:g}))", t))
+                sb = int(encode(np.array([t], np.float32), e8, "rup")[0])
+                steps.append(_byte_step("scale byte", "cvt.rp.satfinite.ue8m0(t) = 127 + ceil(log2 t), "
+                                        "clamped to [0, 254]", sb, e8))
+            else:
+                if vmax == 0:
+                    ex = -127
+                    why = "amax 0: log2 = -inf → clamped"
+                else:
+                    m, e = math.frexp(float(vmax))  # exact: vmax = m·2^e, m in [0.5, 1)
+                    fl2 = e - 1
+                    why = f"floor(log2 amax) = {fl2} (exponent field)"
+                    if rule is ScaleRule.CEIL and m != 0.5:
+                        fl2 += 1
+                        why += "; +1: amax is not a power of two"
+                    elif rule is ScaleRule.EVEN:
+                        q = Fraction(1, 2 ** (el.mbits + 1))
+                        if (Fraction(m) / q + Fraction(1, 2)) // 1 * q >= 1:
+                            fl2 += 1
+                            why += f"; +1: amax rounded to {el.mbits} mantissa bits carries"
+                    ex = fl2 - el.emax
+                    why += f"; − emax_elem {el.emax}"
+                sb = min(max(ex, -127), 127) + 127
+                steps.append(_byte_step("scale byte", f"{rule.value}: {why}; clamp to [−127, 127]; +127", sb, e8))
+        scale_code = sb
+        if sb == 0xFF:
+            codes = np.full(flat.shape, el.nan_code, el.code_dtype)
+            ys = np.full(flat.shape, np.nan, np.float32)
+            dec = np.full(flat.shape, np.nan, np.float32)
+        else:
+            mul = F32(np.ldexp(np.float64(1.0), 127 - sb))
+            steps.append(_step("2^-E", "element multiplier, an exact power of two", mul))
+            ys = (flat * mul).astype(np.float32)
+            codes = encode(ys, el)
+            dec = (decode(codes, el) * F32(np.ldexp(np.float64(1.0), sb - 127))).astype(np.float32)
+        formula = "fl(x · 2^-E)"
+        dec_formula = "fl(e(code) · 2^E)"
+    return amax, ys, codes, dec, scale_code, formula, dec_formula
+
+
+def _fp32_steps(sch: BlockScheme, flat: np.ndarray, vmax, tensor_amax, steps: list) -> tuple:
+    """SPEC §6 step by step (FP32 scale d = fl(amax / max))."""
+    el = sch.element
+    with np.errstate(all="ignore"):
+        amax = None
+        d = vmax / F32(el.max)
+        why = f"fl(amax / {el.max:g})"
+        if not np.isnan(d) and (d == 0 or np.isinf(d)):
+            d = F32(1.0)
+            why += "; 1 because it is 0 or inf"
+        steps.append(_step("d", why, d))
+        ys = (flat / d).astype(np.float32)
+        codes = encode(ys, el)
+        dec = (decode(codes, el) * d).astype(np.float32)
+        scale_code = float(d)
+        formula = "fl(x / d)"
+        dec_formula = "fl(e(code) · d)"
+    return amax, ys, codes, dec, scale_code, formula, dec_formula
 
 
 def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
@@ -229,112 +355,8 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
     steps = [_step("vmax", "max |x| over the block", vmax)]
     out: dict = {"scheme": sch.name, "block": list(sch.block) if sch.block else None}
     with np.errstate(all="ignore"):
-        if kind is Kind.TWO_LEVEL:
-            sc = sch.scale
-            s_enc = s_dec = F32(1.0)
-            amax = None
-            if sch.tensor_scale:
-                amax = vmax if tensor_amax is None else F32(tensor_amax)
-                if not np.isnan(amax) and not np.isnan(vmax) and amax < vmax:
-                    raise ValueError(f"tensor amax {float(amax):g} is below the block amax {float(vmax):g}")
-                num = F32(el.max) * F32(sc.max)
-                steps.append(_step("amax", "tensor amax (max |x| over the tensor)", amax))
-                s_raw = num / amax
-                s_enc = fmin_nan(s_raw, FLT_MAX)
-                rule = f"min(fl({num:g} / amax), FLT_MAX)"
-                if amax == 0 or s_enc == 0:
-                    s_enc = F32(1.0)
-                    rule += "; 1 because amax == 0 or the quotient is 0"
-                steps.append(_step("S_enc", rule, s_enc))
-                s_dec = F32(1.0) / s_enc
-                steps.append(_step("S_dec", "fl(1 / S_enc)", s_dec))
-            inv = F32(1.0) / F32(el.max)
-            steps.append(_step(f"fl(1/{el.max:g})", f"fl(1 / {el.max:g})", inv))
-            k = s_enc * inv
-            steps.append(_step(f"S_enc·fl(1/{el.max:g})", f"fl(S_enc · fl(1/{el.max:g}))  (TE order: this first)", k))
-            prod = vmax * k
-            steps.append(_step("vmax·(…)", f"fl(vmax · fl(S_enc · fl(1/{el.max:g})))", prod))
-            sdb = fmin_nan(prod, F32(sc.max))
-            steps.append(_step("sdb", f"min(…, {sc.max:g})", sdb))
-            sb = int(encode(np.array([sdb], np.float32), sc)[0])
-            steps.append(_byte_step("s_b", f"{sc.name} RNE satfinite of sdb (stored byte; no lower clamp)", sb, sc))
-            sbv = F32(decode(np.array([sb]), sc)[0])
-            p = sbv * s_dec
-            steps.append(_step("f32(s_b)·S_dec", "fl(f32(s_b) · S_dec)", p))
-            enc = fmin_nan(F32(1.0) / p, FLT_MAX)
-            steps.append(_step("enc_b", "min(fl(1 / fl(f32(s_b) · S_dec)), FLT_MAX)", enc))
-            ys = (flat * enc).astype(np.float32)
-            codes = encode(ys, el)
-            dec = ((decode(codes, el) * sbv).astype(np.float32) * s_dec).astype(np.float32)
-            scale_code: int | float = sb
-            formula = "fl(x · enc_b)"
-            dec_formula = "fl((e(code) · f32(s_b)) · S_dec)"
-        elif kind is Kind.POW2:
-            rule = sch.scale_rule
-            e8 = sch.scale
-            amax = None
-            if np.isnan(vmax):
-                sb = 0xFF
-                steps.append(_byte_step("scale byte", "NaN amax → 0xFF", sb, e8))
-            elif np.isinf(vmax):
-                sb = 0xFE
-                steps.append(_byte_step("scale byte", "inf amax → 0xFE (satfinite)", sb, e8))
-            else:
-                if rule is ScaleRule.RCEIL:
-                    inv = F32(1.0) / F32(el.max)
-                    steps.append(_step(f"fl(1/{el.max:g})", f"fl(1 / {el.max:g})", inv))
-                    t = vmax * inv
-                    steps.append(_step("t", f"fl(vmax · fl(1/{el.max:g}))", t))
-                    sb = int(encode(np.array([t], np.float32), e8, "rup")[0])
-                    steps.append(_byte_step("scale byte", "cvt.rp.satfinite.ue8m0(t) = 127 + ceil(log2 t), "
-                                            "clamped to [0, 254]", sb, e8))
-                else:
-                    if vmax == 0:
-                        ex = -127
-                        why = "amax 0: log2 = -inf → clamped"
-                    else:
-                        m, e = math.frexp(float(vmax))  # exact: vmax = m·2^e, m in [0.5, 1)
-                        fl2 = e - 1
-                        why = f"floor(log2 amax) = {fl2} (exponent field)"
-                        if rule is ScaleRule.CEIL and m != 0.5:
-                            fl2 += 1
-                            why += "; +1: amax is not a power of two"
-                        elif rule is ScaleRule.EVEN:
-                            q = Fraction(1, 2 ** (el.mbits + 1))
-                            if (Fraction(m) / q + Fraction(1, 2)) // 1 * q >= 1:
-                                fl2 += 1
-                                why += f"; +1: amax rounded to {el.mbits} mantissa bits carries"
-                        ex = fl2 - el.emax
-                        why += f"; − emax_elem {el.emax}"
-                    sb = min(max(ex, -127), 127) + 127
-                    steps.append(_byte_step("scale byte", f"{rule.value}: {why}; clamp to [−127, 127]; +127", sb, e8))
-            scale_code = sb
-            if sb == 0xFF:
-                codes = np.full(flat.shape, el.nan_code, el.code_dtype)
-                ys = np.full(flat.shape, np.nan, np.float32)
-                dec = np.full(flat.shape, np.nan, np.float32)
-            else:
-                mul = F32(np.ldexp(np.float64(1.0), 127 - sb))
-                steps.append(_step("2^-E", "element multiplier, an exact power of two", mul))
-                ys = (flat * mul).astype(np.float32)
-                codes = encode(ys, el)
-                dec = (decode(codes, el) * F32(np.ldexp(np.float64(1.0), sb - 127))).astype(np.float32)
-            formula = "fl(x · 2^-E)"
-            dec_formula = "fl(e(code) · 2^E)"
-        else:  # FP32 scales
-            amax = None
-            d = vmax / F32(el.max)
-            why = f"fl(amax / {el.max:g})"
-            if not np.isnan(d) and (d == 0 or np.isinf(d)):
-                d = F32(1.0)
-                why += "; 1 because it is 0 or inf"
-            steps.append(_step("d", why, d))
-            ys = (flat / d).astype(np.float32)
-            codes = encode(ys, el)
-            dec = (decode(codes, el) * d).astype(np.float32)
-            scale_code = float(d)
-            formula = "fl(x / d)"
-            dec_formula = "fl(e(code) · d)"
+        run = {Kind.TWO_LEVEL: _two_level_steps, Kind.POW2: _pow2_steps}.get(kind, _fp32_steps)
+        amax, ys, codes, dec, scale_code, formula, dec_formula = run(sch, flat, vmax, tensor_amax, steps)
     out["steps"] = steps
     out["scale_code"] = scale_code
     out["element_formula"] = formula
