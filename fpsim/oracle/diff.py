@@ -138,7 +138,9 @@ class DiffReport:
         if not self.identical:
             if self.explained_by:
                 lines.append("explained by (every byte): " + self.explained_by[0])
-                lines += [f"  also explained by: {n}" for n in self.explained_by[1:]]
+                lines += [f"  also explained by: {n}" for n in self.explained_by[1:4]]
+                if len(self.explained_by) > 4:
+                    lines.append(f"  and {len(self.explained_by) - 4} more (--format json lists them)")
             else:
                 lines.append("no hypothesis explains every byte; the best partial explanations:")
                 for h in self.hypotheses[:5]:
