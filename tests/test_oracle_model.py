@@ -84,7 +84,8 @@ def test_mx_float_log2_rules_are_off_by_one_where_documented():
     bits = model_bytes(v, sch, Convention(mx_rule="rceil"))[1][0]
     lg2 = model_bytes(v, sch, Convention(mx_rule="rceil_log2"))[1][0]
     assert bits[0] == 127 + 101 and lg2[0] == 127 + 100
-    fl, fl2 = model_bytes(v, sch, Convention(mx_rule="floor"))[1][0], model_bytes(v, sch, Convention(mx_rule="floor_log2"))[1][0]
+    fl = model_bytes(v, sch, Convention(mx_rule="floor"))[1][0]
+    fl2 = model_bytes(v, sch, Convention(mx_rule="floor_log2"))[1][0]
     assert fl[1] == 127 + 99 - 2 and fl2[1] == 127 + 100 - 2
 
 

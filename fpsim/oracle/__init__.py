@@ -10,10 +10,13 @@ bytes for the same input".  This module answers it with fpsim's conventions
 * :func:`explain_block` — one block of a block-scaled scheme: the block amax and
   every FP32 intermediate of SPEC §4 (NVFP4) or §5 (MX) in hex and decimal, and
   each element's code;
-* :func:`diff` — someone else's codes and scales against fpsim's, with a likely
-  cause per mismatch (:data:`CAUSES`);
-* :func:`write_vectors` / :func:`read_vectors` — golden test vectors of named
-  edge cases in ``.npz`` and as raw little-endian ``.bin`` files + a JSON manifest.
+* :func:`diff` — someone else's codes and scales against fpsim's: every hypothesis of
+  :mod:`~fpsim.oracle.hypotheses` (another scale rule, FP32 order, encode multiplier, tie rule, NaN / inf
+  policy, tensor scale, block shape, amax, clamp, …) is computed over the whole tensor by the vectorised
+  convention model :mod:`~fpsim.oracle.model`; those that explain every byte are reported, ranked
+  (:data:`CAUSES`);
+* :func:`write_vectors` / :func:`read_vectors` — golden test vectors of named edge cases (or of an
+  element codec, :func:`element_cases`) in ``.npz`` and as raw little-endian ``.bin`` files + a JSON manifest.
 
 Values are float32 throughout (inputs are converted by RNE first, SPEC §9).
 Results are plain dicts / dataclasses; write them as JSON with :func:`fpsim.io.dumps` (NaN and ±inf

@@ -492,7 +492,7 @@ def pairs(outcomes: list[Outcome], limit: int = 6) -> list[Hypothesis]:
             if per_field.get(key, 0) < 2:
                 per_field[key] = per_field.get(key, 0) + 1
                 part.append(o)
-    part = part[: 2 * limit]
+    part = part[:limit]
     out = []
     for i, a in enumerate(part):
         for b in part[i + 1:]:
