@@ -306,7 +306,10 @@ def _element_hypotheses(sch: BlockScheme, ref: Convention, has_nan: bool) -> lis
 
 def _two_level_hypotheses(sch: BlockScheme, ref: Convention, view: TensorView, cand_s, ours_s) -> list[Hypothesis]:
     M, sc = sch.element.max, sch.scale
-    fmt = lambda s: s.replace("6", f"{M:g}").replace("2688", f"{M * sc.max:g}")  # noqa: E731
+    def fmt(s: str) -> str:  # the formulas are written for NVFP4: put in this scheme's max_elem and 2688
+        s = s.replace("2688", "\0").replace("2^-6", "\1").replace("6", f"{M:g}")
+        return s.replace("\0", f"{float(np.float32(M) * np.float32(sc.max)):g}").replace("\1", "2^-6")
+
     out = [_h(f"candidate = {fmt(f)}", "scale operation order", scale_order=o)
            for o, f in SCALE_ORDERS.items() if o != ref.scale_order and (sch.tensor_scale or "amax" not in f)]
     for e, f in ENC_ORDERS.items():
