@@ -2,7 +2,7 @@
 
 The public API of the element layer::
 
-    encode(x, fmt, rounding="rne", saturate=True, rbits=None, seed=None) -> codes
+    encode(x, fmt, rounding="rne", saturate=None, rbits=None, seed=None) -> codes  # None: satfinite ≤ 8 bits, IEEE BF16/FP16
     decode(codes, fmt) -> float32
     get_format(name) -> FormatSpec;  FORMATS;  Rounding
     pack_fp4 / unpack_fp4;  to_ml_dtypes / from_ml_dtypes;  random_bits
