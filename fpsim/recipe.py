@@ -35,7 +35,8 @@ from .gemm import gemm
 from .scaling import BlockScheme, QuantizedTensor, get_scheme, quantize
 from .transforms import derive_seed, rht
 
-__all__ = ["OperandPolicy", "Recipe", "RECIPES", "get_recipe", "LinearResult", "linear", "LayerPolicy", "ROLES"]
+__all__ = ["OperandPolicy", "Recipe", "RECIPES", "get_recipe", "LinearResult", "linear", "LayerPolicy", "ROLES",
+           "operand_input", "operand_signs", "quantize_operand"]
 
 #: The six operands of a linear layer's three GEMMs, in (GEMM, operand) order.
 ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
@@ -248,7 +249,9 @@ class LinearResult:
         }
 
 
-def _signs(policy: OperandPolicy, seed: int, layer: str, step: int):
+def operand_signs(policy: OperandPolicy, seed: int = 0, layer: str = "", step: int = 0) -> str | int:
+    """The ``signs`` argument of :func:`~fpsim.transforms.rht` that the policy's RHT uses for this run seed,
+    layer and step (``"recipe"``, ``"none"``, or a derived integer seed)."""
     s = policy.rht_signs
     if s == "per_layer":
         return derive_seed(seed, "rht", layer)
@@ -257,17 +260,23 @@ def _signs(policy: OperandPolicy, seed: int, layer: str, step: int):
     return s
 
 
+def operand_input(t: np.ndarray, policy: OperandPolicy, *, seed: int = 0, layer: str = "", step: int = 0) -> np.ndarray:
+    """The float32 tensor the policy's quantizer sees: ``t`` (reduction axis last), Hadamard-rotated when the
+    policy has an RHT (signs from ``seed``/``layer``/``step`` as :func:`quantize_operand` draws them)."""
+    if policy.rht:
+        # Both operands of a GEMM must share R: the sign seed depends on the layer/step, never on the role.
+        return rht(t, policy.rht, operand_signs(policy, seed, layer, step), axis=-1)
+    return np.ascontiguousarray(as_float32(t))
+
+
 def quantize_operand(
     t: np.ndarray, policy: OperandPolicy, *, seed: int = 0, layer: str = "", step: int = 0, role: str = ""
 ) -> QuantizedTensor | np.ndarray:
     """Quantize one operand copy (reduction axis last) under a policy: RHT, then the block scheme."""
     sch = policy.resolved()
-    x = t
-    if policy.rht:
-        # Both operands of a GEMM must share R: the sign seed depends on the layer/step, never on the role.
-        x = rht(x, policy.rht, _signs(policy, seed, layer, step), axis=-1)
+    x = operand_input(t, policy, seed=seed, layer=layer, step=step)
     if sch is None:
-        return np.ascontiguousarray(x, np.float32)
+        return x
     if sch.rounding is Rounding.SR:
         return quantize(x, sch, seed=derive_seed(seed, "sr", layer, step, role))
     return quantize(x, sch)
@@ -299,6 +308,13 @@ def linear(
     o = w32.shape[0]
     if w32.shape != (o, i) or dy32.shape != (t, o):
         raise ValueError(f"shapes do not form a linear layer: x {x32.shape}, w {w32.shape}, dy {dy32.shape}")
+    for role in ROLES:
+        d, k = rec.policy(role).rht, {"fprop": i, "dgrad": o, "wgrad": t}[role.split("_")[0]]
+        if d and k % d:
+            what = {"fprop": "input features", "dgrad": "output features", "wgrad": "tokens"}[role.split("_")[0]]
+            raise ValueError(
+                f"linear: {role} rotates along {what} ({k}), which is not a multiple of its Hadamard size {d}; "
+                f"pad to a multiple of {d} {what}, or drop the RHT: get_recipe({rec.name!r}).without('rht')")
     # Each role's copy with its reduction axis last.
     copies = {"fprop_x": x32, "fprop_w": w32, "dgrad_dy": dy32, "dgrad_w": w32.T, "wgrad_dy": dy32.T, "wgrad_x": x32.T}
     ops = {
