@@ -259,7 +259,8 @@ def legend_text(width: int = 110) -> str:
     pad = max(map(len, LEGEND)) + 2
     out = []
     for col, text in LEGEND.items():
-        out += textwrap.wrap(text, width, initial_indent=col.ljust(pad), subsequent_indent=" " * pad)
+        out += textwrap.wrap(text, width, initial_indent=col.ljust(pad), subsequent_indent=" " * pad,
+                             break_on_hyphens=False)
     return "\n".join(out)
 
 
@@ -272,7 +273,10 @@ class _AnalyzeCommand(click.Command):
             "Output: the table groups rows by tensor (a header line with its statistics and, once, the keep-BF16 "
             "conclusion). A value that cannot be computed is '–' in the table (the reasons are listed below it), "
             "null in JSON and an empty cell in CSV, with the reason in the row's 'notes'; JSON numbers are "
-            "numbers or null, shapes lists of ints. Columns:")
+            "numbers or null, shapes lists of ints. Table headers abbreviate: bits = bits_per_element, max_abs_err = "
+            "max_abs_error, flushed/saturated = *_frac, small_scale = small_scale_block_frac, dyn_range = "
+            "block_dyn_range_log2, ±ci95 = bias_sr_ci95. The measured elements are the finite inputs whose "
+            "decoded value is finite (SPEC §10). Columns:")
         formatter.write_paragraph()
         with formatter.indentation():
             for line in legend_text(max(60, formatter.width - formatter.current_indent - 2)).splitlines():
@@ -394,7 +398,10 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     else:
         click.echo(text, nl=False)
     if not rows:
-        click.echo("error: nothing could be analysed", err=True)
+        why = ("no tensor in " + ", ".join(paths) + " (supported files: .npz, .safetensors, .pt/.pth)"
+               if not refs else f"no tensor matches --select {' '.join(select)}" if not tasks else
+               "every tensor was skipped or unreadable (see above)")
+        click.echo(f"error: nothing could be analysed: {why}", err=True)
         sys.exit(EXIT_NOTHING)
     if failed:
         sys.exit(EXIT_PARTIAL)

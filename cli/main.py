@@ -43,7 +43,7 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="fpsim")
 def main() -> None:
-    """Bit-accurate model of NVFP4 / MX / FP8 training formats (SPEC.md conventions)."""
+    """Bit-accurate model of NVFP4 / MX / FP8 training formats (conventions: docs/spec.md)."""
 
 
 main.add_command(analyze)

@@ -22,7 +22,8 @@ Every function above that takes ``backend=`` (quantize, dequantize, fake_quantiz
 decode, rht) runs on the Numba CPU reference or, with torch installed, on torch tensors on CPU or
 CUDA (:mod:`fpsim.backends`; fused Triton kernels on CUDA) and returns the same bits either way.
 
-Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in SPEC.md.
+Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in the specification, docs/spec.md;
+"SPEC §n" in docstrings and ``--help`` texts cites its section n.
 """
 
 from .codecs import Rounding, decode, encode

@@ -1,6 +1,6 @@
 """Bit-exact element codecs: float32 ⇄ codes of every registered format (SPEC §2–§3).
 
-Conventions (NVIDIA's, see SPEC.md):
+Conventions (NVIDIA's, see docs/spec.md §2–§3):
 
 * inputs are converted to float32 first (float64/float16/bfloat16 by RNE);
 * ``saturate=True`` is ``.satfinite``: finite overflow and ±inf give ±max
