@@ -290,7 +290,7 @@ class _OutputFormat(click.Choice):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            from fpsim.scaling import SCHEMES
+            from fpsim.schemes import SCHEMES
 
             if any(v.strip() in SCHEMES for v in str(value).split(",")):
                 self.fail(f"{value!r} is a scheme, not an output format: did you mean --formats {value}? "
@@ -301,7 +301,7 @@ class _OutputFormat(click.Choice):
 @click.command(cls=_AnalyzeCommand)
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--formats", "schemes", default="nvfp4,mxfp4,mxfp8_e4m3,fp8_e4m3,bf16", show_default=True,
-              help="Comma-separated schemes to quantize with (see `fpsim formats`, fpsim.scaling.SCHEMES); "
+              help="Comma-separated schemes to quantize with (see fpsim.schemes.SCHEMES); "
                    "not the output format, which is --format.")
 @click.option("--recipe", default=None,
               help="Also quantize each tensor as the recipe's GEMM copies (e.g. nvfp4_paper).")
@@ -328,7 +328,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
     from fpsim.io import InputError, open_tensors
     from fpsim.recipe import get_recipe
-    from fpsim.scaling import get_scheme
+    from fpsim.schemes import get_scheme
 
     def note(msg: str) -> None:
         """stderr: "error: …" lines always, other notes unless --quiet."""

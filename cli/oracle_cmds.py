@@ -132,7 +132,7 @@ def explain(value, fmt, scale, rounding, no_saturate, block_ref, scheme, axis, a
     if block_ref is not None:
         if value is not None:
             _fail("give either VALUE or --block, not both", 2)
-        from fpsim.scaling import get_scheme
+        from fpsim.schemes import get_scheme
 
         try:
             sch = get_scheme(scheme)
@@ -221,7 +221,7 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
     """
     from fpsim.oracle import diff as run_diff
     from fpsim.oracle import load_arrays
-    from fpsim.scaling import get_scheme
+    from fpsim.schemes import get_scheme
 
     try:
         sch = get_scheme(scheme)
@@ -282,7 +282,7 @@ def vectors(scheme, out_dir) -> None:
     OUT/manifest.json (dtype, shape, sha256 per file) — see docs/oracle.md.
     """
     from fpsim.oracle import write_vectors
-    from fpsim.scaling import get_scheme
+    from fpsim.schemes import get_scheme
 
     try:
         sch = get_scheme(scheme)

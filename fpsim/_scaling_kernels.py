@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ._jit import njit, pjit, prange
-from ._kernels import RNE, RUP, _split, bits_f32, encode_one, encode_one_sr, f32_bits, philox4x32_10, stream_value
+from ._kernels import RNE, RUP, bits_f32, encode_one, encode_one_sr, f32_bits, philox4x32_10, split_f32, stream_value
 from ._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16, table_decode16
+from .schemes import ScaleRule
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 _ABS = np.uint32(0x7FFFFFFF)
@@ -33,7 +34,7 @@ _POW2 = np.ldexp(1.0, np.arange(-_P2, _P2))
 _ROWS = 16
 
 # Scale-rule integers (fpsim.scaling.ScaleRule).
-FLOOR, CEIL, EVEN, RCEIL = 0, 1, 2, 3
+FLOOR, CEIL, EVEN, RCEIL = (r.rule_id for r in ScaleRule)
 
 
 @njit(inline="always")
@@ -292,7 +293,7 @@ def quantize_two_level(
 def mx_scale_byte(m, rule, emax, mbits, inv_max, e8p):
     """E8M0 scale byte of a block with amax bits ``m`` under a scale rule (SPEC §5).
 
-    Exponents come from the float32 fields (``_split`` normalises subnormal
+    Exponents come from the float32 fields (``split_f32`` normalises subnormal
     amax), never from a float log2, which is off by one just below a power of two.
     """
     if m > _INF_BITS:
@@ -305,7 +306,7 @@ def mx_scale_byte(m, rule, emax, mbits, inv_max, e8p):
         return encode_one(f32_bits(t), e8p, RUP, True)
     if m == 0:
         return 0  # log2(0) = -inf, clamped to -127
-    sig, e = _split(np.int64(m))
+    sig, e = split_f32(np.int64(m))
     fl2 = e - 127  # floor(log2 amax)
     if rule == CEIL:
         if sig != 0x800000:  # not a power of two
@@ -435,38 +436,6 @@ def fp32_block_scale(amax, emax_f):
 
 # ---------------------------------------------------------------------------
 # Decoders: one rounding per element, as SPEC §4 writes it.
-
-
-@njit(inline="always")
-def _load(codes, r, c, packed):
-    if packed:
-        return (codes[r, c >> 1] >> np.uint8(4 * (c & 1))) & np.uint8(0xF)
-    return codes[r, c]
-
-
-@pjit
-def dequantize_two_level(codes, scales, BC, s_dec, etable, stable, packed, out):
-    """x̂ = fl((e(code) · f32(s_b)) · S_dec); the inner product is exact in float32."""
-    R, C = out.shape
-    for r in prange(R):
-        sd = s_dec[r]
-        for c in range(C):
-            sv = stable[scales[r, c // BC]]
-            out[r, c] = (etable[_load(codes, r, c, packed)] * sv) * sd
-
-
-@pjit
-def dequantize_mx(codes, scales, BC, etable, packed, out):
-    """x̂ = fl(e(code) · 2^(b − 127)) (exact unless it overflows float32); scale 0xFF gives NaN."""
-    R, C = out.shape
-    for r in prange(R):
-        for c in range(C):
-            sb = scales[r, c // BC]
-            v = np.float64(etable[_load(codes, r, c, packed)])
-            if sb == 0xFF:
-                out[r, c] = np.float32(np.nan)
-            else:
-                out[r, c] = np.float32(v * _POW2[np.int64(sb) - 127 + _P2])
 
 
 @pjit

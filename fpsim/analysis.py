@@ -34,10 +34,11 @@ import numpy as np
 
 from ._arrays import as_float32
 from ._jit import pjit, prange
+from .dispatch import quantize, rht
 from .random import stream_width
 from .recipe import ROLE_TENSOR, ROLES, get_recipe, operand_input, operand_signs, quantize_operand
-from .scaling import QuantizedTensor, _Kind, get_scheme, quantize
-from .transforms import rht
+from .schemes import Kind, get_scheme
+from .tensor import QuantizedTensor
 
 __all__ = ["guess_role", "analyze_tensor", "METRIC_COLUMNS", "LEGEND", "TensorSkipped", "DEFAULT_SCHEMES",
            "mean_ci95"]
@@ -173,7 +174,7 @@ class _Acc:
         if x2.size:
             _block_rows(x2, q2, codes, el.bits == 4, el.magnitude_mask, el.max_code, bc, f, k)
         self.saturated += int(k[:, 0].sum())
-        if sch.kind is _Kind.TWO_LEVEL:
+        if sch.kind is Kind.TWO_LEVEL:
             sc = q.scales.reshape(-1)
             exp_field = sch.scale.magnitude_mask & ~((1 << sch.scale.mbits) - 1)
             self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
@@ -331,7 +332,8 @@ def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows
         s4 = float(_moment_chunks(chunks(), mean)[0][3])
     std = math.sqrt(var) if n else math.nan
     kurt = (s4 / n) / (var * var) if n and var > 0 else math.nan
-    return {"amax": float(amax), "std": float(std), "kurtosis": float(kurt), "nan_count": int(nan), "inf_count": int(inf), "n": n}
+    return {"amax": float(amax), "std": float(std), "kurtosis": float(kurt), "nan_count": int(nan),
+            "inf_count": int(inf), "n": n}
 
 
 def _as_2d(arr):
@@ -457,7 +459,7 @@ def analyze_tensor(
         out.append(_scheme_row(x2d, chunk_rows, scheme, 0, stats0, role, seeds))
     if rht_d:
         for scheme in schemes:
-            if get_scheme(scheme).kind is _Kind.CAST:
+            if get_scheme(scheme).kind is Kind.CAST:
                 continue  # a cast has no scale for the rotation to help
             if cols % rht_d:
                 out.append(_empty_row(stats0, f"{scheme}+rht{rht_d}",
@@ -483,7 +485,7 @@ def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: st
     sch = get_scheme(scheme)
     rows, cols = x2d.shape
     label = scheme if not d else f"{scheme}+rht{d}"
-    cast = sch.kind is _Kind.CAST
+    cast = sch.kind is Kind.CAST
     amax = None
     if not cast and (sch.block is None or (sch.tensor_scale and not sch.per_row_scale)):
         amax = 0.0
@@ -590,7 +592,7 @@ def _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, max_bytes) -> lis
             if acc is None:
                 acc, q0 = a, q
         is_q = isinstance(q0, QuantizedTensor)
-        cast = not is_q or q0.scheme.kind is _Kind.CAST
+        cast = not is_q or q0.scheme.kind is Kind.CAST
         bits = q0.bits_per_element if is_q else 32.0
         row = _row(acc, stats, label, bits, None if cast else q0.scheme, False)
         notes = row["notes"]

@@ -37,17 +37,11 @@ import numpy as np
 
 from ._arrays import as_float32
 from .codecs import Rounding, decode, encode
+from .dispatch import quantize
 from .formats import FormatSpec, get_format
 from .packing import unpack_fp4
-from .scaling import (
-    BlockScheme,
-    ScaleRule,
-    _Kind,
-    get_scheme,
-    quantize,
-    swizzle_scales,
-    unswizzle_scales,
-)
+from .scaling import swizzle_scales, unswizzle_scales
+from .schemes import BlockScheme, Kind, ScaleRule, get_scheme
 
 __all__ = [
     "CAUSES",
@@ -362,7 +356,7 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
     """
     sch = get_scheme(scheme)
     kind = sch.kind
-    if kind is _Kind.CAST:
+    if kind is Kind.CAST:
         raise ValueError(f"{sch.name} is a plain cast without scales: use explain_value")
     if sch.rounding is not Rounding.RNE:
         raise ValueError("explain_block covers RNE element rounding (stochastic rounding needs the random bits)")
@@ -381,7 +375,7 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
     steps = [_step("vmax", "max |x| over the block", vmax)]
     out: dict = {"scheme": sch.name, "block": list(sch.block) if sch.block else None}
     with np.errstate(all="ignore"):
-        if kind is _Kind.TWO_LEVEL:
+        if kind is Kind.TWO_LEVEL:
             sc = sch.scale
             s_enc = s_dec = F32(1.0)
             amax = None
@@ -421,7 +415,7 @@ def explain_block(x_block, scheme="nvfp4", tensor_amax=None) -> dict:
             scale_code: int | float = sb
             formula = "fl(x · enc_b)"
             dec_formula = "fl((e(code) · f32(s_b)) · S_dec)"
-        elif kind is _Kind.POW2:
+        elif kind is Kind.POW2:
             rule = sch.scale_rule
             e8 = sch.scale
             amax = None
@@ -709,7 +703,7 @@ def diff(
     """
     sch = get_scheme(scheme)
     kind = sch.kind
-    if kind is _Kind.CAST or sch.block is None:
+    if kind is Kind.CAST or sch.block is None:
         raise ValueError(f"diff compares block-scaled schemes (nvfp4, mx*, fp8_block128), not {sch.name}")
     if sch.rounding is Rounding.SR:
         raise ValueError("diff compares deterministic (RNE) quantization; stochastic rounding needs the same bits")
@@ -759,7 +753,7 @@ def diff(
     # -- candidate scales: layout (swizzle) hypothesis
     cs = np.asarray(candidate_scales)
     s_dtype = ours_s.dtype
-    if kind is _Kind.FP32:
+    if kind is Kind.FP32:
         if cs.dtype != np.float32:
             raise ValueError(f"candidate scales of {sch.name} must be float32, got {cs.dtype}")
     elif cs.dtype.kind not in "iu" or (cs.size and (cs.min() < 0 or cs.max() > 0xFF)):
@@ -768,7 +762,7 @@ def diff(
     n_sw = (128 * -(-R // 128)) * (4 * -(-nb // 4))
     layout_cause = np.zeros((R, nb), bool)
     if swizzled:
-        if kind is _Kind.FP32:
+        if kind is Kind.FP32:
             raise ValueError("FP32 scales have no swizzled layout")
         if cs.size != n_sw:
             extra = " (that is the plain [rows, blocks] size: drop swizzled)" if cs.size == R * nb else ""
@@ -783,13 +777,13 @@ def diff(
     else:
         if cs.size == R * nb:
             cand_s = cs.reshape(R, nb)
-            if kind is not _Kind.FP32 and n_sw == R * nb:
+            if kind is not Kind.FP32 and n_sw == R * nb:
                 un = unswizzle_scales(cs, R, nb)
                 if np.count_nonzero(un != ours_s) * 2 < np.count_nonzero(cand_s != ours_s):
                     findings.append("swizzled scale layout: the candidate's scales are fpsim's in the Blackwell "
                                     "swizzled layout (pass swizzled=True / --swizzled)")
                     layout_cause = cand_s != ours_s
-        elif kind is not _Kind.FP32 and cs.size == n_sw:
+        elif kind is not Kind.FP32 and cs.size == n_sw:
             un = unswizzle_scales(cs, R, nb)
             cand_s = np.zeros((R, nb), s_dtype)
             cand_s.reshape(-1)[:] = cs[: R * nb]
@@ -820,7 +814,7 @@ def diff(
     vmax = _block_vmax(X, BR, BC, nb)
     nan_block = np.isnan(vmax)
     with np.errstate(all="ignore"):
-        if kind is _Kind.TWO_LEVEL:
+        if kind is Kind.TWO_LEVEL:
             if sch.tensor_scale:
                 am = np.broadcast_to(amax_ours.reshape(-1, 1) if sch.per_row_scale else amax_ours, (R, 1))
                 num = F32(el.max) * F32(sch.scale.max)
@@ -840,7 +834,7 @@ def diff(
 
             ours_enc = enc_of(ours_s)
             cand_enc = enc_of(cand_s.astype(np.int64))
-        elif kind is _Kind.POW2:
+        elif kind is Kind.POW2:
             p2 = np.append(np.ldexp(np.float32(1), 127 - np.arange(255)).astype(np.float32), np.float32(np.nan))
             ours_enc, cand_enc = p2[ours_s], p2[cand_s.astype(np.int64)]
         else:
@@ -849,13 +843,13 @@ def diff(
 
     scale_cause = np.full((R, nb), "", dtype=object)
     scale_detail = np.full((R, nb), "", dtype=object)
-    if kind is _Kind.FP32:
+    if kind is Kind.FP32:
         s_bad = ours_s.view(np.uint32) != cand_s.view(np.uint32)
     else:
         s_bad = ours_s != cand_s
     if np.any(s_bad):
         alts = {}
-        if kind is _Kind.TWO_LEVEL:
+        if kind is Kind.TWO_LEVEL:
             with np.errstate(all="ignore"):
                 for name, sdb in _scale_orders(sch, vmax, am, s_enc, s_dec).items():
                     sdb = np.where(np.isnan(sdb), sdb, np.minimum(sdb, F32(sch.scale.max))).astype(np.float32)
@@ -864,17 +858,17 @@ def diff(
                     qa = _two_level_scales_with_amax(sch, vmax, np.broadcast_to(amax_cand.reshape(-1, 1)
                                                      if sch.per_row_scale else amax_cand, (R, 1)))
                     alts["__amax__"] = qa
-        elif kind is _Kind.POW2:
+        elif kind is Kind.POW2:
             for rule in ScaleRule:
                 if rule is not sch.scale_rule:
                     qr = quantize(x32, sch, axis=axis, scale_rule=rule)
                     alts[rule.value] = np.ascontiguousarray(qr.scales).reshape(R, nb).astype(np.int64)
-        cand_vals = sch.scale.decode_table()[cand_s.astype(np.int64)] if kind is not _Kind.FP32 else cand_s
-        our_vals = sch.scale.decode_table()[ours_s] if kind is not _Kind.FP32 else ours_s
+        cand_vals = sch.scale.decode_table()[cand_s.astype(np.int64)] if kind is not Kind.FP32 else cand_s
+        our_vals = sch.scale.decode_table()[ours_s] if kind is not Kind.FP32 else ours_s
         finite = cand_vals[np.isfinite(cand_vals)]
         floor = finite.min() if finite.size else None
         for r, j in zip(*np.nonzero(s_bad)):
-            c = int(cand_s[r, j]) if kind is not _Kind.FP32 else cand_s[r, j]
+            c = int(cand_s[r, j]) if kind is not Kind.FP32 else cand_s[r, j]
             cause, detail = "other", ""
             if layout_cause[r, j]:
                 cause = "swizzled scale layout"
@@ -884,13 +878,13 @@ def diff(
                 hit = [n for n, a in alts.items() if a[r, j] == c]
                 if "__amax__" in hit:
                     cause = "tensor amax"
-                elif hit and kind is _Kind.TWO_LEVEL:
+                elif hit and kind is Kind.TWO_LEVEL:
                     cause, detail = "scale operation order", "candidate = " + hit[0]
-                elif hit and kind is _Kind.POW2:
+                elif hit and kind is Kind.POW2:
                     cause, detail = "MX scale rule", f"candidate = {hit[0]} rule, fpsim = {sch.scale_rule.value}"
                 elif floor is not None and cand_vals[r, j] > our_vals[r, j] and cand_vals[r, j] == floor:
                     cause, detail = "scale clamp", f"candidate floor {float(floor):g}"
-                elif kind is not _Kind.FP32 and our_vals[r, j] == 0 and cand_vals[r, j] == 0:
+                elif kind is not Kind.FP32 and our_vals[r, j] == 0 and cand_vals[r, j] == 0:
                     cause = "±0 sign"
             scale_cause[r, j], scale_detail[r, j] = cause, detail
 
@@ -923,7 +917,7 @@ def diff(
                 yc = F32(xv * cand_enc[r, j])
             if int(encode(np.array([yc], np.float32), el)[0]) == kc:
                 cause, detail = scale_cause[r, j] or "other", "element follows its block scale"
-        if (cause == "other" and kind is _Kind.TWO_LEVEL and not s_bad[r, j] and xv == 0
+        if (cause == "other" and kind is Kind.TWO_LEVEL and not s_bad[r, j] and xv == 0
                 and sch.scale.decode_table()[ours_s[r, j]] == 0 and kc == el.nan_code):
             cause = "zero-scale block"
         if cause == "other" and not s_bad[r, j] and np.isfinite(y):
@@ -964,7 +958,7 @@ def diff(
     for i in range(min(show, srows.size)):
         r, j = int(srows[i]), int(scols[i])
         o, k = ours_s[r, j], cand_s[r, j]
-        hx = (lambda v: f"0x{int(v):02X}") if kind is not _Kind.FP32 else _hex32
+        hx = (lambda v: f"0x{int(v):02X}") if kind is not Kind.FP32 else _hex32
         scale_list.append({
             "block": [r, j], "vmax": float(vmax[r, j]), "vmax_hex": _hex32(vmax[r, j]),
             "ours": o.item(), "ours_hex": hx(o), "candidate": k.item(), "candidate_hex": hx(k),
@@ -1020,7 +1014,7 @@ def vector_cases(scheme="nvfp4") -> list[tuple[str, np.ndarray, dict]]:
     seeded random tensor with outliers.
     """
     sch = get_scheme(scheme)
-    if sch.kind is _Kind.CAST or sch.block is None:
+    if sch.kind is Kind.CAST or sch.block is None:
         raise ValueError(f"vectors are defined for block-scaled schemes, not {sch.name}")
     BR, BC = sch.block
     el = sch.element
@@ -1029,7 +1023,7 @@ def vector_cases(scheme="nvfp4") -> list[tuple[str, np.ndarray, dict]]:
     def b(*v):
         return _blk(*v, n=BC)
 
-    two = sch.kind is _Kind.TWO_LEVEL and sch.tensor_scale
+    two = sch.kind is Kind.TWO_LEVEL and sch.tensor_scale
     A = F32(el.max) * F32(sch.scale.max) if two else F32(M)  # an anchor block amax: S_enc = 1 for NVFP4
     A = float(A)
     Z = float(sch.scale.max) if two else M

@@ -31,9 +31,10 @@ import numpy as np
 
 from ._arrays import as_float32
 from .codecs import Rounding
-from .gemm import gemm
-from .scaling import BlockScheme, QuantizedTensor, get_scheme, quantize
-from .transforms import derive_seed, rht
+from .dispatch import gemm, quantize, rht
+from .schemes import BlockScheme, get_scheme
+from .tensor import QuantizedTensor
+from .transforms import derive_seed
 
 __all__ = ["OperandPolicy", "Recipe", "RECIPES", "get_recipe", "LinearResult", "linear", "LayerPolicy", "ROLES",
            "operand_input", "operand_signs", "quantize_operand"]

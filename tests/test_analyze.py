@@ -271,7 +271,8 @@ def test_error_and_block_sums_equal_numpy(scheme):
         assert acc.nonzero == int((m & (x != 0)).sum()) and acc.flushed == int((m & (x != 0) & (xq == 0)).sum())
         for got, want in ((acc.sq, np.sum(x64 * x64)), (acc.err_sq, np.sum(d * d)), (acc.err_sum, np.sum(d))):
             assert math.isclose(got, want, rel_tol=1e-12, abs_tol=0 if d.size else 1e-300), (got, want)
-        assert acc.max_abs_err == (float(np.abs(d).max()) if d.size else 0.0)  # over the measured elements: a NaN input is counted apart
+        # over the measured elements: a NaN input is counted apart
+        assert acc.max_abs_err == (float(np.abs(d).max()) if d.size else 0.0)
         if q.scheme.block is not None:
             el = q.scheme.element
             codes = (unpack_fp4(q.data) if el.bits == 4 else q.data).reshape(37, -1)[:, :100]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import fpsim
 from fpsim import _kernels as K
-from fpsim.codecs import _encode_lut
+from fpsim.codecs import encode_lut
 from fpsim.formats import get_format
 from tests.conftest import CODED, MODES, SMALL
 from tests.nvref import CONFIGS, config_key
@@ -199,8 +199,8 @@ def test_lookup_table_path_equals_scalar_kernel(fmt, mode):
     x = float32_probes(top=s.mbits + 3, sticky=True)
     for sat in (True, False):
         lut = np.empty(x.size, s.code_dtype)
-        K.encode_array_lut(x, lut, _encode_lut(s, fpsim.Rounding(mode).kernel_id, sat), 21 - s.mbits)
-        scalar = np.array([K.encode_one(v, s.kernel_params(), fpsim.Rounding(mode).kernel_id, sat) for v in x[::97]])
+        K.encode_array_lut(x, lut, encode_lut(s, fpsim.Rounding(mode).kernel_id, sat), 21 - s.mbits)
+        scalar = np.array([K.encode_one(v, s.traits, fpsim.Rounding(mode).kernel_id, sat) for v in x[::97]])
         assert np.array_equal(lut[::97], scalar.astype(s.code_dtype)), first_mismatch(x[::97], lut[::97], scalar)
 
 
@@ -214,7 +214,7 @@ def test_branchfree_paths_equal_scalar_kernel(fmt, mode):
         got = fpsim.encode(x.view(np.float32), s, mode, sat)
         want = np.empty_like(got)
         for i in range(0, x.size, 1 << 16):  # the scalar kernel, serially, one chunk at a time
-            _scalar_encode(x[i : i + (1 << 16)], want[i : i + (1 << 16)], s.kernel_params(), mid, sat)
+            _scalar_encode(x[i : i + (1 << 16)], want[i : i + (1 << 16)], s.traits, mid, sat)
         assert np.array_equal(got, want), first_mismatch(x, got, want)
 
 

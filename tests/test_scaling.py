@@ -11,13 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fpsim
-from fpsim.scaling import (
+from fpsim import (
     SCHEMES,
     BlockScheme,
     QuantizedTensor,
     dequantize,
     load_quantized,
     quantize,
+    save_quantized,
     swizzle_scales,
     unswizzle_scales,
 )
@@ -385,8 +386,8 @@ def test_save_load_round_trip_is_bit_identical(tmp_path, scheme, ext):
     x[1, 3] = np.nan
     q = quantize(x, scheme, axis=0)
     path = tmp_path / f"q.{ext}"
-    q.save(path)
-    back = QuantizedTensor.load(path)
+    save_quantized(q, path)
+    back = load_quantized(path)
     assert back.equals(q)
     assert same_floats(back.dequantize(), q.dequantize())
 
@@ -416,7 +417,7 @@ def test_tensors_that_do_not_fit_their_scheme_are_refused(scheme):
 def test_loading_a_file_whose_arrays_do_not_fit_is_refused(tmp_path):
     q = quantize(np.ones((4, 32), np.float32), "nvfp4")
     path = tmp_path / "q.npz"
-    q.save(path)
+    save_quantized(q, path)
     with np.load(path) as z:
         arrays = dict(z)
     arrays["data"] = arrays["data"][:, :-1]
@@ -437,7 +438,7 @@ def test_save_load_custom_scheme(tmp_path):
     )
     q = quantize(np.random.default_rng(0).standard_normal((3, 20)).astype(np.float32), sch)
     for ext in ("npz", "safetensors"):
-        q.save(tmp_path / f"c.{ext}")
+        save_quantized(q, tmp_path / f"c.{ext}")
         assert load_quantized(tmp_path / f"c.{ext}").equals(q)
 
 
@@ -510,13 +511,13 @@ def test_arithmetic_scale_encoder_equals_the_codec_on_every_exponent_class(name)
     (An exhaustive sweep of all 2**31 non-negative patterns found no mismatch for E4M3 and E5M2.)"""
     from fpsim._jit import njit
     from fpsim._scaling_kernels import _scale_rne, bits_f32, fmin_nan
-    from fpsim.scaling import _scale_arith
+    from fpsim.plan import scale_arith
     from tests.probes import float32_probes
 
     spec = fpsim.get_format(name)
-    params = _scale_arith(spec)
+    params = scale_arith(spec)
     # formats without a NaN code decode NaN's code to a number: those keep the table
-    assert _scale_arith(fpsim.get_format("e3m2"))[0] == 0 and params[0] == spec.mbits
+    assert scale_arith(fpsim.get_format("e3m2"))[0] == 0 and params[0] == spec.mbits
 
     @njit
     def run(u, bound, mb, emin, qinv, q, nanc, codes, vals):
@@ -544,11 +545,11 @@ def test_arithmetic_element_encoder_equals_the_codec_on_every_exponent_class(nam
     from fpsim._jit import njit
     from fpsim._scaling_kernels import _elem_rne, bits_f32
     from fpsim.codecs import Rounding
-    from fpsim.scaling import _elem_path
+    from fpsim.plan import elem_path
     from tests.probes import float32_probes, probes_for
 
     spec = fpsim.get_format(name)
-    path, ea = _elem_path(spec, Rounding.RNE)
+    path, ea = elem_path(spec, Rounding.RNE)
     assert path == 2
 
     @njit
@@ -566,14 +567,14 @@ def test_arithmetic_element_encoder_equals_the_codec_on_every_exponent_class(nam
 @pytest.mark.parametrize("elem", ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2"])
 def test_branch_free_mx_scale_byte_equals_the_reference_kernel(elem):
     """The vectorisable E8M0 scale rule of the MX row kernel against ``mx_scale_byte`` (which computes the
-    exponent with ``_split`` and the generic encoder), all four rules, every non-negative float32 exponent
+    exponent with ``split_f32`` and the generic encoder), all four rules, every non-negative float32 exponent
     class, ±0, subnormals, inf and NaN amax values."""
     from fpsim._jit import njit
     from fpsim._scaling_kernels import mx_scale_byte, mx_scale_byte_fast
     from tests.probes import float32_probes
 
     el = fpsim.get_format(elem)
-    e8p = fpsim.get_format("e8m0").kernel_params()
+    e8p = fpsim.get_format("e8m0").traits
     inv_max = np.float32(1.0) / np.float32(el.max)
 
     @njit

@@ -176,9 +176,10 @@ def _vector_vs_scalar_elem(start, n, step, mul, ea, buf, out):
 def test_vector_fp8_fp6_encoder_equals_the_scalar_one(name):
     """Every 7th float32 bit pattern (7 is odd, so every residue of the low mantissa bits, ties included) with
     multiplier 1, all 2^32 for E4M3 (MXFP8's default), and a 2^26 slice around 1 with multiplier 1/3."""
-    from fpsim.scaling import Rounding, _elem_path
+    from fpsim.codecs import Rounding
+    from fpsim.plan import elem_path
 
-    path, ea = _elem_path(fpsim.get_format(name), Rounding.RNE)
+    path, ea = elem_path(fpsim.get_format(name), Rounding.RNE)
     assert path == 2
     buf = np.empty(1 << 16, np.uint32)
     out = np.empty(1 << 16, np.uint8)
@@ -189,9 +190,9 @@ def test_vector_fp8_fp6_encoder_equals_the_scalar_one(name):
 @pytest.mark.parametrize("name", ["e4m3", "e5m2", "e3m2"])
 def test_vector_table_decoder_equals_the_table(name):
     """Every byte through the gathering decoder, times scales that are 0, subnormal, huge, inf and NaN."""
-    from fpsim.scaling import _byte_table
+    from fpsim.scaling import byte_table
 
-    table = _byte_table(fpsim.get_format(name))
+    table = byte_table(fpsim.get_format(name))
     codes = np.random.default_rng(2).permutation(256).astype(np.uint8)
 
     @njit
