@@ -22,8 +22,15 @@ matplotlib.use("Agg")
 # differs between machines), fixed hash salt, no metadata; data rounded to the CSVs' 6 digits (see save_fig).
 matplotlib.rcParams.update({"font.family": "DejaVu Sans", "mathtext.fontset": "dejavusans",
                             "svg.hashsalt": "fpsim", "path.simplify": False})
+import matplotlib.font_manager as _fm  # noqa: E402
 import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+
+# Only matplotlib's own fonts: a machine with another DejaVu Sans (or an Arial for glyph fallback) installed
+# would otherwise draw other pixels.
+_BUNDLED = str(Path(matplotlib.get_data_path()) / "fonts")
+_fm.fontManager.ttflist = [f for f in _fm.fontManager.ttflist if f.fname.startswith(_BUNDLED)]
+_fm.fontManager.afmlist = [f for f in _fm.fontManager.afmlist if f.fname.startswith(_BUNDLED)]
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
