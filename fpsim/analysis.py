@@ -55,7 +55,7 @@ LEGEND = {
     "tensor": "file:name of the tensor",
     "role": "weight, activation or gradient (guessed from the name; --role overrides)",
     "scheme": "format (e.g. nvfp4), format+rhtD (after a D-point Hadamard transform) or recipe:role "
-              "(the copy that GEMM role of the recipe quantizes)",
+              "(the copy that GEMM role of the recipe quantizes; with SR, the error columns are of the seed-0 draw)",
     "shape": "shape of the tensor (JSON: a list of ints)",
     "numel": "number of elements",
     "kurtosis": "Pearson kurtosis (3 for a Gaussian) of the finite elements of the tensor that was quantized "

@@ -156,7 +156,9 @@ def test_every_column_has_a_legend_in_help_and_readme():
     help_text = " ".join(run("--help").output.split())
     readme = (ROOT / "README.md").read_text()
     for col in METRIC_COLUMNS:
-        assert col in help_text and f"`{col}`" in readme, col
+        assert col in help_text, col
+        text = analysis.LEGEND[col].replace("|", "\\|")
+        assert f"| `{col}` | {text} |" in readme, f"README's legend of {col} differs from fpsim.analysis.LEGEND"
     assert "over the measured non-zero elements" in help_text and "over all elements" in help_text
 
 
