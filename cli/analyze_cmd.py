@@ -201,18 +201,26 @@ def _ranking_lines(summary: dict) -> list[str]:
 
 
 def _markdown(rows: list[dict], summary: dict) -> str:
+    """As the table: a line per tensor (statistics, keep-BF16 once), then a Markdown table of its schemes."""
     keep = set(summary["keep_bf16"])
-    head = ["tensor", "role", "shape"] + [h for h, _ in _TABLE] + ["keep_bf16"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        vals = [r["tensor"], r["role"], _fmt(r["shape"])] + [_fmt(r.get(k)) for _, k in _TABLE]
-        lines.append("| " + " | ".join(vals + ["yes" if r["tensor"] in keep else "no"]) + " |")
-    notes = [f"* {r['tensor']} {r['scheme']}: {_notes_text(r['notes'])}" for r in rows if r.get("notes")]
+    lines = []
+    for group in _groups(rows):
+        lines += [f"**{_tensor_line(group[0], keep)}**", "", "| " + " | ".join(h for h, _ in _TABLE) + " |",
+                  "|" + "---|" * len(_TABLE)]
+        for r in group:
+            lines.append("| " + " | ".join((_fmt3 if k.startswith("bias") else _fmt)(r.get(k)) for _, k in _TABLE)
+                         + " |")
+        lines.append("")
+    from fpsim.analysis import METRIC_COLUMNS
+
+    notes = _reason_lines(rows, set(METRIC_COLUMNS))
     if notes:
-        lines += ["", f"{_MISSING}: not computed; reasons:", *notes]
-    lines += ["", "**Ranking by relative error**" + (f" ({summary['ranking_scheme']}): " if summary["ranking"] else
-                                                      ": no tensor to rank")
-              + ", ".join(f"{e['tensor']} ({_fmt(e['rel_error'])})" for e in summary["ranking"])]
+        lines += [notes[0], ""] + [f"* {n.strip()}" for n in notes[1:] if n.strip()] + [""]
+    ranked = ", ".join(f"{e['tensor']} ({_fmt(e['rel_error'])}{', keep BF16' if e['keep_bf16'] else ''})"
+                       for e in summary["ranking"])
+    lines.append(f"**Ranking by relative error** ({summary['ranking_scheme']}): {ranked}" if ranked
+                 else "**Ranking by relative error**: no tensor to rank")
+    lines += [f"* not ranked: {e['tensor']}: {e['reason']}" for e in summary["unranked"]]
     return "\n".join(lines) + "\n"
 
 

@@ -74,7 +74,8 @@ def test_csv_and_markdown_outputs(tmp_path, good):
     assert len(df) == 4 and set(df["scheme"]) == {"nvfp4", "mxfp8_e4m3"}
     assert (df["sqnr_db"] > 10).all()
     r = run(good, *FAST, "--format", "markdown")
-    assert r.output.startswith("| tensor |") and "**Ranking by relative error**" in r.output
+    assert r.output.startswith("**good.safetensors:") and "| scheme | bits |" in r.output
+    assert "**Ranking by relative error**" in r.output
 
 
 def test_metrics_match_a_direct_computation(good):
