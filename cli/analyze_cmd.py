@@ -8,6 +8,12 @@ Exit codes:
   the results for the others are still printed / written;
 * 2 — usage error (bad option, unknown scheme or recipe, missing path);
 * 3 — nothing could be analysed.
+
+Output (``--format``): ``table`` (default; grouped by tensor, 160 columns), ``markdown``, ``csv``, ``json``.
+A value that cannot be computed is "–" in the table and Markdown (the reasons listed below), an empty
+CSV cell with the reason in the ``notes`` column, and ``null`` in JSON with the reason in the row's
+``notes`` object; JSON numbers are never strings, shapes are lists of ints, ``-0.0`` is written ``0.0``
+(:func:`fpsim.io.dumps`).  Errors are ``error: …`` lines on stderr, other messages ``note: …``.
 """
 
 from __future__ import annotations
