@@ -34,8 +34,10 @@ def _q(x, kw, seed=None, **extra):
 
 
 def _ci(v):
-    """Mean and 95 % half-width; identical samples give exactly their value and 0 (fpsim.analysis.mean_ci95)."""
-    return mean_ci95(v)
+    """Mean and 95 % half-width; identical samples give exactly their value and 0 (fpsim.analysis.mean_ci95).
+    A single value is the one draw of a deterministic rounding (RNE): exact, so its interval is 0."""
+    m, ci = mean_ci95(v)
+    return m, 0.0 if len(v) == 1 else ci
 
 
 def sr8_exact_moments(x, amax):
