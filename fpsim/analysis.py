@@ -36,7 +36,7 @@ from ._arrays import as_float32
 from ._jit import pjit, prange
 from .dispatch import quantize, rht
 from .random import stream_width
-from .recipe import ROLE_TENSOR, ROLES, get_recipe, operand_input, operand_signs, quantize_operand
+from .recipe import ROLE_TENSOR, ROLES, get_recipe, operand_steps, quantize_operand
 from .schemes import Kind, get_scheme
 from .tensor import QuantizedTensor
 
@@ -571,23 +571,24 @@ def _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, max_bytes) -> lis
             rows.append(_empty_row(stats0, label, f"the RHT runs along K ({copy.shape[-1]}), not a multiple of "
                                                   f"its Hadamard size {pol.rht}"))
             continue
-        xin = operand_input(copy, pol, seed=0, layer=name)  # what the quantizer sees (rotated if RHT)
-        stats = _stats(dict(base), _moments(xin, max(1, xin.shape[0]))) if pol.rht else stats0
-        sch = pol.resolved()
-        sr = sch is not None and sch.rounding.value == "sr"
+        st0 = operand_steps(pol, seed=0, layer=name, role=r)
+        xin = rht(copy, st0.rht, st0.signs, axis=-1) if st0.rht else copy  # what the quantizer sees
+        stats = _stats(dict(base), _moments(xin, max(1, xin.shape[0]))) if st0.rht else stats0
+        sr = st0.seed is not None
         draws, acc, q0 = [], None, None
         for s in range(max(seeds, 1) if sr else 1):
             q = quantize_operand(copy, pol, seed=s, layer=name, role=r)
             is_q = isinstance(q, QuantizedTensor)
             xq = q.dequantize() if is_q else q
             a = _Acc()
-            if pol.rht:  # errors in the original basis (rotate back exactly), elements on the rotated copy
-                back = rht(xq, pol.rht, operand_signs(pol, s, name), axis=-1, bf16_in=False, bf16_out=False,
-                           inverse=True)
+            if st0.rht:  # errors in the original basis (rotate back exactly), elements on the rotated copy
+                signs = operand_steps(pol, seed=s, layer=name, role=r).signs
+                back = rht(xq, st0.rht, signs, axis=-1, bf16_in=False, bf16_out=False, inverse=True)
                 a.add(copy, back, None, elements=False)
-                a.add(xin, xq, q if is_q else None, errors=False)
+                if s == 0:
+                    a.add(xin, xq, q if is_q else None, errors=False)
             else:
-                a.add(copy, xq, q if is_q else None)
+                a.add(copy, xq, q if is_q else None, elements=s == 0)
             draws.append(-a.err_sum / a.measured if a.measured else math.nan)
             if acc is None:
                 acc, q0 = a, q

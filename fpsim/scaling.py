@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _row_kernels as RK
 from . import _scaling_kernels as SK
 from ._arrays import as_float32
 from .codecs import Rounding, decode, encode, encode_lut
@@ -114,7 +115,7 @@ def _block_amax(X: np.ndarray, plan: Plan, nb: int) -> tuple[np.ndarray, np.ndar
     BR, BC = plan.block
     tmax = np.empty((-(-X.shape[0] // BR), nb), np.uint32)
     row_bits = np.empty(tmax.shape[0], np.uint32)
-    SK.block_absmax_bits(X, BR, BC, plan.ignore_nan, tmax, row_bits)
+    RK.block_absmax_bits(X, BR, BC, plan.ignore_nan, tmax, row_bits)
     return tmax, row_bits
 
 
@@ -176,7 +177,7 @@ def _quantize_two_level(c: _Call, tensor_amax) -> tuple[np.ndarray, np.ndarray]:
     s_enc, s_dec = s_enc_dec(plan, amax_rows)
     slut = encode_lut(sc, Rounding.RNE.kernel_id, True)
     if fast:
-        SK.quantize_two_level_rne(
+        RK.quantize_two_level_rne(
             X, BR, BC, s_enc, s_dec, tl.inv_t, tl.bound, slut, 21 - sc.mbits, sc.decode_table(), c.lut, c.shift,
             plan.ignore_nan, plan.packed, _NO_TMAX if tmax is None else tmax, tmax is not None, c.out, scales,
             int(plan.elem_path), plan.elem_arith, tuple(tl.scale_arith),
@@ -198,7 +199,7 @@ def _quantize_pow2(c: _Call) -> np.ndarray:
     scales = np.empty((X.shape[0], c.nb), np.uint8)
     if not plan.is_sr:
         tmax = (_block_amax(X, plan, c.nb)[0], True) if BR > 1 else (_NO_TMAX, False)
-        SK.quantize_mx_rne(
+        RK.quantize_mx_rne(
             X, BR, BC, p2.rule_id, p2.emax, p2.mbits, p2.inv_max, c.lut, c.shift, el.nan_code, plan.ignore_nan,
             plan.packed, *tmax, POW2_NEG, c.out, scales, int(plan.elem_path), plan.elem_arith,
         )
@@ -369,10 +370,10 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None) -> np.ndarray
         amax = np.asarray(qt.amax, F32)
         amax_rows = amax.reshape(R) if plan.two_level.per_row else np.broadcast_to(amax.reshape(()), (R,))
         _, s_dec = s_enc_dec(plan, amax_rows)
-        SK.dequantize_blocks_fast(codes, scales, BC, plan.scale.decode_table(), s_dec, True, etable, plan.packed,
+        RK.dequantize_blocks_fast(codes, scales, BC, plan.scale.decode_table(), s_dec, True, etable, plan.packed,
                                   out, e2m1)
     elif plan.kind is Kind.POW2:
-        SK.dequantize_blocks_fast(codes, scales, BC, POW2_POS, np.ones(R, F32), False, etable, plan.packed, out,
+        RK.dequantize_blocks_fast(codes, scales, BC, POW2_POS, np.ones(R, F32), False, etable, plan.packed, out,
                                   e2m1)
     else:
         SK.dequantize_fp32_scaled(codes, scales, BC, etable, out)

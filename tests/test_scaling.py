@@ -489,13 +489,14 @@ def test_dequantize_function_equals_method():
 def test_branch_free_e2m1_encoder_equals_the_codec_on_every_exponent_class():
     """The vectorisable E2M1 encoder of the NVFP4/MXFP4 row kernels against fpsim.encode (SPEC §2)."""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _e2m1_code, bits_f32
+    from fpsim._kernels import bits_f32
+    from fpsim._row_kernels import e2m1_code
     from tests.probes import float32_probes, probes_for
 
     @njit
     def run(u, out):
         for i in range(u.size):
-            out[i] = _e2m1_code(bits_f32(u[i]))
+            out[i] = e2m1_code(bits_f32(u[i]))
 
     spec = fpsim.get_format("e2m1")
     u = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).astype(np.uint32)
@@ -510,7 +511,9 @@ def test_arithmetic_scale_encoder_equals_the_codec_on_every_exponent_class(name)
     on every non-negative float32 exponent class and NaN, after the kernel's clamp to the format's max.
     (An exhaustive sweep of all 2**31 non-negative patterns found no mismatch for E4M3 and E5M2.)"""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _scale_rne, bits_f32, fmin_nan
+    from fpsim._kernels import bits_f32
+    from fpsim._row_kernels import scale_rne
+    from fpsim._scaling_kernels import fmin_nan
     from fpsim.plan import scale_arith
     from tests.probes import float32_probes
 
@@ -522,7 +525,7 @@ def test_arithmetic_scale_encoder_equals_the_codec_on_every_exponent_class(name)
     @njit
     def run(u, bound, mb, emin, qinv, q, nanc, codes, vals):
         for i in range(u.size):
-            c, v = _scale_rne(fmin_nan(bits_f32(u[i]), bound), mb, emin, qinv, q, nanc)
+            c, v = scale_rne(fmin_nan(bits_f32(u[i]), bound), mb, emin, qinv, q, nanc)
             codes[i] = c
             vals[i] = v
 
@@ -543,7 +546,8 @@ def test_arithmetic_element_encoder_equals_the_codec_on_every_exponent_class(nam
     """The MX/two-level row kernels' branch-free element encoder (satfinite RNE) against fpsim.encode,
     on every float32 exponent class, both signs, ±inf and NaN."""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _elem_rne, bits_f32
+    from fpsim._kernels import bits_f32
+    from fpsim._row_kernels import elem_rne
     from fpsim.codecs import Rounding
     from fpsim.plan import elem_path
     from tests.probes import float32_probes, probes_for
@@ -556,7 +560,7 @@ def test_arithmetic_element_encoder_equals_the_codec_on_every_exponent_class(nam
     def run(u, ea, out):
         mb, emin_b, qinv, max_code, nan_code, bits = ea
         for i in range(u.size):
-            out[i] = _elem_rne(bits_f32(u[i]), mb, emin_b, qinv, max_code, nan_code, bits)
+            out[i] = elem_rne(bits_f32(u[i]), mb, emin_b, qinv, max_code, nan_code, bits)
 
     u = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).astype(np.uint32)
     got = np.empty(u.size, np.int32)
@@ -595,12 +599,12 @@ def test_branch_free_mx_scale_byte_equals_the_reference_kernel(elem):
 def test_arithmetic_e2m1_decoder_equals_the_table_on_every_code():
     """The row kernels' E2M1 decoder (bits from the code) against the codec's decode table, ±0 included."""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _e2m1_value
+    from fpsim._row_kernels import e2m1_value
 
     @njit
     def run(out):
         for c in range(16):
-            out[c] = _e2m1_value(np.int32(c))
+            out[c] = e2m1_value(np.int32(c))
 
     got = np.empty(16, np.float32)
     run(got)

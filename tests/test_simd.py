@@ -9,7 +9,7 @@ import fpsim
 from fpsim import _simd
 from fpsim._jit import njit
 from fpsim._kernels import bits_f32
-from fpsim._scaling_kernels import _e2m1_code, _elem_rne
+from fpsim._row_kernels import e2m1_code, elem_rne
 from fpsim._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16, table_decode16
 
 
@@ -23,7 +23,7 @@ def _vector_vs_scalar_e2m1(start, n, mul, buf, out):
         for k in range(0, buf.size, 16):
             e2m1_pack16(buf, k, mul, out, k // 2)
         for t in range(buf.size):
-            want = _e2m1_code(bits_f32(buf[t]) * mul)
+            want = e2m1_code(bits_f32(buf[t]) * mul)
             bad += ((out[t >> 1] >> (4 * (t & 1))) & 15) != want
     return bad
 
@@ -167,7 +167,7 @@ def _vector_vs_scalar_elem(start, n, step, mul, ea, buf, out):
         for k in range(0, buf.size, 16):
             elem_rne16(buf, k, mul, ea, out, k)
         for t in range(buf.size):
-            want = _elem_rne(bits_f32(buf[t]) * mul, mb, emin_b, qinv, max_code, nan_code, bits)
+            want = elem_rne(bits_f32(buf[t]) * mul, mb, emin_b, qinv, max_code, nan_code, bits)
             bad += out[t] != (want & 0xFF)
     return bad
 
