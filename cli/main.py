@@ -29,6 +29,9 @@ class _Group(click.Group):
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # `fpsim` alone: click's help, not an error line
+                e.show()
+                sys.exit(e.exit_code)
             ctx = getattr(e, "ctx", None)
             if isinstance(e, click.UsageError) and ctx is not None:
                 click.echo(f"{ctx.get_usage()}\nTry '{ctx.command_path} -h' for help.\n", err=True)

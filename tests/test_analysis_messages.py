@@ -59,3 +59,10 @@ def test_directory_without_supported_files(tmp_path):
     r = run("analyze", tmp_path)
     assert r.exit_code == 3 and "under :" not in r.output
     assert "error: nothing could be analysed: no tensor in" in r.output and ".safetensors" in r.output
+
+
+def test_fpsim_alone_prints_its_help_and_version_still_works():
+    r = run()
+    assert r.exit_code in (0, 2) and "Commands:" in r.output and "error:" not in r.output
+    r = run("--version")
+    assert r.exit_code == 0 and "version" in r.output
