@@ -335,7 +335,7 @@ class _OutputFormat(click.Choice):
               help="Write the results to this file (atomically) instead of stdout.")
 @click.option("--workers", default=1, show_default=True, help="Processes analysing tensors in parallel.")
 @click.option("--scheduler", default=None, help="Address of a Dask distributed scheduler (tcp://host:port).")
-@click.option("-q", "--quiet", is_flag=True, help="No notes on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac, out_format, output, workers,
             scheduler, quiet, verbose):
