@@ -152,3 +152,21 @@ def test_convert_with_patterns_callables_and_set_recipe_and_step():
     assert {lay.step for lay in m.modules() if isinstance(lay, fnn.Linear)} == {2}
     fnn.set_step(m, 10)
     assert fnn.step(m) == 11
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device machine)")
+@pytest.mark.parametrize("name", ["nvfp4_paper", "mxfp4", "fp8_current", "fp8_blockwise", "bf16"])
+def test_linear_on_cuda_fp32_equals_fpsim_linear(name):
+    """The fused Triton copies and the FP32 GEMM model on the GPU give fpsim.linear's bits (CPU reference)."""
+    x, w, dy = _data(4)
+    layer = fnn.Linear(DIN, DOUT, bias=False, recipe=name, name="blocks.1.fc2", seed=3, gemm="fp32").cuda()
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(w))
+    layer.step = 2
+    xt = torch.from_numpy(x).cuda().requires_grad_(True)
+    y = layer(xt)
+    y.backward(torch.from_numpy(dy).cuda())
+    ref = fpsim.linear(x.reshape(TOK, DIN), w, dy.reshape(TOK, DOUT), name, seed=3, layer="blocks.1.fc2", step=2)
+    assert _same(y.detach().cpu().numpy().reshape(TOK, DOUT), ref.y)
+    assert _same(xt.grad.cpu().numpy().reshape(TOK, DIN), ref.dx)
+    assert _same(layer.weight.grad.cpu().numpy(), ref.dw)

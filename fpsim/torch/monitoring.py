@@ -122,16 +122,28 @@ class Monitor:
         self.rows: list[dict] = []
         self.first_nonfinite: tuple[int, str, str] | None = None
         self._fh = None
+        # Every copy's "all finite" flag stays on the device until a recorded step (or the exit) reads them: a
+        # host read per copy would synchronise the GPU on every layer of every step.
+        self._pending: list[tuple[int, str, str, torch.Tensor]] = []
 
     def __call__(self, layer: str, role: str, step: int, x: torch.Tensor, q) -> None:
-        bad = not bool(torch.isfinite(x).all()) if self.first_nonfinite is None else False
-        if bad:
-            self.first_nonfinite = (step, layer, role)
-            self._emit({"event": "nonfinite", "step": step, "layer": layer, "role": role})
+        if self.first_nonfinite is None:
+            self._pending.append((step, layer, role, torch.isfinite(x).all()))
         if step % self.every:
             return
+        self._resolve()
         with torch.no_grad():
             self._emit({"step": step, "layer": layer, "role": role, **copy_stats(x, q)})
+
+    def _resolve(self) -> None:
+        pend, self._pending = self._pending, []
+        if self.first_nonfinite is not None or not pend:
+            return
+        ok = torch.stack([p[3] for p in pend]).cpu()
+        if not bool(ok.all()):
+            step, layer, role, _ = pend[int((~ok).nonzero()[0, 0])]
+            self.first_nonfinite = (step, layer, role)
+            self._emit({"event": "nonfinite", "step": step, "layer": layer, "role": role})
 
     def _emit(self, row: dict) -> None:
         self.rows.append(row)
@@ -146,6 +158,7 @@ class Monitor:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._resolve()
         with contextlib.suppress(ValueError):
             nn.OBSERVERS.remove(self)
         if self._fh is not None:
