@@ -2,7 +2,8 @@
 
 The public API of the element layer::
 
-    encode(x, fmt, rounding="rne", saturate=True, rbits=None, seed=None) -> codes
+    encode(x, fmt, rounding="rne", saturate=None, rbits=None, seed=None) -> codes
+        # saturate=None: satfinite for ≤ 8-bit formats, IEEE (inf) for BF16/FP16
     decode(codes, fmt) -> float32
     get_format(name) -> FormatSpec;  FORMATS;  Rounding
     pack_fp4 / unpack_fp4;  to_ml_dtypes / from_ml_dtypes;  random_bits
@@ -22,7 +23,8 @@ Every function above that takes ``backend=`` (quantize, dequantize, fake_quantiz
 decode, rht) runs on the Numba CPU reference or, with torch installed, on torch tensors on CPU or
 CUDA (:mod:`fpsim.backends`; fused Triton kernels on CUDA) and returns the same bits either way.
 
-Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in SPEC.md.
+Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in the specification, docs/spec.md;
+"SPEC §n" in docstrings and ``--help`` texts cites its section n.
 """
 
 from .codecs import Rounding

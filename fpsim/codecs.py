@@ -1,11 +1,14 @@
 """Bit-exact element codecs: float32 ⇄ codes of every registered format (SPEC §2–§3).
 
-Conventions (NVIDIA's, see SPEC.md):
+Conventions (NVIDIA's, see docs/spec.md §2–§3):
 
 * inputs are converted to float32 first (float64/float16/bfloat16 by RNE);
-* ``saturate=True`` (default) is ``.satfinite``: finite overflow and ±inf give
-  ±max finite; ``saturate=False`` is ``__NV_NOSAT`` / ml_dtypes: E4M3 gives NaN
+* ``saturate=True`` is ``.satfinite``: finite overflow and ±inf give ±max
+  finite; ``saturate=False`` is ``__NV_NOSAT`` / ml_dtypes: E4M3 gives NaN
   beyond 464, E5M2/BF16/FP16 give ±inf; formats without inf/NaN always saturate.
+  The default (``saturate=None``, :func:`default_saturate`) is ``.satfinite`` for
+  the ≤ 8-bit formats and IEEE for BF16/FP16 (``__float2bfloat16_rn``,
+  ``__float2half_rn``, torch and ml_dtypes: overflow and inf give ±inf), SPEC §2.
   Under ``saturate=False`` the directed modes follow IEEE 754 §7.4 (``rtz``
   overflows to max finite, ``rup`` to +inf but -max, ``rdown`` the mirror);
 * NaN → the positive all-ones magnitude (E2M1 0x7 = +6, FP6 0x1F, E4M3/E5M2
@@ -32,7 +35,7 @@ from ._arrays import as_codes, as_float32
 from .formats import FormatSpec, get_format
 from .random import seed_key, stream_width
 
-__all__ = ["Rounding", "encode", "decode", "encode_lut", "SR_EXACT_BITS"]
+__all__ = ["Rounding", "encode", "decode", "default_saturate", "encode_lut", "SR_EXACT_BITS"]
 
 
 class Rounding(str, enum.Enum):
@@ -111,11 +114,23 @@ def _float32_aligned(spec: FormatSpec) -> bool:
     return spec.ebits == 8 and spec.bias == 127 and spec.subnormals and spec.signed and spec.has_inf
 
 
+def default_saturate(fmt: str | FormatSpec) -> bool:
+    """The overflow convention of ``encode(..., saturate=None)`` for ``fmt`` (SPEC §2).
+
+    ``True`` (``.satfinite``) for the ≤ 8-bit formats (FP4, FP6, FP8, E8M0), ``False`` (IEEE: overflow and
+    inf give ±inf, like ``__float2bfloat16_rn``, torch and ml_dtypes) for the 16-bit BF16 and FP16.
+
+    >>> default_saturate("e4m3"), default_saturate("bf16")
+    (True, False)
+    """
+    return get_format(fmt).bits <= 8
+
+
 def encode(
     x: np.typing.ArrayLike,
     fmt: str | FormatSpec,
     rounding: str | Rounding = "rne",
-    saturate: bool = True,
+    saturate: bool | None = None,
     rbits: np.typing.ArrayLike | None = None,
     seed: int | None = None,
     k: int | None = None,
@@ -133,8 +148,9 @@ def encode(
     rounding
         ``"rne"`` (default), ``"rtz"``, ``"rup"``, ``"rdown"``, ``"rna"`` or ``"sr"``.
     saturate
-        ``True``: ``.satfinite`` (default).  ``False``: ``__NV_NOSAT`` / ml_dtypes.
-        Stochastic rounding is satfinite only, like ``cvt.rs.satfinite``.
+        ``True``: ``.satfinite``.  ``False``: ``__NV_NOSAT`` / IEEE / ml_dtypes.  ``None`` (default):
+        :func:`default_saturate` — satfinite for ≤ 8-bit formats, IEEE for BF16/FP16.
+        Stochastic rounding is satfinite only, like ``cvt.rs.satfinite`` (``None`` means ``True`` there).
     rbits, seed
         Stochastic rounding only, exactly one of them: the random integers
         (one per element, shape of ``x``, each < 2**k), or a seed for
@@ -161,9 +177,13 @@ def encode(
     array([ 2,  4,  8,  7], dtype=uint8)
     >>> encode([500.0], "e4m3"), encode([500.0], "e4m3", saturate=False)
     (array([126], dtype=uint8), array([127], dtype=uint8))
+    >>> hex(int(encode(float("inf"), "bf16"))), hex(int(encode(float("inf"), "bf16", saturate=True)))
+    ('0x7f80', '0x7f7f')
     """
     spec = get_format(fmt)
     mode = Rounding.parse(rounding)
+    if saturate is None:
+        saturate = True if mode is Rounding.SR else default_saturate(spec)
     x32 = as_float32(x)
     if mode is not Rounding.SR:
         if rbits is not None or seed is not None:

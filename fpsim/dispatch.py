@@ -48,12 +48,15 @@ def _fill(out: np.ndarray | None, res: np.ndarray) -> np.ndarray:
     return out
 
 
-def encode(x: np.typing.ArrayLike, fmt: str | FormatSpec, rounding: str | Rounding = "rne", saturate: bool = True,
-           rbits: np.typing.ArrayLike | None = None, seed: int | None = None, k: int | None = None, counter: int = 0,
-           out: np.ndarray | None = None, backend: str | None = None) -> np.ndarray:
+def encode(x: np.typing.ArrayLike, fmt: str | FormatSpec, rounding: str | Rounding = "rne",
+           saturate: bool | None = None, rbits: np.typing.ArrayLike | None = None, seed: int | None = None,
+           k: int | None = None, counter: int = 0, out: np.ndarray | None = None,
+           backend: str | None = None) -> np.ndarray:
     """:func:`fpsim.codecs.encode` on the chosen backend (same codes everywhere; ``out`` then filled by a copy)."""
     spec = get_format(fmt)
     mode = Rounding.parse(rounding)
+    if saturate is None:  # the format's default (SPEC §2): satfinite ≤ 8 bits, IEEE BF16/FP16; SR is satfinite
+        saturate = True if mode is Rounding.SR else codecs.default_saturate(spec)
     x32 = as_float32(x)
     name = None
     if not spec.is_passthrough and not (mode is Rounding.SR and (not saturate or (rbits is None) == (seed is None))):

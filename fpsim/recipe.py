@@ -353,6 +353,13 @@ def linear(
     o = w32.shape[0]
     if w32.shape != (o, i) or dy32.shape != (t, o):
         raise ValueError(f"shapes do not form a linear layer: x {x32.shape}, w {w32.shape}, dy {dy32.shape}")
+    for role in ROLES:
+        d, k = rec.policy(role).rht, {"fprop": i, "dgrad": o, "wgrad": t}[role.split("_")[0]]
+        if d and k % d:
+            what = {"fprop": "input features", "dgrad": "output features", "wgrad": "tokens"}[role.split("_")[0]]
+            raise ValueError(
+                f"linear: {role} rotates along {what} ({k}), which is not a multiple of its Hadamard size {d}; "
+                f"pad to a multiple of {d} {what}, or drop the RHT: get_recipe({rec.name!r}).without('rht')")
     # Each role's copy with its reduction axis last.
     copies = {"fprop_x": x32, "fprop_w": w32, "dgrad_dy": dy32, "dgrad_w": w32.T, "wgrad_dy": dy32.T, "wgrad_x": x32.T}
     ops = {}

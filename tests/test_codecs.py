@@ -112,6 +112,24 @@ def test_documented_differences_from_ml_dtypes():
     assert fpsim.encode(np.float32("nan"), "bf16") == 0x7FFF
 
 
+@pytest.mark.parametrize("fmt,dtype", [("bf16", ml_dtypes.bfloat16), ("fp16", np.float16)])
+def test_bf16_and_fp16_follow_ieee_by_default(fmt, dtype):
+    """Issue 16 item 12: by default BF16/FP16 overflow and inf give ±inf (``__float2bfloat16_rn``, torch,
+    ml_dtypes), in encode and in quantize; ``saturate=True`` still clips to ±max."""
+    x = np.array([np.inf, -np.inf, 3.4e38, -3.4e38, 1e5, 1.0], np.float32)
+    with np.errstate(over="ignore"):
+        want = x.astype(dtype).view(np.uint16)  # ml_dtypes / numpy casts: IEEE, non-saturating
+    assert np.array_equal(fpsim.encode(x, fmt), want)
+    if fmt == "bf16":  # the one cast scheme
+        assert np.array_equal(fpsim.quantize(x, fmt).dequantize(), want.view(dtype).astype(np.float32))
+    sat = fpsim.encode(x, fmt, saturate=True)
+    top = get_format(fmt).max_code
+    assert (sat[:4] & 0x7FFF).tolist() == [top] * 4 and sat[5] == want[5]
+    if fmt == "bf16":
+        assert fpsim.encode(np.float32(np.inf), "bf16") == 0x7F80
+    assert fpsim.encode(x, "e4m3").tolist()[:2] == [0x7E, 0xFE]  # ≤ 8-bit formats stay satfinite by default
+
+
 # ---------------------------------------------------------------------------
 # The scalar reference (exact rationals, SPEC §2)
 
