@@ -97,7 +97,7 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3):
         if ctx is not None:
             ctx.__exit__(None, None, None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return statistics.median(times), peak, float(loss)
+    return statistics.median(times), peak, float(loss.detach())
 
 
 def main(argv=None) -> None:
@@ -105,10 +105,23 @@ def main(argv=None) -> None:
     ap.add_argument("--tiny", action="store_true", help="a CPU-sized model (smoke test)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true", help="torch.profiler table of two steps of the every-block arm")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = (dict(vocab=256, d=64, layers=12, heads=4, seq=64, batch=2) if a.tiny
            else dict(vocab=32768, d=1024, layers=12, heads=16, seq=1024, batch=8))
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        conv = lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas")  # noqa: E731
+        _arm(cfg, device, conv, steps=1, warmup=2)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=acts) as prof:
+            _arm(cfg, device, conv, steps=2, warmup=0)
+        key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+        return
     arms = [
         ("bf16 (nn.Linear, autocast)", None, None, a.steps),
         ("nvfp4_paper, recipe layer policy, gemm=blas",
@@ -118,12 +131,12 @@ def main(argv=None) -> None:
         ("nvfp4_paper, every block, gemm=blas, monitor every=100",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), 100, a.steps),
         ("nvfp4_paper, every block, gemm=fp32",
-         lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, max(2, a.steps // 5)),
+         lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, 1),
     ]
     rows = []
     base = None
     for name, conv, mon, steps in arms:
-        t, peak, loss = _arm(cfg, device, conv, mon, steps=steps, warmup=2 if "fp32" in name else 3)
+        t, peak, loss = _arm(cfg, device, conv, mon, steps=steps, warmup=1 if "fp32" in name else 3)
         base = base or (t, peak)
         rows.append((name, t, t / base[0], peak, peak / base[1] if base[1] == base[1] else float("nan"), loss))
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x), peak {peak:.2f} GiB, loss {loss:.3f}", flush=True)
