@@ -138,7 +138,8 @@ def main(argv=None) -> None:
     for name, conv, mon, steps in arms:
         t, peak, loss = _arm(cfg, device, conv, mon, steps=steps, warmup=1 if "fp32" in name else 3)
         base = base or (t, peak)
-        rows.append((name, t, t / base[0], peak, peak / base[1] if base[1] == base[1] else float("nan"), loss))
+        rows.append((name, t, t / base[0], peak, peak / base[1] if base[1] == base[1] else float("nan"), loss,
+                     steps + (1 if "fp32" in name else 3)))
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x), peak {peak:.2f} GiB, loss {loss:.3f}", flush=True)
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
@@ -150,11 +151,11 @@ def main(argv=None) -> None:
         f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench_training` (median step of the timed "
         "steps after warm-up; ratios against the BF16 arm of the same run).",
         "",
-        "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | loss at last step |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | steps run | loss after them |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, t, r, peak, pr, loss in rows:
-        lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {peak:.2f} | {pr:.2f} | {loss:.3f} |")
+    for name, t, r, peak, pr, loss, n in rows:
+        lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {peak:.2f} | {pr:.2f} | {n} | {loss:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
