@@ -155,7 +155,8 @@ def main(argv=None) -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, t, r, peak, pr, loss, n in rows:
-        lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {peak:.2f} | {pr:.2f} | {n} | {loss:.3f} |")
+        lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {peak:.2f} | {pr:.2f} | {n} "
+                     f"| {loss:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -1,4 +1,4 @@
-"""fpsim.torch.monitor (fpsim.torch.monitoring): per layer/role statistics of the quantized copies, measured as their labels say."""
+"""fpsim.torch.monitor (module fpsim.torch.monitoring): per layer and role statistics of the quantized copies."""
 
 from __future__ import annotations
 
