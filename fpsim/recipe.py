@@ -25,6 +25,7 @@ tiles the Dgrad copy of W is exactly the transpose of the Fprop copy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,17 +65,27 @@ class OperandPolicy:
     rht: int = 0
     rht_signs: str | int = "recipe"
 
+    def __post_init__(self) -> None:
+        if self.block is not None:  # a tuple keeps the policy hashable (resolved() is cached on it)
+            object.__setattr__(self, "block", tuple(int(b) for b in self.block))
+
     def resolved(self) -> BlockScheme | None:
-        """The block scheme with this policy's overrides applied (None = not quantized)."""
-        if self.scheme is None:
-            return None
-        s = get_scheme(self.scheme)
-        changes = {"rounding": Rounding.parse(self.rounding)}
-        if self.block is not None:
-            changes["block"] = tuple(self.block)
-        if self.sr_bits is not None:
-            changes["sr_bits"] = self.sr_bits
-        return dataclasses.replace(s, **changes)
+        """The block scheme with this policy's overrides applied (None = not quantized); cached, since a training
+        step asks for it six times per layer."""
+        return _resolve(self)
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve(policy: OperandPolicy) -> BlockScheme | None:
+    if policy.scheme is None:
+        return None
+    s = get_scheme(policy.scheme)
+    changes = {"rounding": Rounding.parse(policy.rounding)}
+    if policy.block is not None:
+        changes["block"] = tuple(policy.block)
+    if policy.sr_bits is not None:
+        changes["sr_bits"] = policy.sr_bits
+    return dataclasses.replace(s, **changes)
 
 
 @dataclass(frozen=True)
