@@ -171,7 +171,7 @@ def _unpack(raw: np.ndarray, bits: int, numel: int) -> np.ndarray:
 
 
 def _pack(codes: np.ndarray, bits: int) -> bytes:
-    c = codes.reshape(-1).astype(np.uint8)
+    c = codes.reshape(-1).astype(np.uint8) & np.uint8((1 << bits) - 1)
     if bits == 4:
         return (c[0::2] | (c[1::2] << 4)).astype(np.uint8).tobytes()
     g = c.reshape(-1, 4).astype(np.uint32)
@@ -222,7 +222,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
                 raise ValueError(f"{name}: {a.size} elements of {code} are not a whole number of bytes")
             blob = _pack(np.ascontiguousarray(a).view(np.uint8), bits)
         else:
-            blob = np.ascontiguousarray(a)  # written with tofile-like buffer access, no copy
+            blob = np.asarray(a, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         n = len(blob) if isinstance(blob, bytes) else blob.nbytes
         header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [off, off + n]}
         off += n
