@@ -272,7 +272,9 @@ def _row(acc: _Acc, base: dict, scheme: str, bits: float) -> dict:
     r = dict(base, scheme=scheme, bits_per_element=bits)
     n = max(acc.n, 1)
     r["mse"] = acc.err_sq / n
-    r["sqnr_db"] = 10 * math.log10(acc.sq / acc.err_sq) if acc.err_sq > 0 and acc.sq > 0 else (
+    ratio = acc.sq / acc.err_sq if acc.err_sq > 0 and acc.sq > 0 else math.nan
+    # an infinite error (x̂ = ±inf where x is finite, e.g. FLT_MAX under MXFP4) has ratio 0: SQNR is -inf dB
+    r["sqnr_db"] = (10 * math.log10(ratio) if ratio > 0 else -math.inf) if ratio == ratio else (
         math.inf if acc.sq > 0 else math.nan)
     r["rel_error"] = math.sqrt(acc.err_sq / acc.sq) if acc.sq > 0 else math.nan
     r["max_abs_error"] = acc.max_abs_err
