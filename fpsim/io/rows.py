@@ -27,6 +27,12 @@ class FileStorage:
     def __init__(self, path: str | os.PathLike, offset: int, dtype: np.dtype, fileobj=None):
         self.path, self.offset, self.dtype, self.fileobj = str(path), int(offset), np.dtype(dtype), fileobj
 
+    def __del__(self):
+        # an unnamed temporary file (an inflated npz member) is owned here: closing it frees its disk space
+        f = getattr(self, "fileobj", None)
+        if f is not None:
+            f.close()
+
     def _open(self):
         if self.fileobj is not None:
             return _NoClose(self.fileobj)

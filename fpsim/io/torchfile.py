@@ -11,6 +11,7 @@ byte, low nibble first); complex32, quantized (qint8 …) and sparse tensors are
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -63,12 +64,16 @@ def _to_numpy(t, views) -> np.ndarray:
 def _load(path: Path):
     import torch
 
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e):
-            raise
-    return torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format: no mmap
+    # torch's own deprecation notices while rebuilding storages (TypedStorage, ComplexHalf, quantized
+    # tensors) are about torch internals, not about the user's file: keep them off the user's stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+        return torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format: no mmap
 
 
 def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
