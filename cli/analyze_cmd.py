@@ -61,8 +61,9 @@ def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: 
         refs = {r.name: r for r in open_file(source)[0]}
     except InputError as e:
         return [([], f"error: {e}")] * len(items)
-    return [_analyze_ref(refs[name], label, axis, kw, role) if name in refs else
-            ([], f"error: {source}:{name}: the file changed while it was being analysed") for name, label, role in items]
+    gone = "the file changed while it was being analysed"
+    return [_analyze_ref(refs[name], label, axis, kw, role) if name in refs else ([], f"error: {source}:{name}: {gone}")
+            for name, label, role in items]
 
 
 def _fmt(v) -> str:
@@ -314,7 +315,7 @@ def _probe(address: str) -> None:
             s.settimeout(0.3)
             try:
                 banner = s.recv(1)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 return  # silent until spoken to, as a Dask scheduler is
     except OSError as e:
         raise click.UsageError(f"cannot reach the Dask scheduler at {address}: {e.strerror or e}") from None

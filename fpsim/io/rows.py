@@ -130,7 +130,7 @@ class RowSource:
         return self._rows(i, max(i, j))
 
     def _rows(self, i: int, j: int) -> np.ndarray:
-        A, K, B = self._A, self._K, self._B
+        K, B = self._K, self._B
         out = np.empty((j - i, K), self.dtype)
         st = self.storage
         pos = i
@@ -157,5 +157,6 @@ class RowSource:
 class Member:
     """One member: name, shape, dtype, and how to get its data (``storage()``); or ``error`` / ``note``."""
 
-    def __init__(self, name, shape=(), dtype=np.dtype("u1"), storage=None, error=None, note=None):
-        self.name, self.shape, self.dtype, self.storage, self.error, self.note = name, shape, dtype, storage, error, note
+    def __init__(self, name, shape=(), dtype=None, storage=None, error=None, note=None):
+        self.name, self.shape, self.storage, self.error, self.note = name, shape, storage, error, note
+        self.dtype = np.dtype("u1") if dtype is None else dtype
