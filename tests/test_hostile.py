@@ -512,3 +512,30 @@ def test_no_numba_cache_location_compiles_uncached_with_one_warning(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "[1.5 3. ]" in p.stdout
     assert p.stderr.count("compiling without a cache") == 1, p.stderr
+
+
+def test_output_through_a_symlink_keeps_the_link(tmp_path, good):
+    target = tmp_path / "real.csv"
+    target.write_text("old")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    assert run(good, *FAST, "--output", link).exit_code == 0
+    assert link.is_symlink() and target.read_text().startswith("tensor,")
+
+
+def test_dev_stdout_redirected_to_a_file_is_written_through_not_replaced(tmp_path, good):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.csv"
+    with open(out, "wb") as f:
+        p = subprocess.run([sys.executable, "-m", "fpsim", "analyze", str(good), *FAST, "--output", "/dev/stdout"],
+                           stdout=f, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert os.path.islink("/dev/stdout") and "ranking by relative error" in out.read_text()
+
+
+def test_no_new_file_under_dev(tmp_path, good):
+    r = run(good, *FAST, "--output", "/dev/fpsim-test-output.csv")
+    assert r.exit_code == 2 and "refusing to create a file under /dev" in r.output
+    assert not os.path.exists("/dev/fpsim-test-output.csv")
