@@ -28,6 +28,7 @@ from pathlib import Path
 import click
 
 EXIT_PARTIAL, EXIT_USAGE, EXIT_NOTHING, EXIT_OUTPUT = 1, 2, 3, 4
+_SERIAL_BYTES = 1 << 20
 _SHOW = ("tensor", "role", "scheme", "shape", "sqnr_db", "rel_error", "max_abs_error", "flushed_frac",
          "saturated_frac", "small_scale_block_frac", "block_dyn_range_log2", "kurtosis", "bias_rne", "bias_sr")
 
@@ -37,7 +38,12 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
     from fpsim.analysis import TensorSkipped, analyze_tensor, guess_role
     from fpsim.io import InputError
 
+    from fpsim._jit import get_num_threads, set_num_threads
+
     key = f"{label}:{ref.name}"
+    threads = get_num_threads()
+    if ref.nbytes < _SERIAL_BYTES:  # waking a thread pool costs more than a small tensor's work: one thread
+        set_num_threads(1)
     try:
         arr = ref.row_source(axis)  # rows along `axis`, read in chunks: bounded memory for every axis
         # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too)
@@ -50,6 +56,8 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
         return [], f"error: {key}: out of memory"
     except (ValueError, TypeError, OverflowError, ArithmeticError) as e:
         return [], f"error: {key}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    finally:
+        set_num_threads(threads)
 
 
 def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: dict) -> list:
