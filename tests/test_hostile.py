@@ -539,3 +539,8 @@ def test_no_new_file_under_dev(tmp_path, good):
     r = run(good, *FAST, "--output", "/dev/fpsim-test-output.csv")
     assert r.exit_code == 2 and "refusing to create a file under /dev" in r.output
     assert not os.path.exists("/dev/fpsim-test-output.csv")
+
+
+def test_help_documents_every_exit_code():
+    r = CliRunner().invoke(main, ["analyze", "--help"])
+    assert r.exit_code == 0 and all(f"* {c} —" in r.output for c in range(5))

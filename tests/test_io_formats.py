@@ -160,3 +160,16 @@ def test_capture_checks_its_output_before_the_model_runs(tmp_path):
 
     with pytest.raises(OutputError, match="does not exist"):
         capture(torch.nn.Linear(4, 4), tmp_path / "no" / "c.safetensors")
+
+
+def test_strided_pt_tensors_along_any_axis(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    x = torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8)
+    p = tmp_path / "strided.pt"
+    torch.save({"t": x.T, "s": x[:, ::2]}, p)
+    want = {"t": x.T.numpy(), "s": x[:, ::2].numpy()}
+    for r in open_tensors([str(p)]):
+        for ax in (0, 1):
+            src = r.row_source(ax).as_2d()
+            got = np.concatenate([src[i : i + 3] for i in range(0, src.rows, 3)])
+            assert np.array_equal(got, np.moveaxis(want[r.name], ax, -1).reshape(-1, want[r.name].shape[ax]))
