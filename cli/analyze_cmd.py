@@ -35,10 +35,9 @@ _SHOW = ("tensor", "role", "scheme", "shape", "sqnr_db", "rel_error", "max_abs_e
 
 def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tuple[list[dict], str | None]:
     """Analyse one tensor; (rows, None) or ([], "skip: …" / "error: …") — one line, never a traceback."""
+    from fpsim._jit import get_num_threads, set_num_threads
     from fpsim.analysis import TensorSkipped, analyze_tensor, guess_role
     from fpsim.io import InputError
-
-    from fpsim._jit import get_num_threads, set_num_threads
 
     key = f"{label}:{ref.name}"
     threads = get_num_threads()
