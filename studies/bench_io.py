@@ -17,24 +17,30 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from fpsim.io import atomic_write, write_safetensors
 
+# A small launcher process starts the run and reports its ru_maxrss: Linux carries the high-water RSS of
+# the process that forks (or vforks) across exec, so measured from this process (which held the inputs
+# while writing them) every figure would include this process's own peak.
+_LAUNCH = """import os, subprocess, sys, time
+t = time.perf_counter()
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+_, status, usage = os.wait4(p.pid, 0)
+print(time.perf_counter() - t, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status))
+"""
+
 
 def analyze(args: list[str]) -> tuple[float, int, int]:
     """(wall seconds, peak RSS bytes, exit code) of one ``fpsim analyze`` run."""
     cmd = [sys.executable, "-m", "fpsim", "analyze", *args, "--formats", "nvfp4", "--seeds", "0", "--format", "csv",
            "-q"]
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_maxrss * 1024, proc.returncode
+    out = subprocess.run([sys.executable, "-S", "-c", _LAUNCH, *cmd], capture_output=True, text=True, check=True)
+    wall, peak, rc = out.stdout.split()
+    return float(wall), int(peak), int(rc)
 
 
 def cases(d: Path, scale: float):
