@@ -3,6 +3,7 @@ any axis (against numpy.moveaxis), labels, and the capture's early output check.
 
 import json
 import struct
+import tempfile
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fpsim.io import InputError, open_tensors, unique_labels, write_safetensors
-from fpsim.io.rows import ArrayStorage, RowSource
+from fpsim.io.rows import ArrayStorage, FileStorage, RowSource
 from fpsim.io.safetensors import SAFETENSORS_DTYPES, read_entry, read_header
 
 # dtypes numpy (and so safetensors.numpy) can hold, by safetensors code
@@ -122,14 +123,18 @@ def test_write_safetensors_refuses_to_overwrite_an_input(tmp_path):
 
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
 def test_row_source_along_any_axis_equals_moveaxis(shape, data):
-    """For every shape, axis and chunk size, the rows read equal moveaxis(x, axis, -1) flattened to 2-D."""
+    """For every shape, axis, chunk size and storage (memory, file), the rows read equal moveaxis(x, axis, -1) in
+    2-D."""
     x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     chunk = data.draw(st.integers(1, 7))
-    src = RowSource(ArrayStorage(x), x.shape, axis).as_2d()
     want = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
-    got = np.concatenate([src[i : i + chunk] for i in range(0, src.rows, chunk)])
-    assert np.array_equal(got, want)
+    with tempfile.TemporaryFile() as f:
+        f.write(b"head" + x.tobytes())
+        for storage in (ArrayStorage(x), FileStorage("<tmp>", 4, x.dtype, fileobj=f)):
+            src = RowSource(storage, x.shape, axis).as_2d()
+            got = np.concatenate([src[i : i + chunk] for i in range(0, src.rows, chunk)])
+            assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])

@@ -20,6 +20,8 @@ from .errors import InputError
 
 __all__ = ["RowSource", "FileStorage", "ArrayStorage", "Member"]
 
+_GROUP_BYTES = 8 << 20  # bytes read per call when gathering short strided runs
+
 
 class FileStorage:
     """Raw C-ordered elements at ``offset`` of a file (a path, or an open binary file kept alive)."""
@@ -46,6 +48,20 @@ class FileStorage:
         """``n`` runs of ``count`` elements, run ``t`` starting at element ``start + t·stride``: an n × count array."""
         out = np.empty((n, count), self.dtype)
         isz = self.dtype.itemsize
+        if n > 1 and stride * isz <= _GROUP_BYTES // 16 and count:
+            # short, close runs (rows of a K × B slab, B small): read groups of whole strides in one call and
+            # keep the first `count` of each — a few large reads instead of n small ones
+            g = max(1, _GROUP_BYTES // (stride * isz))
+            buf = np.empty(min(g, n) * stride, self.dtype)
+            with self._open() as f:
+                for t0 in range(0, n, g):
+                    m = min(g, n - t0)
+                    need = ((m - 1) * stride + count) * isz
+                    f.seek(self.offset + (start + t0 * stride) * isz)
+                    if f.readinto(memoryview(buf.view(np.uint8))[:need]) != need:
+                        raise InputError(f"{self.path}: tensor data is truncated")
+                    out[t0 : t0 + m] = buf[: m * stride].reshape(m, stride)[:, :count]
+            return out
         with self._open() as f:
             for t in range(n):
                 f.seek(self.offset + (start + t * stride) * isz)
