@@ -4,6 +4,7 @@ npz (:mod:`.npz`), torch files (:mod:`.torchfile`), quantized tensors (:mod:`.qu
 
 from .errors import InputError
 from .files import OutputError, atomic_write, check_writable, dumps, to_json
+from .quantized import load_quantized, save_quantized
 from .readers import SUFFIXES, RowSource, TensorRef, open_file, open_tensors, unique_labels
 from .safetensors import SAFETENSORS_DTYPES, write_safetensors
 
@@ -18,7 +19,9 @@ __all__ = [
     "check_writable",
     "dumps",
     "open_file",
+    "load_quantized",
     "open_tensors",
+    "save_quantized",
     "to_json",
     "unique_labels",
     "write_safetensors",
