@@ -293,18 +293,18 @@ def test_compressed_member_is_read_in_bounded_memory(tmp_path):
 def test_axis_0_is_read_in_bounded_memory(tmp_path):
     from fpsim.io import open_tensors
 
-    x = np.arange(1024 * 8192, dtype=np.float32).reshape(1024, 8192)  # 32 MiB
+    x = np.arange(2048 * 8192, dtype=np.float32).reshape(2048, 8192)  # 64 MiB
     p = write_or(tmp_path / "a.safetensors", {"x": x})
     (ref,) = open_tensors([str(p)])
     src = ref.row_source(0).as_2d()
-    assert src.shape == (8192, 1024)
+    assert src.shape == (8192, 2048)
     assert np.array_equal(src[100:103], x[:, 100:103].T)
 
     def scan():
         for i in range(0, src.rows, 512):
             src[i : i + 512]
 
-    assert _peak(scan) < 6 << 20  # one 2 MiB chunk (+ its transpose), never the 32 MiB tensor
+    assert _peak(scan) < 16 << 20  # a 4 MiB chunk, its transpose and an 8 MiB read buffer; never the 64 MiB
 
 
 def test_each_file_is_opened_once(tmp_path, monkeypatch):
