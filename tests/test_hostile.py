@@ -141,7 +141,8 @@ def test_npz_structured_dtype_and_corrupt_deflate(tmp_path, good):
     ('{"x":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,16]}}', "do not hold shape"),
     ('{"x":' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
     ('{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}, "y": 5}', "'y': entry is not a JSON object"),
-])
+], ids=["shape_infinity", "shape_2_64", "offset_1e400", "negative_shape", "shape_overflows_int64", "deep_json",
+        "entry_not_object"])
 def test_hostile_safetensors_headers(tmp_path, good, header, msg):
     p = raw_safetensors(tmp_path / "bad.safetensors", header, b"\0" * 16)
     r = run(good, p, *FAST)
