@@ -235,12 +235,13 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         out_format = {"csv": "csv", "json": "json", "md": "markdown"}.get(ext, "table")
 
     errors: list[str] = []
+    files: list[str] = []
     try:
-        refs = open_tensors(list(paths), on_error=errors.append, on_note=note)
+        refs = open_tensors(list(paths), on_error=errors.append, on_note=note, on_file=files.append)
     except InputError as e:
         click.echo(f"fpsim analyze: {e}", err=True)
         sys.exit(EXIT_USAGE)
-    inputs = sorted({r.source for r in refs} | {p for p in paths if os.path.isfile(p)})
+    inputs = sorted(set(files) | {p for p in paths if os.path.isfile(p)})  # unreadable inputs are inputs too
     if output:
         try:  # before any work: a bad --output fails in the first second, not after the analysis
             check_writable(output, inputs)

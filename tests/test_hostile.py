@@ -545,3 +545,10 @@ def test_no_new_file_under_dev(tmp_path, good):
 def test_help_documents_every_exit_code():
     r = CliRunner().invoke(main, ["analyze", "--help"])
     assert r.exit_code == 0 and all(f"* {c} —" in r.output for c in range(5))
+
+
+def test_output_refuses_a_corrupt_input_found_in_a_directory(tmp_path, good):
+    bad = tmp_path / "corrupt.npz"
+    bad.write_bytes(b"not a zip at all")
+    r = run(tmp_path, *FAST, "--output", bad)
+    assert r.exit_code == 2 and "refusing to overwrite an input" in r.output and bad.read_bytes() == b"not a zip at all"

@@ -220,12 +220,14 @@ def open_file(path: str | os.PathLike) -> tuple[list[TensorRef], list[str]]:
 
 
 def open_tensors(paths: list[str] | str, on_error: Callable[[str], None] | None = None,
-                 on_note: Callable[[str], None] | None = None) -> list[TensorRef]:
+                 on_note: Callable[[str], None] | None = None,
+                 on_file: Callable[[str], None] | None = None) -> list[TensorRef]:
     """All tensors of the given files / directories / globs, unloaded, each file opened once.
 
     A path that names nothing raises :class:`InputError`.  A file that cannot be opened raises
     :class:`InputError`, or is reported to ``on_error`` and skipped when that callback is given; notes on
-    skipped entries (non-array members, non-tensor values, files of other types) go to ``on_note``.
+    skipped entries (non-array members, non-tensor values, files of other types) go to ``on_note``;
+    ``on_file`` receives every file the paths name, readable or not (e.g. to protect inputs from an output).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [os.fspath(paths)]
@@ -242,6 +244,8 @@ def open_tensors(paths: list[str] | str, on_error: Callable[[str], None] | None 
     for msg in errors:
         fail(msg)
     for path in files:
+        if on_file is not None:
+            on_file(str(path))
         try:
             r, n = open_file(path)
         except InputError as e:
