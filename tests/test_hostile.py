@@ -129,7 +129,7 @@ def test_npz_structured_dtype_and_corrupt_deflate(tmp_path, good):
     c.write_bytes(bytes(b))
     r = run(good, s, c, *FAST)
     assert r.exit_code == 1, r.output
-    assert "struct.npz: member 'rec': structured dtype" in r.output
+    assert "struct.npz: member 'rec' has a structured dtype" in r.output
     assert "deflate.npz: member 'w' is truncated or corrupt" in r.output and "good.npz:w" in r.output
 
 

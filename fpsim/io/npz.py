@@ -39,6 +39,10 @@ _BAD = (ValueError, zipfile.BadZipFile, zlib.error, EOFError, OSError, SyntaxErr
         struct.error, NotImplementedError, RuntimeError, TypeError)
 
 
+class _Refused(ValueError):
+    """A member fpsim will not read; the message is a verb phrase ("is encrypted", "holds …")."""
+
+
 def _read_header(f):
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
@@ -46,23 +50,23 @@ def _read_header(f):
     elif version == (2, 0):
         hdr = np.lib.format.read_array_header_2_0(f)
     else:  # 3.0 (utf-8 field names) has no public reader; 2.0's differs only in the text encoding
-        raise ValueError(f".npy format version {version} is not supported")
+        raise _Refused(f"uses .npy format version {version[0]}.{version[1]}, which fpsim does not read")
     return hdr
 
 
 def _dtype(path, name, dt: np.dtype):
     """(dtype to read as, note) or raise ValueError with the reason."""
     if dt.hasobject:
-        raise ValueError("holds Python objects (a pickle); refusing to load it")
+        raise _Refused("holds Python objects (a pickle); refusing to load it")
     if dt.fields is not None:
-        raise ValueError(f"structured dtype {dt} (named fields) is not a tensor of numbers")
+        raise _Refused(f"has a structured dtype {dt} (named fields), not a tensor of numbers")
     if dt.kind == "V":
         if dt.itemsize == 2:
             import ml_dtypes
 
             return np.dtype(ml_dtypes.bfloat16), (
                 "dtype |V2 read as bfloat16 (numpy saves ml_dtypes.bfloat16 as unnamed 2-byte data)")
-        raise ValueError(f"unnamed {dt.itemsize}-byte dtype |V{dt.itemsize} (numpy drops the names of ml_dtypes "
+        raise _Refused(f"has an unnamed {dt.itemsize}-byte dtype |V{dt.itemsize} (numpy drops the names of ml_dtypes "
                          "float8/float4 types): cannot tell which format it holds; save it as .safetensors")
     return dt, None
 
@@ -72,7 +76,7 @@ def _data_offset(fh, info: zipfile.ZipInfo) -> int:
     fh.seek(info.header_offset)
     local = fh.read(30)  # the fixed part of a zip local file header (APPNOTE 4.3.7)
     if len(local) != 30 or local[:4] != b"PK\x03\x04":
-        raise ValueError("is corrupt (bad local file header)")
+        raise _Refused("is corrupt (bad local file header)")
     name_len, extra_len = struct.unpack("<2H", local[26:30])
     return info.header_offset + 30 + name_len + extra_len
 
@@ -80,21 +84,21 @@ def _data_offset(fh, info: zipfile.ZipInfo) -> int:
 def _member(path: Path, zf: zipfile.ZipFile, fh, info: zipfile.ZipInfo) -> Member:
     name = info.filename[:-4]
     if info.flag_bits & 0x1:
-        raise ValueError("is encrypted")
+        raise _Refused("is encrypted")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise ValueError(f"uses zip compression method {info.compress_type} (numpy writes stored or deflated)")
+        raise _Refused(f"uses zip compression method {info.compress_type} (numpy writes stored or deflated)")
     if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > MAX_DEFLATE_RATIO * info.compress_size + 1024:
-        raise ValueError(f"declares {info.file_size} bytes from {info.compress_size} compressed bytes, more than "
+        raise _Refused(f"declares {info.file_size} bytes from {info.compress_size} compressed bytes, more than "
                          "deflate can produce: refusing to inflate it")
     with zf.open(info) as f:
         shape, fortran, dt = _read_header(f)
         head_len = f.tell()
     if any(type(s) is not int or s < 0 for s in shape):
-        raise ValueError(f"invalid shape {shape}")
+        raise _Refused(f"has an invalid shape {shape}")
     dt, note = _dtype(path, name, dt)
     need = math.prod(shape) * dt.itemsize
     if info.file_size - head_len != need:
-        raise ValueError(f"declares {info.file_size - head_len} data bytes but shape {list(shape)} of {dt} "
+        raise _Refused(f"declares {info.file_size - head_len} data bytes but shape {list(shape)} of {dt} "
                          f"needs {need}: truncated or corrupt")
     if fortran and len(shape) > 1:
         # Fortran order: the C-ordered data of the reversed shape; read whole and reorder (rare in practice)
@@ -185,11 +189,11 @@ def npz_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
             seen.add(name)
             try:
                 out.append(_member(p, zf, fh, info))
-            except _BAD as e:
-                msg = str(e) if isinstance(e, ValueError) else f"is truncated or corrupt ({type(e).__name__})"
-                out.append(Member(name, error=f"{p}: member {name!r} {msg}" if isinstance(e, ValueError) and
-                                  msg.startswith(("is ", "uses ", "declares ", "holds ")) else
-                                  f"{p}: member {name!r}: {msg}"))
+            except _Refused as e:
+                out.append(Member(name, error=f"{p}: member {name!r} {e}"))
+            except _BAD as e:  # numpy's header parser or zipfile/zlib on a damaged member
+                out.append(Member(name, error=f"{p}: member {name!r} is not a valid .npy array or is corrupt "
+                                              f"({type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''})"))
     if not out and not notes:
         raise InputError(f"{p}: no arrays in this npz file")
     return out, notes
