@@ -14,12 +14,19 @@ Exit codes:
 * 3 — nothing could be analysed;
 * 4 — the analysis ran but writing ``--output`` failed (e.g. the disk is full);
   no partial or temporary file is left behind.
+
+Output (``--format``): ``table`` (default; grouped by tensor, 160 columns), ``markdown``, ``csv``, ``json``.
+A value that cannot be computed is "–" in the table and Markdown (the reasons listed below), an empty
+CSV cell with the reason in the ``notes`` column, and ``null`` in JSON with the reason in the row's
+``notes`` object; JSON numbers are never strings, shapes are lists of ints, ``-0.0`` is written ``0.0``
+(:func:`fpsim.io.dumps`).  Errors are ``error: …`` lines on stderr, other messages ``note: …``.
 """
 
 from __future__ import annotations
 
+import csv
 import fnmatch
-import json
+import io
 import math
 import os
 import sys
@@ -29,8 +36,7 @@ import click
 
 EXIT_PARTIAL, EXIT_USAGE, EXIT_NOTHING, EXIT_OUTPUT = 1, 2, 3, 4
 _SERIAL_BYTES = 1 << 20
-_SHOW = ("tensor", "role", "scheme", "shape", "sqnr_db", "rel_error", "max_abs_error", "flushed_frac",
-         "saturated_frac", "small_scale_block_frac", "block_dyn_range_log2", "kurtosis", "bias_rne", "bias_sr")
+
 
 
 def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tuple[list[dict], str | None]:
@@ -48,7 +54,7 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
         # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too)
         return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
     except TensorSkipped as e:
-        return [], f"skip: {e}"
+        return [], f"note: skipped {e}"
     except InputError as e:
         return [], f"error: {e}"
     except MemoryError:
@@ -73,66 +79,257 @@ def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: 
             for name, label, role in items]
 
 
+_TABLE = (("scheme", "scheme"), ("bits", "bits_per_element"), ("kurtosis", "kurtosis"), ("sqnr_db", "sqnr_db"),
+          ("rel_error", "rel_error"), ("max_abs_err", "max_abs_error"), ("flushed", "flushed_frac"),
+          ("saturated", "saturated_frac"), ("small_scale", "small_scale_block_frac"),
+          ("dyn_range", "block_dyn_range_log2"), ("bias_rne", "bias_rne"), ("bias_sr", "bias_sr"),
+          ("±ci95", "bias_sr_ci95"))
+_MISSING = "–"
+_WIDTH = 160  # the table's lines fit this many columns (wider tables continue in a second block of columns)
+
+
+def _isnum(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _fmt(v) -> str:
+    """A table cell: 4 significant digits; a value that could not be computed is "–" (its reason is listed)."""
+    if v is None or isinstance(v, float) and not math.isfinite(v):
+        return _MISSING
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return f"{v:.4g}"
+        return f"{v + 0.0:.4g}"
+    if isinstance(v, list):
+        return "×".join(map(str, v))
     return str(v)
 
 
-def _jsonable(v):
-    # JSON has no NaN/Infinity: they are written as null (nan) and as strings ("inf"/"-inf").
+def _fmt3(v) -> str:
+    """3 significant digits (biases and their interval: the estimate's noise is larger)."""
+    return f"{v + 0.0:.3g}" if isinstance(v, float) and math.isfinite(v) else _fmt(v)
+
+
+def _notes_text(notes: dict) -> str:
+    """"col, col: reason; col: reason" — the columns that share a reason named once."""
+    by: dict[str, list[str]] = {}
+    for col, why in notes.items():
+        by.setdefault(why, []).append(col)
+    return "; ".join(f"{', '.join(cols)}: {why}" for why, cols in by.items())
+
+
+def _csv_cell(v) -> str:
+    if v is None or isinstance(v, float) and not math.isfinite(v):
+        return ""  # the reason is in the notes column
+    if isinstance(v, bool):
+        return "true" if v else "false"
     if isinstance(v, float):
-        if math.isnan(v):
-            return None
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-    return v
+        return repr(float(v) + 0.0)  # shortest round-trip text; -0.0 → 0.0
+    if isinstance(v, list):
+        return "x".join(map(str, v))
+    return str(v)
 
 
 def render(rows: list[dict], fmt: str, summary: dict) -> str:
-    """rows as table | csv | json | markdown."""
-    import pandas as pd
+    """rows as table | csv | json | markdown (conventions: the module docstring and LEGEND)."""
+    from fpsim.analysis import METRIC_COLUMNS
+    from fpsim.io import dumps
 
+    keep = set(summary["keep_bf16"])
+    if fmt == "json":
+        recs = [dict({c: r.get(c) for c in METRIC_COLUMNS}, notes=r.get("notes", {})) for r in rows]
+        return dumps({"rows": recs, "summary": summary})
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow([*METRIC_COLUMNS, "keep_bf16", "notes"])
+        for r in rows:
+            w.writerow([_csv_cell(r.get(c)) for c in METRIC_COLUMNS]
+                       + [_csv_cell(r["tensor"] in keep), _notes_text(r.get("notes", {}))])
+        return buf.getvalue()
+    if fmt == "markdown":
+        return _markdown(rows, summary)
+    return _table(rows, summary)
+
+
+def _tensor_line(r: dict, keep: set) -> str:
+    nan_inf = f"  NaN {r['nan_count']}  inf {r['inf_count']}" if r["nan_count"] or r["inf_count"] else ""
+    return (f"{r['tensor']}  ({r['role']}, {_fmt(r['shape'])}, kurtosis {_fmt(r['kurtosis'])}, "
+            f"max|x|/std {_fmt(r['amax_over_std'])}{nan_inf})" + ("  → keep BF16" if r["tensor"] in keep else ""))
+
+
+def _groups(rows: list[dict]) -> list[list[dict]]:
+    """Rows grouped by tensor, in first-seen order."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["tensor"], []).append(r)
+    return list(out.values())
+
+
+def _table(rows: list[dict], summary: dict) -> str:
+    """One header line per tensor (its statistics and the keep-BF16 conclusion), one line per scheme under it;
+    "–" cells are listed with their reasons below.  Lines fit 160 columns: columns that do not fit continue
+    in a second block under the first, the scheme repeated."""
+    if not rows:
+        return "no tensor analysed\n"
+    keep = set(summary["keep_bf16"])
+    cols = list(_TABLE)
+    if any(r.get("nonfinite_out_count") for r in rows):
+        cols.insert(3, ("nonfinite_out", "nonfinite_out_count"))
+    cells = [[(_fmt3 if k.startswith("bias") else _fmt)(r.get(k)) for _, k in cols] for r in rows]
+    width = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
+    blocks, cur = [], [0]
+    for i in range(1, len(cols)):
+        if 2 + sum(width[j] + 2 for j in cur) + width[i] > _WIDTH:
+            blocks.append(cur)
+            cur = [0]
+        cur.append(i)
+    blocks.append(cur)
+
+    def line(vals, idx):
+        return "  " + "  ".join(vals[i].ljust(width[i]) if i == 0 else vals[i].rjust(width[i]) for i in idx).rstrip()
+
+    out = []
+    start = 0
+    for group in _groups(rows):
+        out.append(_tensor_line(group[0], keep))
+        for idx in blocks:
+            out.append(line([h for h, _ in cols], idx))
+            out += [line(cells[start + j], idx) for j in range(len(group))]
+        start += len(group)
+        out.append("")
+    out += _reason_lines(rows, {k for _, k in cols} | {"kurtosis", "amax_over_std", "nonfinite_out_count"})
+    out += _ranking_lines(summary)
+    return "\n".join(out) + "\n"
+
+
+def _reason_lines(rows: list[dict], shown: set) -> list[str]:
+    """Why cells are "–": (columns, reason) with the number of rows, in first-seen order."""
+    count: dict[tuple[str, str], int] = {}
+    for r in rows:
+        by: dict[str, list[str]] = {}
+        for col, why in r.get("notes", {}).items():
+            if col in shown:
+                by.setdefault(why, []).append(col)
+        for why, cs in by.items():
+            count[(", ".join(cs), why)] = count.get((", ".join(cs), why), 0) + 1
+    if not count:
+        return []
+    out = [f"{_MISSING}: not computed, or a note (columns: reason [rows]):"]
+    out += [f"  {cs}: {why} [{n}]" for (cs, why), n in count.items()]
+    return out + [""]
+
+
+def _ranking_lines(summary: dict) -> list[str]:
+    if not summary["ranking"] and not summary["unranked"]:
+        return ["no tensor to rank"]
+    lines = [f"ranking by relative error under {summary['ranking_scheme']} (highest first; [keep BF16]: the "
+             f"{summary['keep_frac']:.0%} with the highest error):"]
+    lines += [f"  {i + 1:>3}. {e['tensor']}  {_fmt(e['rel_error'])}{'  [keep BF16]' if e['keep_bf16'] else ''}"
+              for i, e in enumerate(summary["ranking"])]
+    lines += [f"  not ranked: {e['tensor']}: {e['reason']}" for e in summary["unranked"]]
+    return lines
+
+
+def _markdown(rows: list[dict], summary: dict) -> str:
+    """As the table: a line per tensor (statistics, keep-BF16 once), then a Markdown table of its schemes."""
+    keep = set(summary["keep_bf16"])
+    lines = []
+    for group in _groups(rows):
+        lines += [f"**{_tensor_line(group[0], keep)}**", "", "| " + " | ".join(h for h, _ in _TABLE) + " |",
+                  "|" + "---|" * len(_TABLE)]
+        for r in group:
+            lines.append("| " + " | ".join((_fmt3 if k.startswith("bias") else _fmt)(r.get(k)) for _, k in _TABLE)
+                         + " |")
+        lines.append("")
     from fpsim.analysis import METRIC_COLUMNS
 
-    df = pd.DataFrame(rows, columns=list(METRIC_COLUMNS) + ["keep_bf16"])
-    if fmt == "csv":
-        return df.to_csv(index=False, na_rep="nan")
-    if fmt == "json":
-        recs = [{k: _jsonable(v) for k, v in r.items()} for r in df.to_dict(orient="records")]
-        summ = dict(summary, ranking=[[t, _jsonable(e)] for t, e in summary["ranking"]])
-        return json.dumps({"rows": recs, "summary": summ}, indent=1, allow_nan=False) + "\n"
-    cols = [c for c in _SHOW] + ["keep_bf16"]
-    view = df[cols].map(_fmt) if len(df) else df[cols]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(map(str, r)) + " |" for r in view.itertuples(index=False)]
-        lines += ["", "**Ranking by relative error** (" + summary["ranking_scheme"] + "): "
-                  + ", ".join(f"{t} ({_fmt(e)})" for t, e in summary["ranking"])]
-        return "\n".join(lines) + "\n"
-    text = view.to_string(index=False) if len(df) else "(no rows)"
-    text += "\n\nranking by relative error under " + summary["ranking_scheme"] + ":\n"
-    text += "\n".join(f"  {i + 1:>3}. {t}  {_fmt(e)}{'  [keep BF16]' if t in summary['keep_bf16'] else ''}"
-                      for i, (t, e) in enumerate(summary["ranking"]))
-    return text + "\n"
+    notes = _reason_lines(rows, set(METRIC_COLUMNS))
+    if notes:
+        lines += [notes[0], ""] + [f"* {n.strip()}" for n in notes[1:] if n.strip()] + [""]
+    ranked = ", ".join(f"{e['tensor']} ({_fmt(e['rel_error'])}{', keep BF16' if e['keep_bf16'] else ''})"
+                       for e in summary["ranking"])
+    lines.append(f"**Ranking by relative error** ({summary['ranking_scheme']}): {ranked}" if ranked
+                 else "**Ranking by relative error**: no tensor to rank")
+    lines += [f"* not ranked: {e['tensor']}: {e['reason']}" for e in summary["unranked"]]
+    return "\n".join(lines) + "\n"
 
 
 def _summarize(rows: list[dict], keep_frac: float) -> dict:
-    """Rank tensors by relative error under the first scheme; flag the worst ``keep_frac`` (recipe: ≈ 16 %)."""
+    """Rank tensors by relative error under the first scheme, highest first; flag the worst ``keep_frac`` of
+    the ranked tensors (the recipe keeps ≈ 16 % in BF16).  A tensor whose error is not a number is not ranked
+    (it is listed with the reason), never counted as the best."""
+    summary = {"ranking_scheme": None, "keep_frac": keep_frac, "ranking": [], "unranked": [], "keep_bf16": []}
     if not rows:
-        return {"ranking_scheme": "", "ranking": [], "keep_bf16": []}
+        return summary
     first = rows[0]["scheme"]
-    errs = [(r["tensor"], r["rel_error"]) for r in rows if r["scheme"] == first]
-    errs.sort(key=lambda te: -te[1] if not math.isnan(te[1]) else math.inf)
-    n_keep = math.ceil(keep_frac * len(errs)) if errs else 0
-    keep = [t for t, _ in errs[:n_keep]]
+    summary["ranking_scheme"] = first
+    ranked = []
     for r in rows:
-        r["keep_bf16"] = r["tensor"] in keep
-    return {"ranking_scheme": first, "ranking": errs, "keep_bf16": keep}
+        if r["scheme"] != first:
+            continue
+        e = r["rel_error"]
+        if isinstance(e, float) and math.isfinite(e):
+            ranked.append((r["tensor"], e))
+        else:
+            summary["unranked"].append({"tensor": r["tensor"], "reason": r["notes"].get("rel_error", "no value")})
+    ranked.sort(key=lambda te: -te[1])
+    keep = [t for t, _ in ranked[: math.ceil(keep_frac * len(ranked))]]
+    summary["keep_bf16"] = keep
+    summary["ranking"] = [{"tensor": t, "rel_error": e, "keep_bf16": t in keep} for t, e in ranked]
+    return summary
+
+
+_OUTPUT_FORMATS = ("table", "csv", "json", "markdown")
+
+
+def legend_text(width: int = 110) -> str:
+    """The column legend (fpsim.analysis.LEGEND) as wrapped "name  meaning" lines, for --help and the README."""
+    import textwrap
+
+    from fpsim.analysis import LEGEND
+
+    pad = max(map(len, LEGEND)) + 2
+    out = []
+    for col, text in LEGEND.items():
+        out += textwrap.wrap(text, width, initial_indent=col.ljust(pad), subsequent_indent=" " * pad,
+                             break_on_hyphens=False)
+    return "\n".join(out)
+
+
+class _AnalyzeCommand(click.Command):
+    """Adds the column legend after the options (imported when --help asks, so `fpsim` starts fast)."""
+
+    def format_epilog(self, ctx, formatter):
+        super().format_epilog(ctx, formatter)  # the exit codes
+        formatter.write_paragraph()
+        formatter.write_text(
+            "Output: the table groups rows by tensor (a header line with its statistics and, once, the keep-BF16 "
+            "conclusion). A value that cannot be computed is '–' in the table (the reasons are listed below it), "
+            "null in JSON and an empty cell in CSV, with the reason in the row's 'notes'; JSON numbers are "
+            "numbers or null, shapes lists of ints. Table headers abbreviate: bits = bits_per_element, max_abs_err = "
+            "max_abs_error, flushed/saturated = *_frac, small_scale = small_scale_block_frac, dyn_range = "
+            "block_dyn_range_log2, ±ci95 = bias_sr_ci95. The measured elements are the finite inputs whose "
+            "decoded value is finite (SPEC §10). Columns:")
+        formatter.write_paragraph()
+        with formatter.indentation():
+            for line in legend_text(max(60, formatter.width - formatter.current_indent - 2)).splitlines():
+                formatter.write(" " * formatter.current_indent + line + "\n")
+
+
+class _OutputFormat(click.Choice):
+    """--format's choices, with a hint when a scheme is given (``--format nvfp4`` meant ``--formats``)."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            from fpsim.schemes import SCHEMES
+
+            if any(v.strip() in SCHEMES for v in str(value).split(",")):
+                self.fail(f"{value!r} is a scheme, not an output format: did you mean --formats {value}? "
+                          f"(--format chooses the output: {', '.join(_OUTPUT_FORMATS)})", param, ctx)
+            raise
 
 
 def _finite_fraction(ctx, param, value: float) -> float:
@@ -166,12 +363,15 @@ def _scheduler_address(ctx, param, value: str | None) -> str | None:
 
 
 def _schemes(ctx, param, value: str) -> tuple[str, ...]:
-    from fpsim.scaling import get_scheme
+    from fpsim.schemes import get_scheme
 
     names = tuple(s.strip() for s in value.split(",") if s.strip())
     if not names:
         raise click.BadParameter("no scheme given")
     for s in names:
+        if s in _OUTPUT_FORMATS:
+            raise click.BadParameter(f"{s!r} is an output format, not a scheme: did you mean --format {s}? "
+                                     "(--formats takes schemes such as nvfp4,mxfp4)")
         try:
             get_scheme(s)
         except ValueError as e:
@@ -179,13 +379,15 @@ def _schemes(ctx, param, value: str) -> tuple[str, ...]:
     return names
 
 
-_HELP = __doc__[__doc__.index("Exit codes:"):].replace("\n\n", "\n\n\b\n", 1)
+_HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``)")].rstrip().replace(
+    "\n\n", "\n\n\b\n", 1)
 
 
-@click.command(epilog=_HELP)
+@click.command(cls=_AnalyzeCommand, epilog=_HELP)
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--formats", "schemes", default="nvfp4,mxfp4,mxfp8_e4m3,fp8_e4m3,bf16", show_default=True,
-              callback=_schemes, help="Comma-separated schemes (see fpsim.scaling.SCHEMES).")
+              callback=_schemes, help="Comma-separated schemes to quantize with (see fpsim.schemes.SCHEMES); "
+                                      "not the output format, which is --format.")
 @click.option("--recipe", default=None,
               help="Also quantize each tensor as the recipe's GEMM copies (e.g. nvfp4_paper).")
 @click.option("--select", "select", multiple=True, help="Only tensors whose name matches this glob (repeatable).")
@@ -199,15 +401,16 @@ _HELP = __doc__[__doc__.index("Exit codes:"):].replace("\n\n", "\n\n\b\n", 1)
               help="SR draws for the gradient bias estimate (0 = off).")
 @click.option("--keep-frac", default=0.16, show_default=True, type=float, callback=_finite_fraction,
               help="Fraction in [0, 1] of highest-error tensors flagged to keep in BF16 (the paper keeps ≈ 16 %).")
-@click.option("--format", "out_format", type=click.Choice(["table", "csv", "json", "markdown"]), default=None,
-              help="Output format (default: table on stdout; from the --output extension otherwise).")
-@click.option("--output", default=None, metavar="FILE",
+@click.option("--format", "out_format", type=_OutputFormat(_OUTPUT_FORMATS), default=None,
+              help="Output format (default: table on stdout; from the --output extension otherwise); "
+                   "the schemes are --formats.")
+@click.option("-o", "--output", default=None, metavar="FILE",
               help="Write the results to FILE atomically (never an input; a device or FIFO is written through).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 512),
               help="Processes analysing tensors in parallel.")
 @click.option("--scheduler", default=None, callback=_scheduler_address,
               help="Address of a Dask distributed scheduler (tcp://host:port).")
-@click.option("-q", "--quiet", is_flag=True, help="No notes on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac, out_format, output, workers,
             scheduler, quiet, verbose):
@@ -216,7 +419,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     from fpsim.recipe import get_recipe
 
     def note(msg: str) -> None:
-        if not quiet:
+        """stderr: "error: …" lines always, other notes unless --quiet."""
+        if not quiet or msg.startswith("error:"):
             click.echo(msg, err=True)
 
     try:
@@ -237,16 +441,17 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     errors: list[str] = []
     files: list[str] = []
     try:
-        refs = open_tensors(list(paths), on_error=errors.append, on_note=note, on_file=files.append)
+        refs = open_tensors(list(paths), on_error=errors.append, on_note=lambda n: note(f"note: skipped {n}"),
+                            on_file=files.append)
     except InputError as e:
-        click.echo(f"fpsim analyze: {e}", err=True)
+        click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_USAGE)
     inputs = sorted(set(files) | {p for p in paths if os.path.isfile(p)})  # unreadable inputs are inputs too
     if output:
         try:  # before any work: a bad --output fails in the first second, not after the analysis
             check_writable(output, inputs)
         except OutputError as e:
-            click.echo(f"fpsim analyze: --output {e}", err=True)
+            click.echo(f"error: --output {e}", err=True)
             sys.exit(EXIT_USAGE)
     for msg in errors:
         note(f"error: {msg}")
@@ -259,7 +464,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             continue
         key = (os.path.realpath(ref.source), ref.name)
         if key in seen:
-            note(f"skip: {ref.key}: duplicate (the same file and tensor given twice)")
+            note(f"note: skipped {ref.key}: duplicate (the same file and tensor given twice)")
             continue
         seen.add(key)
         if ref.note:
@@ -284,13 +489,16 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         try:
             atomic_write(output, text, inputs=inputs)
         except OutputError as e:
-            click.echo(f"fpsim analyze: --output {e}", err=True)
+            click.echo(f"error: --output {e}", err=True)
             sys.exit(EXIT_OUTPUT)
         note(f"wrote {len(rows)} rows to {output}")
     else:
         click.echo(text, nl=False)
     if not rows:
-        note("fpsim analyze: nothing could be analysed")
+        why = ("no tensor in " + ", ".join(paths) + " (supported files: .npz, .safetensors, .pt/.pth)"
+               if not refs else f"no tensor matches --select {' '.join(select)}" if not chosen else
+               "every tensor was skipped or unreadable (see above)")
+        click.echo(f"error: nothing could be analysed: {why}", err=True)
         sys.exit(EXIT_NOTHING)
     if failed:
         sys.exit(EXIT_PARTIAL)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 
@@ -69,7 +67,9 @@ def formats(names: tuple[str, ...], out_format: str) -> None:
         raise click.UsageError(str(e)) from None
     sheets = [sheet(s) for s in specs]
     if out_format == "json":
-        click.echo(json.dumps(sheets, indent=2, allow_nan=False))
+        from fpsim.io import dumps  # the one JSON convention of every command (numbers or null)
+
+        click.echo(dumps(sheets, indent=2), nl=False)
         return
     keys = ["bits", "layout", "bias", "specials", "max", "min_normal", "min_subnormal", "max_code",
             "nan_input_gives", "sr_bits"]

@@ -7,13 +7,12 @@ Results on stdout, one-line messages on stderr, never a traceback.  Exit codes:
 * ``diff``: 0 identical; 1 different; 2 usage or unusable input (missing or
   pickled file, wrong key names, wrong shapes).
 
-JSON output never holds bare ``NaN``: non-finite floats are written as the
-strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``.
+JSON output follows fpsim's one convention (``fpsim.io.dumps``): numbers are JSON numbers or ``null``
+(NaN, ±inf), with a ``hex`` or ``class`` field beside each float that says which.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
@@ -40,9 +39,9 @@ def _parse_value(s: str) -> np.float32:
 
 
 def _dump_json(obj) -> None:
-    from fpsim.oracle import jsonable
+    from fpsim.io import dumps
 
-    click.echo(json.dumps(jsonable(obj), indent=2, allow_nan=False))
+    click.echo(dumps(obj, indent=2), nl=False)
 
 
 def _g(v) -> str:
@@ -121,7 +120,7 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
               help="Explain block IDX (flat, or ROW,BLOCK) of array NAME in a .npz/.npy/.safetensors file.")
 @click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme for --block.")
 @click.option("--axis", default=-1, show_default=True, help="Quantized axis for --block.")
-@click.option("--json", "as_json", is_flag=True, help="JSON output (non-finite floats as strings).")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (NaN and ±inf as null, with their hex bits beside).")
 def explain(value, fmt, scale, rounding, no_saturate, block_ref, scheme, axis, as_json) -> None:
     """Explain one conversion (VALUE --format F) or one block (--block FILE:NAME:IDX --scheme S), step by step.
 
@@ -132,7 +131,7 @@ def explain(value, fmt, scale, rounding, no_saturate, block_ref, scheme, axis, a
     if block_ref is not None:
         if value is not None:
             _fail("give either VALUE or --block, not both", 2)
-        from fpsim.scaling import get_scheme
+        from fpsim.schemes import get_scheme
 
         try:
             sch = get_scheme(scheme)
@@ -197,6 +196,68 @@ def _read_raw(path: str, dtype, what: str) -> np.ndarray:
     return np.frombuffer(raw, dt).astype(np.dtype(dtype))
 
 
+def _scheme_options(f):
+    """The scheme options shared by ``diff`` and ``vectors`` (each changes one field of --scheme)."""
+    opts = [
+        click.option("--scale-rule", default=None, help="MX E8M0 scale rule: floor, ceil, even or rceil (default)."
+                     + (" vectors: also 'all'." if f.__name__ == "vectors" else "")),
+        click.option("--block", "block", default=None, metavar="RxC", help="Block shape, e.g. 16x16 or 1x16."),
+        click.option("--tensor-scale/--no-tensor-scale", "tensor_scale", default=None,
+                     help="Two-level schemes: keep or drop the FP32 tensor scale (--no-tensor-scale: single-level)."),
+        click.option("--per-row-scale", is_flag=True, help="Two-level schemes: a second-level scale per row."),
+        click.option("--four-over-six", "four_over_six", type=click.Choice(["mse", "mae"]), default=None,
+                     help="NVFP4 four-over-six, choosing per block by this error metric."),
+        click.option("--nan-amax", type=click.Choice(["propagate", "ignore"]), default="propagate",
+                     show_default=True, help="NaN in an amax propagates (SPEC §9) or is ignored (fmaxf)."),
+        click.option("--scale-min", default=None, metavar="V",
+                     help="Two-level schemes: clamp the block scale to ≥ V before encoding (torchao: 2^-6)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _number(s: str, what: str) -> float:
+    """A float, also written as 2^-6 or 2**-6."""
+    t = s.strip().replace("**", "^")
+    try:
+        if "^" in t:
+            b, e = t.split("^")
+            return float(b) ** float(e)
+        return float(t)
+    except ValueError:
+        _fail(f"{what} {s!r}: give a number such as 0.015625 or 2^-6", 2)
+
+
+def _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_over_six, allow_all=False):
+    """The scheme with the options applied (its name lists them); a bad combination fails with exit 2."""
+    from fpsim.schemes import get_scheme
+
+    try:
+        sch = get_scheme(scheme)
+        changes, tags = {}, []
+        if scale_rule is not None and not (allow_all and scale_rule == "all"):
+            changes["scale_rule"], tags = scale_rule, tags + [scale_rule]
+        if block is not None:
+            try:
+                br, bc = (int(v) for v in block.lower().replace(",", "x").split("x"))
+            except ValueError:
+                raise ValueError(f"--block {block!r}: use RxC, e.g. 16x16") from None
+            changes["block"], tags = (br, bc), tags + [f"{br}x{bc}"]
+        if tensor_scale is not None:
+            changes["tensor_scale"], tags = tensor_scale, tags + ["tensor-scale" if tensor_scale else "single-level"]
+        if per_row_scale:
+            changes["per_row_scale"], tags = True, tags + ["per-row"]
+        if four_over_six is not None:
+            changes["four_over_six"], changes["four_over_six_metric"] = True, four_over_six
+            tags.append(f"4/6-{four_over_six}")
+        if changes:
+            sch = sch.replace(name="+".join([sch.name] + tags), **changes)
+        return sch
+    except (ValueError, TypeError) as e:
+        _fail(str(e).splitlines()[0], 2)
+
+
 @click.command()
 @click.argument("candidate", required=False)
 @click.option("--input", "input_ref", default=None, metavar="FILE[:NAME]",
@@ -210,7 +271,9 @@ def _read_raw(path: str, dtype, what: str) -> np.ndarray:
 @click.option("--shape", default=None, help="Shape of the raw codes, e.g. 4,32 (default: rows of the input).")
 @click.option("--swizzled", is_flag=True, help="Candidate scales are in the Blackwell swizzled layout.")
 @click.option("--unpacked", is_flag=True, help="4-bit candidate codes are one per byte (not two).")
-def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_scales, shape, swizzled, unpacked):
+@_scheme_options
+def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_scales, shape, swizzled, unpacked,
+         scale_rule, block, tensor_scale, per_row_scale, four_over_six, nan_amax, scale_min):
     """Compare a kernel's codes and scales with fpsim's; exit 0 identical, 1 different, 2 bad input.
 
     CANDIDATE is a .npz or .safetensors file with the keys ``codes`` (uint8,
@@ -221,12 +284,9 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
     """
     from fpsim.oracle import diff as run_diff
     from fpsim.oracle import load_arrays
-    from fpsim.scaling import get_scheme
 
-    try:
-        sch = get_scheme(scheme)
-    except ValueError as e:
-        _fail(str(e), 2)
+    sch = _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_over_six)
+    smin = None if scale_min is None else _number(scale_min, "--scale-min")
     if input_ref is None:
         _fail("--input FILE[:NAME] is required", 2)
     raw = raw_codes is not None or raw_scales is not None
@@ -262,38 +322,55 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
                                  f"{', '.join(sorted(arrays)) or 'none'}; expected codes, scales[, amax])")
             codes, scales, amax = arrays["codes"], arrays["scales"], arrays.get("amax")
         rep = run_diff(codes, scales, x, sch, axis=axis, candidate_amax=amax, packed=not unpacked,
-                       swizzled=swizzled, show=max(show, 0))
+                       swizzled=swizzled, show=max(show, 0), nan_amax=nan_amax, scale_min=smin)
     except (ValueError, TypeError) as e:
         _fail(str(e).splitlines()[0], 2)
     if out_format == "json":
-        click.echo(json.dumps(rep.to_dict(), indent=2, allow_nan=False))
+        _dump_json(rep.to_dict())
     else:
         click.echo(rep.format_table())
     click.get_current_context().exit(0 if rep.identical else 1)
 
 
 @click.command()
-@click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme (nvfp4, mxfp4, mxfp8_e4m3, …).")
+@click.option("--scheme", default=None, help="Block scheme (nvfp4 (default), mxfp4, mxfp8_e4m3, …).")
+@click.option("--element", default=None, help="Element-codec vectors of this format instead (e2m1, e4m3, …).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
-def vectors(scheme, out_dir) -> None:
+@click.option("--dequantize-order", type=click.Choice(["fpsim", "torchao"]), default="fpsim", show_default=True,
+              help="Two-level schemes: decoded = fl(fl(e·s)·S_dec) (fpsim, TE) or fl(e·fl(pts·s)) (torchao).")
+@_scheme_options
+def vectors(scheme, element, out_dir, dequantize_order, scale_rule, block, tensor_scale, per_row_scale,
+            four_over_six, nan_amax, scale_min) -> None:
     """Write golden test vectors (inputs, codes, scales, amax, decoded) of named edge cases.
 
     OUT/vectors.npz, OUT/bin/<case>.<field>.bin (raw little-endian) and
-    OUT/manifest.json (dtype, shape, sha256 per file) — see docs/oracle.md.
+    OUT/manifest.json (dtype, shape, sha256 per file) — see docs/oracle.md.  With --element: every code
+    decoded, and grid points, midpoints and their neighbours encoded under every rounding mode.
+    Nothing is created when an option is refused.
     """
+    from fpsim.io import OutputError
     from fpsim.oracle import write_vectors
-    from fpsim.scaling import get_scheme
 
+    if element is not None:
+        given = [n for n, v in (("--scheme", scheme), ("--scale-rule", scale_rule), ("--block", block),
+                                ("--scale-min", scale_min), ("--four-over-six", four_over_six),
+                                ("--tensor-scale", tensor_scale)) if v is not None]
+        given += (["--per-row-scale"] if per_row_scale else []) + (["--nan-amax"] if nan_amax != "propagate" else [])
+        if given:
+            _fail(f"--element writes codec vectors: {', '.join(given)} do not apply", 2)
+    sch = None
+    if element is None:
+        sch = _build_scheme(scheme or "nvfp4", scale_rule, block, tensor_scale, per_row_scale, four_over_six,
+                            allow_all=True)
+    smin = None if scale_min is None else _number(scale_min, "--scale-min")
     try:
-        sch = get_scheme(scheme)
+        m = write_vectors(sch, out_dir, element=element, scale_rules="all" if scale_rule == "all" else None,
+                          scale_min=smin, dequantize_order=dequantize_order, nan_amax=nan_amax)
     except ValueError as e:
-        _fail(str(e), 2)
-    try:
-        m = write_vectors(sch, out_dir)
-    except ValueError as e:
-        _fail(str(e), 2)
-    except OSError as e:
-        _fail(f"{out_dir}: cannot write ({e.strerror or e})", 1)
+        _fail(str(e).splitlines()[0], 2)
+    except OutputError as e:
+        _fail(str(e), 1)
     for c in m["cases"]:
         click.echo(f"{c['slug']:<48} {c['name']}")
-    click.echo(f"wrote {len(m['cases'])} cases of {sch.name} to {out_dir} (manifest.json, vectors.npz, bin/)")
+    what = f"element format {m['element']}" if element is not None else sch.name
+    click.echo(f"wrote {len(m['cases'])} cases of {what} to {out_dir} (manifest.json, vectors.npz, bin/)")

@@ -2,7 +2,8 @@
 
 The public API of the element layer::
 
-    encode(x, fmt, rounding="rne", saturate=True, rbits=None, seed=None) -> codes
+    encode(x, fmt, rounding="rne", saturate=None, rbits=None, seed=None) -> codes
+        # saturate=None: satfinite for ≤ 8-bit formats, IEEE (inf) for BF16/FP16
     decode(codes, fmt) -> float32
     get_format(name) -> FormatSpec;  FORMATS;  Rounding
     pack_fp4 / unpack_fp4;  to_ml_dtypes / from_ml_dtypes;  random_bits
@@ -22,30 +23,21 @@ Every function above that takes ``backend=`` (quantize, dequantize, fake_quantiz
 decode, rht) runs on the Numba CPU reference or, with torch installed, on torch tensors on CPU or
 CUDA (:mod:`fpsim.backends`; fused Triton kernels on CUDA) and returns the same bits either way.
 
-Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in SPEC.md.
+Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in the specification, docs/spec.md;
+"SPEC §n" in docstrings and ``--help`` texts cites its section n.
 """
 
-from .codecs import Rounding, decode, encode
+from .codecs import Rounding
+from .dispatch import decode, dequantize, encode, fake_quantize, gemm, quantize, rht
 from .formats import ALIASES, FORMATS, FormatSpec, NanStyle, get_format
-from .gemm import gemm
+from .io.quantized import load_quantized, save_quantized
 from .packing import from_ml_dtypes, pack_fp4, to_ml_dtypes, unpack_fp4
+from .plan import Plan, lower
 from .random import random_bits
 from .recipe import RECIPES, LinearResult, Recipe, get_recipe, linear
-from .scaling import (
-    SCHEMES,
-    BlockScheme,
-    QuantizedTensor,
-    ScaleRule,
-    dequantize,
-    fake_quantize,
-    get_scheme,
-    load_quantized,
-    quantize,
-    save_quantized,
-    swizzle_scales,
-    unswizzle_scales,
-)
-from .transforms import rht
+from .scaling import swizzle_scales, unswizzle_scales
+from .schemes import SCHEMES, BlockScheme, Kind, ScaleRule, get_scheme
+from .tensor import QuantizedTensor
 
 __version__ = "0.1.0"
 
@@ -66,6 +58,9 @@ __all__ = [
     # block-scaled tensors (fpsim.scaling)
     "SCHEMES",
     "BlockScheme",
+    "Kind",
+    "Plan",
+    "lower",
     "QuantizedTensor",
     "ScaleRule",
     "dequantize",

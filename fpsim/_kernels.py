@@ -1,7 +1,7 @@
 """Numba kernels of the element codecs: one generic encoder, driven by a spec's integers.
 
 Everything here works on float32 *bit patterns* (uint32) and integer codes.
-The spec arrives as the tuple of :meth:`fpsim.formats.FormatSpec.kernel_params`::
+The spec arrives as the tuple of :meth:`fpsim.formats.FormatSpec.traits`::
 
     (bits, mbits, signed, has_inf, has_nan, subnormals, max_code, emin_b, nan_code, inf_code)
 
@@ -57,7 +57,7 @@ def bits_f32(typingctx, u):
 
 
 @njit
-def _split(a):
+def split_f32(a):
     """|x| bits (finite, non-zero) → (sig, E) with sig in [2**23, 2**24).
 
     float32 subnormals are normalised, so ``E`` may be ≤ 0 for them; only
@@ -104,7 +104,7 @@ def encode_one(u, p, mode, sat):
         return sbit | (inf_code if has_inf else nan_code)
     if a == 0:
         return sbit
-    sig, e = _split(a)
+    sig, e = split_f32(a)
     if subn == 0 and e < emin_b:  # below the smallest value of a zero-less format
         return sbit
     sh = 23 - mbits + max(0, emin_b - e)
@@ -160,7 +160,7 @@ def encode_one_sr(u, p, r, k):
         return sbit | max_code
     if a == 0:
         return sbit
-    sig, e = _split(a)
+    sig, e = split_f32(a)
     if subn == 0 and e < emin_b:
         return sbit
     sh = 23 - mbits + max(0, emin_b - e)

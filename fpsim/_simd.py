@@ -209,7 +209,7 @@ def elem_rne16(typingctx, xr, i, m, ea, out, o):
 
     Lane-wise :func:`fpsim._scaling_kernels._elem_rne` (satfinite RNE, NaN → ``nan_code``), the same
     operations in the same order; ``ea`` = (mbits, 127 + emin, 1/quantum, max_code, nan_code, bits), as
-    :func:`fpsim.scaling._elem_path` builds it.
+    :func:`fpsim.plan.elem_path` builds it.
     """
     if not (_row(xr, types.uint32) and isinstance(i, types.Integer) and m == types.float32
             and isinstance(ea, types.BaseTuple) and len(ea) == 6 and _row(out, types.uint8)

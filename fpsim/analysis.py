@@ -1,49 +1,90 @@
 """Per-tensor quantization metrics (SPEC §10) for captured tensors, in bounded memory.
 
-:func:`analyze_tensor` takes one array (or memmap) and a list of schemes and
-returns one row per scheme: the tensor's statistics (shape, kurtosis,
-max|x|/std, non-finite counts) and the quantization metrics — MSE, SQNR (dB),
-relative Frobenius error, max abs error, fraction of non-zeros flushed to zero,
-fraction saturated (clipped at the element max), fraction of blocks with a
-subnormal or zero scale, mean block dynamic range (log2 of block amax over the
-block's smallest non-zero |x|) and, for gradients, the bias of SR and RNE
-(mean(x̂ − x) over ``seeds`` SR draws, with a 95 % interval).
+:func:`analyze_tensor` takes one array (or memmap) and a list of schemes and returns one row per
+scheme: statistics of the tensor that was quantized and the quantization metrics.  :data:`LEGEND`
+says what each column measures, with its denominator; ``fpsim analyze --help`` and the README print it.
 
-Tensors are viewed as 2-D (rows × last axis; blocks run along the last axis)
-and processed in chunks of whole rows with the tensor's global amax
-(``quantize(..., tensor_amax=)``), so results equal those of quantizing the
-tensor whole while memory stays bounded by the chunk size.  Recipe rows
-("recipe:fprop_w" …) quantize the copies a linear layer's GEMMs would use
-(SPEC §8; 2-D tensors only, whole tensor in memory, up to ``recipe_max_bytes``).
+Conventions.  Error metrics (MSE, SQNR, relative error, max abs error, biases) are taken over the
+*measured* elements: finite inputs whose decoded value is finite.  The input's NaN/±inf counts and the
+finite inputs that decode to NaN/±inf (``nonfinite_out_count``: a NaN tensor amax propagates to every
+element, SPEC §9; an MX block holding a NaN) are reported beside them.  A metric that cannot be
+computed is ``nan`` in the row and its reason is in ``row["notes"][column]`` (JSON writes ``null``
+beside a ``notes`` object); a zero is never a placeholder.  Zeros are written +0.0.
 
-``+rhtD`` rows rotate each row's D-tiles (the recipe's signs for D = 16, seed-0
-signs otherwise; BF16 in/out as the recipe does) and measure the error of the
-rotated tensor: R is orthogonal, so the MSE is the same in either basis.
+Tensors are viewed as 2-D (rows × last axis; blocks run along the last axis) and processed in chunks of
+whole rows with the tensor's global amax (``quantize(..., tensor_amax=)``), so results equal those of
+quantizing the tensor whole while memory stays bounded by the chunk size.  Recipe rows
+("nvfp4_paper:fprop_w" …) quantize the copies a linear layer's GEMMs would use (SPEC §8; the tensor
+as rows × last axis, whole in memory, up to ``recipe_max_bytes``).
+
+``+rhtD`` rows rotate each row's D-tiles (the recipe's signs for D = 16, seed-0 signs otherwise; BF16
+in/out as the recipe does) and measure the rotated tensor (its kurtosis too): R is orthogonal, so the
+MSE is the same in either basis.  Recipe rows with an RHT measure errors in the original basis (the
+dequantized copy rotated back exactly) and element/block statistics on the rotated copy that was
+quantized.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._arrays import as_float32
 from ._jit import pjit, prange
+from .dispatch import quantize, rht
 from .random import stream_width
-from .recipe import ROLE_TENSOR, ROLES, get_recipe, quantize_operand
-from .scaling import QuantizedTensor, _Kind, get_scheme, quantize
-from .transforms import rht
+from .recipe import ROLE_TENSOR, ROLES, get_recipe, operand_steps, quantize_operand
+from .schemes import Kind, get_scheme
+from .tensor import QuantizedTensor
 
-__all__ = ["guess_role", "analyze_tensor", "METRIC_COLUMNS", "TensorSkipped", "DEFAULT_SCHEMES"]
+__all__ = ["guess_role", "analyze_tensor", "METRIC_COLUMNS", "LEGEND", "TensorSkipped", "DEFAULT_SCHEMES",
+           "mean_ci95"]
 
 DEFAULT_SCHEMES = ("nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3", "bf16")
-#: Columns of one result row, in order.
+#: Columns of one result row, in order (each row also has ``notes``: column → why it is nan/null).
 METRIC_COLUMNS = (
     "tensor", "role", "scheme", "shape", "numel", "kurtosis", "amax_over_std", "nan_count", "inf_count",
-    "mse", "sqnr_db", "rel_error", "max_abs_error", "flushed_frac", "saturated_frac", "small_scale_block_frac",
-    "block_dyn_range_log2", "bits_per_element", "bias_rne", "bias_sr", "bias_sr_ci95",
+    "nonfinite_out_count", "mse", "sqnr_db", "rel_error", "max_abs_error", "flushed_frac", "saturated_frac",
+    "small_scale_block_frac", "block_dyn_range_log2", "bits_per_element", "bias_rne", "bias_sr", "bias_sr_ci95",
 )
+#: What each column measures (denominators, units, when it is empty).
+LEGEND = {
+    "tensor": "file:name of the tensor",
+    "role": "weight, activation or gradient (guessed from the name; --role overrides)",
+    "scheme": "format (e.g. nvfp4), format+rhtD (after a D-point Hadamard transform) or recipe:role "
+              "(the copy that GEMM role of the recipe quantizes; with SR, the error columns are of the seed-0 draw)",
+    "shape": "shape of the tensor (JSON: a list of ints)",
+    "numel": "number of elements",
+    "kurtosis": "Pearson kurtosis (3 for a Gaussian) of the finite elements of the tensor that was quantized "
+                "(the rotated one on RHT rows); empty for a constant tensor",
+    "amax_over_std": "max|x| / standard deviation over the finite elements (same tensor as kurtosis)",
+    "nan_count": "NaN elements of the input",
+    "inf_count": "±inf elements of the input",
+    "nonfinite_out_count": "finite elements whose decoded value is NaN or ±inf (a NaN tensor amax makes every "
+                           "element NaN, SPEC §9); excluded from the error metrics",
+    "mse": "mean (x − x̂)² over the measured elements (finite x with finite x̂), in the tensor's units squared",
+    "sqnr_db": "10·log10(Σx² / Σ(x − x̂)²) over the measured elements, dB; empty when exact (no error)",
+    "rel_error": "‖x − x̂‖ / ‖x‖ over the measured elements (the ranking's key)",
+    "max_abs_error": "max |x − x̂| over the measured elements",
+    "flushed_frac": "non-zero x decoded to 0, over the measured non-zero elements",
+    "saturated_frac": "x clipped at its block's largest magnitude (|x| > |x̂|, x̂ = ± the element max times a "
+                      "finite non-zero scale; ±inf inputs included), over all elements; disjoint from flushed; "
+                      "empty for casts (no block scale)",
+    "small_scale_block_frac": "blocks whose E4M3 scale is subnormal or zero (their elements lose precision or "
+                              "flush), over all blocks; empty for schemes without E4M3 block scales",
+    "block_dyn_range_log2": "mean over 1×n blocks of log2(block max|x| / block min non-zero |x|): the "
+                            "dynamic range one block scale must cover, in binades; empty for 2-D tiles and "
+                            "schemes without blocks",
+    "bits_per_element": "storage bits per element: codes + block scales + the FP32 tensor scale",
+    "bias_rne": "mean(x̂ − x) under round-to-nearest-even over the measured elements; empty on rows "
+                "quantized with stochastic rounding",
+    "bias_sr": "mean(x̂ − x) under stochastic rounding, averaged over --seeds draws; gradient rows only "
+               "(empty for weights, activations, casts, +rht rows and --seeds 0)",
+    "bias_sr_ci95": "half-width of the 95 % interval of bias_sr (1.96·s/√seeds); empty with one draw",
+}
 _CHUNK_BYTES = 64 << 20
 
 
@@ -61,14 +102,36 @@ def guess_role(name: str) -> str:
     return "activation"
 
 
+def mean_ci95(samples) -> tuple[float, float]:
+    """Mean and 95 % half-width (1.96·s/√n, s with n − 1) of ``samples``, computed about the first sample.
+
+    Shifting by the first sample makes results equal in exact arithmetic come out equal: identical samples
+    give exactly that value and a half-width of exactly 0 (the textbook formula leaves a rounding residue
+    such as 5.8e-24).  The half-width is NaN for fewer than two samples.
+    """
+    v = np.asarray(samples, np.float64).reshape(-1)
+    if v.size == 0:
+        return math.nan, math.nan
+    d = v - v[0]
+    mean = float(v[0] + d.mean()) if d.any() else float(v[0])
+    if v.size < 2:
+        return mean, math.nan
+    dm = d - d.mean() if d.any() else d
+    var = float(np.dot(dm, dm)) / (v.size - 1)
+    return mean, 1.96 * math.sqrt(var) / math.sqrt(v.size)
+
+
 @dataclass
 class _Acc:
-    """Running sums over chunks (float64)."""
+    """Running sums over chunks (float64): errors over the measured elements, element and block counts."""
 
-    n: int = 0
+    measured: int = 0
+    nonfinite_out: int = 0
     sq: float = 0.0
     err_sq: float = 0.0
     max_abs_err: float = 0.0
+    err_sum: float = 0.0
+    n: int = 0
     nonzero: int = 0
     flushed: int = 0
     saturated: int = 0
@@ -76,42 +139,42 @@ class _Acc:
     small_scale: int = 0
     dyn_sum: float = 0.0
     dyn_n: int = 0
-    err_sum: float = 0.0
-    nan_out: bool = False
 
-    def add(self, x: np.ndarray, xq: np.ndarray, q: QuantizedTensor | None) -> None:
+    def add(self, x: np.ndarray, xq: np.ndarray, q: QuantizedTensor | None, errors: bool = True,
+            elements: bool = True) -> None:
+        """Add a chunk: ``errors`` (MSE … bias sums), ``elements`` (flushed/saturated counts and, with ``q``,
+        block statistics).  RHT recipe rows take errors in one basis and elements in the other."""
         x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
         q2 = np.ascontiguousarray(xq, np.float32).reshape(x2.shape)
-        f = np.empty((x2.shape[0], 4), np.float64)
-        k = np.empty((x2.shape[0], 3), np.int64)
+        f = np.zeros((x2.shape[0], 4), np.float64)
+        k = np.zeros((x2.shape[0], 4), np.int64)
         if x2.size:
             _err_rows(x2, q2, f, k)
-        self.n += x.size
-        self.sq += float(f[:, 0].sum())
-        self.err_sq += float(f[:, 1].sum())
-        self.err_sum += float(f[:, 2].sum())
-        if x2.size:
-            m = math.nan if k[:, 2].any() else float(f[:, 3].max())
-            self.max_abs_err = math.nan if math.isnan(m) or math.isnan(self.max_abs_err) else max(
-                self.max_abs_err, m)
-        self.nonzero += int(k[:, 0].sum())
-        self.flushed += int(k[:, 1].sum())
-        if q is not None:
-            self._block_stats(x, xq, q)
+        if errors:
+            self.measured += int(k[:, 0].sum())
+            self.nonfinite_out += int(k[:, 3].sum())
+            self.sq += float(f[:, 0].sum())
+            self.err_sq += float(f[:, 1].sum())
+            self.err_sum += float(f[:, 2].sum())
+            self.max_abs_err = max(self.max_abs_err, float(f[:, 3].max()) if x2.size else 0.0)
+        if elements:
+            self.n += x2.size
+            self.nonzero += int(k[:, 1].sum())
+            self.flushed += int(k[:, 2].sum())
+            if q is not None:
+                self._block_stats(x2, q2, q)
 
-    def _block_stats(self, x, xq, q):
+    def _block_stats(self, x2, q2, q):
         sch = q.scheme
         el = sch.element
-        x2 = np.ascontiguousarray(x, np.float32)
         codes = np.ascontiguousarray(q.data).reshape(x2.shape[0], -1)
         bc = sch.block[1] if sch.block is not None and sch.block[0] == 1 else 0
-        f = np.empty(x2.shape[0])
-        k = np.empty((x2.shape[0], 2), np.int64)
+        f = np.zeros(x2.shape[0])
+        k = np.zeros((x2.shape[0], 2), np.int64)
         if x2.size:
-            _block_rows(x2, np.ascontiguousarray(xq, np.float32).reshape(x2.shape), codes, el.bits == 4,
-                        el.magnitude_mask, el.max_code, bc, f, k)
+            _block_rows(x2, q2, codes, el.bits == 4, el.magnitude_mask, el.max_code, bc, f, k)
         self.saturated += int(k[:, 0].sum())
-        if sch.kind is _Kind.TWO_LEVEL:
+        if sch.kind is Kind.TWO_LEVEL:
             sc = q.scales.reshape(-1)
             exp_field = sch.scale.magnitude_mask & ~((1 << sch.scale.mbits) - 1)
             self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
@@ -123,15 +186,17 @@ class _Acc:
 
 @pjit
 def _block_rows(x, xq, codes, packed, mag_mask, max_code, bc, f, k):
-    """Per row: k[r, 0] = elements whose code is the largest magnitude and whose |x| exceeds |x̂| (saturated);
-    with 1 × bc blocks (bc > 0), f[r] = Σ log2(amax / smallest nonzero |x|) over the row's blocks whose amax is
-    finite, positive and NaN-free, and k[r, 1] their number (the block dynamic range, float64)."""
+    """Per row: k[r, 0] = saturated elements: the code is the largest magnitude, x̂ is finite and non-zero (so
+    the block scale is finite and non-zero; a zero-scale block decodes to 0 and counts as flushed) and
+    |x| > |x̂|; with 1 × bc blocks (bc > 0), f[r] = Σ log2(amax / smallest nonzero |x|) over the row's blocks
+    whose amax is finite, positive and NaN-free, and k[r, 1] their number (the block dynamic range)."""
     R, C = x.shape
     for r in prange(R):
         sat = 0
         for c in range(C):
             code = (codes[r, c >> 1] >> (4 * (c & 1))) & 0xF if packed else codes[r, c]
-            if (code & mag_mask) == max_code and abs(x[r, c]) > abs(xq[r, c]):
+            v = abs(xq[r, c])
+            if (code & mag_mask) == max_code and v > 0 and v < np.inf and abs(x[r, c]) > v:
                 sat += 1
         k[r, 0] = sat
         dyn = 0.0
@@ -158,37 +223,44 @@ def _block_rows(x, xq, codes, packed, mag_mask, max_code, bc, f, k):
 
 @pjit
 def _err_rows(x, xq, f, k):
-    """Per row of float32 ``x`` and its quantized ``xq``, with d = x − x̂ exact in float64: f = (Σx², Σd², Σd,
-    max|d|), k = (#x ≠ 0, #(x ≠ 0 and x̂ = 0), #NaN d).  One pass instead of NumPy's float64 temporaries."""
+    """Per row of float32 ``x`` and its decoded ``xq``, over the measured elements (x and x̂ finite), with
+    d = x − x̂ exact in float64: f = (Σx², Σd², Σd, max|d|); k = (#measured, #measured with x ≠ 0,
+    #flushed (measured, x ≠ 0, x̂ = 0), #(x finite, x̂ not finite)).  One pass, no float64 temporaries."""
     R, C = x.shape
     for r in prange(R):
         sq = 0.0
         esq = 0.0
         es = 0.0
         mx = 0.0
+        n = 0
         nz = 0
         fl = 0
-        nan = 0
+        bad = 0
         for c in range(C):
             a = np.float64(x[r, c])
-            d = a - np.float64(xq[r, c])
+            b = np.float64(xq[r, c])
+            if a != a or abs(a) == np.inf:
+                continue
+            if b != b or abs(b) == np.inf:
+                bad += 1
+                continue
+            n += 1
+            nz += a != 0
+            fl += a != 0 and b == 0
+            d = a - b
             sq += a * a
             esq += d * d
             es += d
-            ad = abs(d)
-            if ad > mx:
-                mx = ad
-            nan += d != d
-            z = x[r, c] != 0
-            nz += z
-            fl += z and xq[r, c] == 0
+            if abs(d) > mx:
+                mx = abs(d)
         f[r, 0] = sq
         f[r, 1] = esq
         f[r, 2] = es
         f[r, 3] = mx
-        k[r, 0] = nz
-        k[r, 1] = fl
-        k[r, 2] = nan
+        k[r, 0] = n
+        k[r, 1] = nz
+        k[r, 2] = fl
+        k[r, 3] = bad
 
 
 @pjit
@@ -226,16 +298,15 @@ def _moment_rows(x, mean, f, k):
         k[r, 2] = inf
 
 
-def _moment_chunks(x2d: np.ndarray, chunk_rows: int, mean: float):
-    """Sums of :func:`_moment_rows` over the chunks of rows of ``x2d`` (read once per chunk)."""
+def _moment_chunks(chunks: Iterator[np.ndarray], mean: float):
+    """Sums of :func:`_moment_rows` over the chunks (float32 2-D arrays)."""
     tf = np.zeros(4)
     tk = np.zeros(3, np.int64)
     amax = 0.0
-    for i in range(0, x2d.shape[0], chunk_rows):
-        c = np.ascontiguousarray(as_float32(x2d[i : i + chunk_rows]))
-        c = c.reshape(-1, c.shape[-1] if c.ndim else 1)
+    for c in chunks:
         if not c.size:
             continue
+        c = np.ascontiguousarray(c).reshape(-1, c.shape[-1])
         f = np.empty((c.shape[0], 4))
         k = np.empty((c.shape[0], 3), np.int64)
         _moment_rows(c, np.float64(mean), f, k)
@@ -245,19 +316,24 @@ def _moment_chunks(x2d: np.ndarray, chunk_rows: int, mean: float):
     return tf, tk, amax
 
 
-def _moments(x2d: np.ndarray, chunk_rows: int) -> dict:
+def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows: int = 0) -> dict:
     """amax, std, kurtosis (Pearson, 3 for a Gaussian), NaN/inf counts over the finite values: float64 sums,
-    two passes (the fourth moment about the mean needs the mean)."""
-    (s1, s2, _, _), (n, nan, inf), amax = _moment_chunks(x2d, chunk_rows, 0.0)
+    two passes (the fourth moment about the mean needs the mean).  ``chunks``: a function giving a fresh
+    iterator of float32 row chunks, or a 2-D array (read in chunks of ``chunk_rows`` rows)."""
+    if not callable(chunks):
+        arr, cr = chunks, max(chunk_rows, 1)
+        chunks = lambda: (as_float32(arr[i : i + cr]) for i in range(0, arr.shape[0], cr))  # noqa: E731
+    (s1, s2, _, _), (n, nan, inf), amax = _moment_chunks(chunks(), 0.0)
     n = int(n)
     mean = s1 / n if n else math.nan
     var = max(s2 / n - mean * mean, 0.0) if n else math.nan
     s4 = 0.0
     if n and var > 0:
-        s4 = float(_moment_chunks(x2d, chunk_rows, mean)[0][3])
+        s4 = float(_moment_chunks(chunks(), mean)[0][3])
     std = math.sqrt(var) if n else math.nan
     kurt = (s4 / n) / (var * var) if n and var > 0 else math.nan
-    return {"amax": amax, "std": std, "kurtosis": kurt, "nan_count": int(nan), "inf_count": int(inf)}
+    return {"amax": float(amax), "std": float(std), "kurtosis": float(kurt), "nan_count": int(nan),
+            "inf_count": int(inf), "n": n}
 
 
 def _as_2d(arr):
@@ -268,24 +344,85 @@ def _as_2d(arr):
     return arr.reshape(-1, arr.shape[-1])
 
 
-def _row(acc: _Acc, base: dict, scheme: str, bits: float) -> dict:
-    r = dict(base, scheme=scheme, bits_per_element=bits)
-    n = max(acc.n, 1)
-    r["mse"] = acc.err_sq / n
-    ratio = acc.sq / acc.err_sq if acc.err_sq > 0 and acc.sq > 0 else math.nan
-    # an infinite error (x̂ = ±inf where x is finite, e.g. FLT_MAX under MXFP4) has ratio 0: SQNR is -inf dB
-    r["sqnr_db"] = (10 * math.log10(ratio) if ratio > 0 else -math.inf) if ratio == ratio else (
-        math.inf if acc.sq > 0 else math.nan)
-    r["rel_error"] = math.sqrt(acc.err_sq / acc.sq) if acc.sq > 0 else math.nan
-    r["max_abs_error"] = acc.max_abs_err
-    r["flushed_frac"] = acc.flushed / acc.nonzero if acc.nonzero else 0.0
-    r["saturated_frac"] = acc.saturated / n
-    r["small_scale_block_frac"] = acc.small_scale / acc.blocks if acc.blocks else math.nan
-    r["block_dyn_range_log2"] = acc.dyn_sum / acc.dyn_n if acc.dyn_n else math.nan
-    r["bias_rne"] = math.nan
-    r["bias_sr"] = math.nan
-    r["bias_sr_ci95"] = math.nan
+def _plus0(v):
+    """+0.0 for a zero float (the sign of a zero metric carries no information)."""
+    return v + 0.0 if isinstance(v, float) else v
+
+
+def _stats(base: dict, mom: dict) -> dict:
+    """The tensor-statistics columns from :func:`_moments`, with the reason of each nan."""
+    notes = {}
+    r = dict(base, kurtosis=mom["kurtosis"], nan_count=mom["nan_count"], inf_count=mom["inf_count"])
+    r["amax_over_std"] = mom["amax"] / mom["std"] if mom["std"] else math.nan
+    if not mom["n"]:
+        notes["kurtosis"] = notes["amax_over_std"] = "no finite element"
+    elif not mom["std"]:
+        notes["kurtosis"] = notes["amax_over_std"] = "constant tensor (zero variance)"
+    r["notes"] = notes
     return r
+
+
+def _empty_row(stats: dict, scheme: str, reason: str) -> dict:
+    """A row whose quantization metrics are all absent for one reason (e.g. the RHT needs whole tiles)."""
+    r = dict(stats, scheme=scheme, notes=dict(stats["notes"]))
+    for c in METRIC_COLUMNS[METRIC_COLUMNS.index("nonfinite_out_count"):]:
+        r[c] = math.nan
+        r["notes"][c] = reason
+    return r
+
+
+def _row(acc: _Acc, stats: dict, scheme: str, bits: float, sch, amax_nan: bool) -> dict:
+    """One result row from the accumulated sums; every nan gets its reason in ``notes``."""
+    r = dict(stats, scheme=scheme, bits_per_element=bits, nonfinite_out_count=acc.nonfinite_out)
+    notes = r["notes"] = dict(stats["notes"])
+    m = acc.measured
+    err = ("mse", "sqnr_db", "rel_error", "max_abs_error", "bias_rne")
+    if m:
+        r["mse"] = acc.err_sq / m
+        r["sqnr_db"] = 10 * math.log10(acc.sq / acc.err_sq) if acc.err_sq > 0 and acc.sq > 0 else math.nan
+        r["rel_error"] = math.sqrt(acc.err_sq / acc.sq) if acc.sq > 0 else math.nan
+        r["max_abs_error"] = acc.max_abs_err
+        r["bias_rne"] = -acc.err_sum / m
+        if acc.sq == 0:
+            notes["sqnr_db"] = notes["rel_error"] = "all measured elements are zero"
+        elif acc.err_sq == 0:
+            notes["sqnr_db"] = "exact (no error)"
+    else:
+        for c in err:
+            r[c] = math.nan
+        why = ("the tensor amax is NaN (a NaN element propagates, SPEC §9): every element decodes to NaN"
+               if amax_nan else "no finite element" if not acc.nonfinite_out
+               else "every finite element decodes to NaN or ±inf")
+        notes.update(dict.fromkeys(err, why))
+    if acc.nonfinite_out and m:
+        notes["nonfinite_out_count"] = "finite elements decoded to NaN/±inf; the error metrics exclude them"
+    finite_nz = acc.nonzero
+    r["flushed_frac"] = acc.flushed / finite_nz if finite_nz and m else math.nan
+    if not r["flushed_frac"] == r["flushed_frac"]:
+        notes["flushed_frac"] = notes.get("mse") if not m else "no non-zero element"
+    if sch is None:
+        r["saturated_frac"] = math.nan
+        notes["saturated_frac"] = "cast: no block scale (IEEE overflow decodes to inf)"
+    elif not m:
+        r["saturated_frac"] = math.nan
+        notes["saturated_frac"] = notes["mse"]
+    else:
+        r["saturated_frac"] = acc.saturated / acc.n
+    r["small_scale_block_frac"] = acc.small_scale / acc.blocks if acc.blocks else math.nan
+    if not acc.blocks:
+        notes["small_scale_block_frac"] = "no E4M3 block scales in this scheme"
+    r["block_dyn_range_log2"] = acc.dyn_sum / acc.dyn_n if acc.dyn_n else math.nan
+    if not acc.dyn_n:
+        notes["block_dyn_range_log2"] = (
+            "no blocks (cast)" if sch is None else "per-tensor scale: no blocks" if sch.block is None
+            else "2-D tiles: measured for 1×n blocks only" if sch.block[0] != 1
+            else "no block with a finite non-zero max")
+    r["bias_sr"] = r["bias_sr_ci95"] = math.nan
+    return r
+
+
+def _finish(r: dict) -> dict:
+    return {k: _plus0(v) for k, v in r.items()}
 
 
 def analyze_tensor(
@@ -299,9 +436,11 @@ def analyze_tensor(
     chunk_bytes: int = _CHUNK_BYTES,
     recipe_max_bytes: int = 256 << 20,
 ) -> list[dict]:
-    """Metrics of one tensor under each scheme (see the module docstring); raises :class:`TensorSkipped`.
+    """Metrics of one tensor under each scheme (columns: :data:`METRIC_COLUMNS`, meanings: :data:`LEGEND`).
 
     ``arr``: an array, a memmap, or a :class:`fpsim.io.RowSource` (read in row chunks, bounded memory).
+    Each row has the columns plus ``notes`` (column → why that value is nan).  Raises
+    :class:`TensorSkipped` for tensors not analysed by design (non-float, 0-d, empty).
     """
     if arr.dtype.kind not in "fV" or arr.dtype.kind == "V" and arr.dtype.itemsize > 4:
         raise TensorSkipped(f"{name}: not a floating-point tensor (dtype {arr.dtype})")
@@ -313,63 +452,88 @@ def analyze_tensor(
     x2d = _as_2d(arr)
     rows, cols = x2d.shape
     chunk_rows = max(16, (chunk_bytes // max(4 * cols, 1)) // 128 * 128 or 16)
-    mom = _moments(x2d, chunk_rows)
-    base = {
-        "tensor": name, "role": role, "shape": "x".join(map(str, arr.shape)), "numel": int(arr.size),
-        "kurtosis": mom["kurtosis"], "amax_over_std": mom["amax"] / mom["std"] if mom["std"] else math.nan,
-        "nan_count": mom["nan_count"], "inf_count": mom["inf_count"],
-    }
+    base = {"tensor": name, "role": role, "shape": [int(n) for n in arr.shape], "numel": int(arr.size)}
+    stats0 = _stats(base, _moments(x2d, chunk_rows))
     out = []
-    variants = [(s, 0) for s in schemes]
+    for scheme in schemes:
+        out.append(_scheme_row(x2d, chunk_rows, scheme, 0, stats0, role, seeds))
     if rht_d:
-        if cols % rht_d:
-            pass  # the RHT needs whole tiles along the last axis; reported as absent rows
-        else:
-            variants += [(s, rht_d) for s in schemes if get_scheme(s).kind is not _Kind.CAST]
-    for scheme, d in variants:
-        sch = get_scheme(scheme)
-        label = scheme if not d else f"{scheme}+rht{d}"
-        acc = _Acc()
-        amax = None
-        if sch.block is None or (sch.tensor_scale and not sch.per_row_scale):
-            amax = 0.0
-            for i in range(0, rows, chunk_rows):
-                c = as_float32(x2d[i : i + chunk_rows])
-                if d:
-                    c = rht(c, d, _rht_signs(d), axis=-1)
-                m = float(np.max(np.abs(c))) if c.size else 0.0
-                amax = m if (math.isnan(m) or math.isnan(amax)) else max(amax, m)
-        nbytes = 0
-        for i in range(0, rows, chunk_rows):
-            c = as_float32(x2d[i : i + chunk_rows])
-            if d:
-                c = rht(c, d, _rht_signs(d), axis=-1)
-            kw = {"tensor_amax": amax} if amax is not None and sch.kind is not _Kind.CAST else {}
-            q = quantize(c, sch, **kw)
-            xq = q.dequantize()
-            acc.add(c, xq, q if sch.kind is not _Kind.CAST else None)
-            nbytes += q.data.nbytes + (q.scales.nbytes if sch.block is not None else 0)
-        if amax is not None and sch.kind is not _Kind.CAST:
-            nbytes += 4  # the one FP32 tensor amax / scale
-        row = _row(acc, base, label, 8.0 * nbytes / x2d.size)
-        row["bias_rne"] = acc.err_sum / max(acc.n, 1) * -1.0
-        if seeds and role == "gradient" and sch.kind is not _Kind.CAST and not d:
-            draws = []
-            for s in range(seeds):
-                tot = 0.0
-                for i in range(0, rows, chunk_rows):
-                    c = as_float32(x2d[i : i + chunk_rows])
-                    kw = {"tensor_amax": amax} if amax is not None else {}
-                    q = quantize(c, sch, rounding="sr", seed=s, counter=_sr_counter(sch, i, cols), **kw)
-                    tot += float(np.sum(q.dequantize().astype(np.float64) - c))
-                draws.append(tot / x2d.size)
-            row["bias_sr"] = float(np.mean(draws))
-            row["bias_sr_ci95"] = 1.96 * float(np.std(draws, ddof=1)) / math.sqrt(seeds) if seeds > 1 else math.nan
-        out.append(row)
-    if recipe and arr.ndim == 2:
-        out += _recipe_rows(name, as_float32(np.asarray(arr)) if arr.nbytes <= recipe_max_bytes else None, role, recipe,
-                            base)
-    return out
+        for scheme in schemes:
+            if get_scheme(scheme).kind is Kind.CAST:
+                continue  # a cast has no scale for the rotation to help
+            if cols % rht_d:
+                out.append(_empty_row(stats0, f"{scheme}+rht{rht_d}",
+                                      f"last axis ({cols}) is not a multiple of the Hadamard size {rht_d}"))
+                continue
+            sb = dict(base)
+            st = _stats(sb, _moments(lambda: _chunks(x2d, chunk_rows, rht_d)))
+            out.append(_scheme_row(x2d, chunk_rows, scheme, rht_d, st, role, seeds))
+    if recipe:
+        out += _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, recipe_max_bytes)
+    return [_finish(r) for r in out]
+
+
+def _chunks(x2d, chunk_rows: int, d: int = 0) -> Iterator[np.ndarray]:
+    """float32 chunks of whole rows, Hadamard-rotated along the last axis when ``d``."""
+    for i in range(0, x2d.shape[0], chunk_rows):
+        c = as_float32(x2d[i : i + chunk_rows])
+        yield rht(c, d, _rht_signs(d), axis=-1) if d else c
+
+
+def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: str, seeds: int) -> dict:
+    """One scheme (or scheme+rhtD) row: quantize chunk by chunk with the global amax, accumulate."""
+    sch = get_scheme(scheme)
+    rows, cols = x2d.shape
+    label = scheme if not d else f"{scheme}+rht{d}"
+    cast = sch.kind is Kind.CAST
+    amax = None
+    if not cast and (sch.block is None or (sch.tensor_scale and not sch.per_row_scale)):
+        amax = 0.0
+        for c in _chunks(x2d, chunk_rows, d):
+            m = float(np.max(np.abs(c))) if c.size else 0.0
+            amax = m if (math.isnan(m) or math.isnan(amax)) else max(amax, m)
+    kw = {"tensor_amax": amax} if amax is not None else {}
+    acc = _Acc()
+    nbytes = 0
+    for c in _chunks(x2d, chunk_rows, d):
+        q = quantize(c, sch, **kw)
+        acc.add(c, q.dequantize(), None if cast else q)
+        nbytes += q.data.nbytes + (q.scales.nbytes if sch.block is not None else 0)
+    if amax is not None:
+        nbytes += 4  # the one FP32 tensor amax / scale
+    amax_nan = amax is not None and math.isnan(amax)
+    row = _row(acc, stats, label, 8.0 * nbytes / x2d.size, None if cast else sch, amax_nan)
+    notes = row["notes"]
+    if role != "gradient":
+        notes["bias_sr"] = "not a gradient (SR is for gradients)"
+    elif cast:
+        notes["bias_sr"] = "cast: not stochastically rounded here"
+    elif d:
+        notes["bias_sr"] = "measured on the untransformed row"
+    elif not seeds:
+        notes["bias_sr"] = "--seeds 0"
+    else:
+        draws = []
+        for s in range(seeds):
+            a = _Acc()
+            for i, c in enumerate(_chunks(x2d, chunk_rows)):
+                q = quantize(c, sch, rounding="sr", seed=s, counter=_sr_counter(sch, i * chunk_rows, cols), **kw)
+                a.add(c, q.dequantize(), None, elements=False)
+            draws.append(-a.err_sum / a.measured if a.measured else math.nan)
+        _set_sr_bias(row, draws)
+    if "bias_sr_ci95" not in notes and not row["bias_sr_ci95"] == row["bias_sr_ci95"]:
+        notes["bias_sr_ci95"] = notes.get("bias_sr", "one draw: no interval")
+    return row
+
+
+def _set_sr_bias(row: dict, draws: list[float]) -> None:
+    notes = row["notes"]
+    if any(math.isnan(b) for b in draws):
+        notes["bias_sr"] = notes.get("mse", "no measured element")
+        return
+    row["bias_sr"], row["bias_sr_ci95"] = mean_ci95(draws)
+    if len(draws) < 2:
+        notes["bias_sr_ci95"] = "one draw: no interval"
 
 
 def _rht_signs(d: int):
@@ -387,33 +551,62 @@ def _sr_counter(sch, row0: int, cols: int) -> int:
     return row0 * (-(-cols // bc)) * calls
 
 
-def _recipe_rows(name, x, role, recipe, base) -> list[dict]:
-    if x is None:
-        return []
+def _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, max_bytes) -> list[dict]:
+    """Rows for the recipe's GEMM copies of this tensor (SPEC §8), as rows × last axis."""
     rec = get_recipe(recipe)
     tensor = {"weight": "w", "activation": "x", "gradient": "dy"}[role]
+    roles = [r for r in ROLES if ROLE_TENSOR[r] == tensor]
+    nbytes = 4 * x2d.shape[0] * x2d.shape[1]
+    if nbytes > max_bytes:
+        why = f"recipe rows hold the whole tensor in memory: {nbytes >> 20} MiB > {max_bytes >> 20} MiB"
+        return [_empty_row(stats0, f"{rec.name}:{r}", why) for r in roles]
+    x = np.ascontiguousarray(as_float32(x2d[0 : x2d.shape[0]]))
     rows = []
-    for r in ROLES:
-        if ROLE_TENSOR[r] != tensor:
-            continue
+    for r in roles:
         pol = rec.policy(r)
+        label = f"{rec.name}:{r}"
         # Wgrad copies are the transpose (K = tokens); the Dgrad weight is Wᵀ (K = out).
-        copy = x.T if r in ("dgrad_w", "wgrad_dy", "wgrad_x") else x
+        copy = np.ascontiguousarray(x.T if r in ("dgrad_w", "wgrad_dy", "wgrad_x") else x)
         if pol.rht and copy.shape[-1] % pol.rht:
+            rows.append(_empty_row(stats0, label, f"the RHT runs along K ({copy.shape[-1]}), not a multiple of "
+                                                  f"its Hadamard size {pol.rht}"))
             continue
-        ref = np.ascontiguousarray(copy)
-        if pol.rht:
-            ref = rht(ref, pol.rht, axis=-1, bf16_in=False, bf16_out=False)
-        q = quantize_operand(np.ascontiguousarray(copy), pol, seed=0, layer=name, role=r)
-        if not isinstance(q, QuantizedTensor):
-            continue
-        xq = q.dequantize()
-        if pol.rht:  # compare in the original basis: rotate back exactly
-            xq = rht(xq, pol.rht, axis=-1, bf16_in=False, bf16_out=False, inverse=True)
-            ref = np.ascontiguousarray(copy)
-        acc = _Acc()
-        acc.add(ref, xq, None if pol.rht else q)
-        row = _row(acc, base, f"{rec.name}:{r}", q.bits_per_element)
-        row["bias_rne"] = -acc.err_sum / max(acc.n, 1)
+        st0 = operand_steps(pol, seed=0, layer=name, role=r)
+        xin = rht(copy, st0.rht, st0.signs, axis=-1) if st0.rht else copy  # what the quantizer sees
+        stats = _stats(dict(base), _moments(xin, max(1, xin.shape[0]))) if st0.rht else stats0
+        sr = st0.seed is not None
+        draws, acc, q0 = [], None, None
+        for s in range(max(seeds, 1) if sr else 1):
+            q = quantize_operand(copy, pol, seed=s, layer=name, role=r)
+            is_q = isinstance(q, QuantizedTensor)
+            xq = q.dequantize() if is_q else q
+            a = _Acc()
+            if st0.rht:  # errors in the original basis (rotate back exactly), elements on the rotated copy
+                signs = operand_steps(pol, seed=s, layer=name, role=r).signs
+                back = rht(xq, st0.rht, signs, axis=-1, bf16_in=False, bf16_out=False, inverse=True)
+                a.add(copy, back, None, elements=False)
+                if s == 0:
+                    a.add(xin, xq, q if is_q else None, errors=False)
+            else:
+                a.add(copy, xq, q if is_q else None, elements=s == 0)
+            draws.append(-a.err_sum / a.measured if a.measured else math.nan)
+            if acc is None:
+                acc, q0 = a, q
+        is_q = isinstance(q0, QuantizedTensor)
+        cast = not is_q or q0.scheme.kind is Kind.CAST
+        bits = q0.bits_per_element if is_q else 32.0
+        row = _row(acc, stats, label, bits, None if cast else q0.scheme, False)
+        notes = row["notes"]
+        if not is_q:
+            notes["saturated_frac"] = "not quantized by this recipe (kept in float32)"
+        if sr:
+            row["bias_rne"] = math.nan
+            notes["bias_rne"] = "quantized with SR (its bias is bias_sr)"
+            if seeds:
+                _set_sr_bias(row, draws)
+            else:
+                notes["bias_sr"] = notes["bias_sr_ci95"] = "--seeds 0"
+        else:
+            notes["bias_sr"] = notes["bias_sr_ci95"] = "rounded to nearest (RNE) by this recipe"
         rows.append(row)
     return rows

@@ -1,7 +1,7 @@
-"""Backend registry: which implementations of fpsim's kernels this machine can run (issue 8).
+"""Backend registry: which implementations of fpsim's kernels this machine can run, and which plans each claims.
 
-* ``numba-cpu`` — the reference kernels (always available);
-* ``torch-cpu`` / ``torch-cuda`` — :mod:`fpsim.torch_backend` on torch tensors
+* ``numba-cpu`` — the reference kernels (always available; every plan);
+* ``torch-cpu`` / ``torch-cuda`` — :mod:`fpsim.torch.backend` on torch tensors
   (torch is optional and imported only when a torch backend is asked for or
   could be picked); on CUDA, NVFP4/MX block quantization runs fused Triton kernels;
 * ``blackwell-native`` — listed when a GPU of compute capability 10.x is
@@ -16,11 +16,13 @@ at least :data:`AUTO_GPU_MIN` elements go to ``torch-cuda`` when a GPU is presen
 (the transfer is cheaper than the CPU kernels from that size on), all others to
 ``numba-cpu``.  Results are numpy arrays either way.
 
-Every backend gives the same bits as ``numba-cpu`` (the torch backend is tested
-against it on CPU in CI and on CUDA on the device machine); options the torch
-path does not implement are computed by the reference and moved, never approximated.
-The one exception is GEMM's ``"blas"`` model, whose FP32 summation order is the
-hardware's by definition.
+Backends are peers under one dispatcher (:mod:`fpsim.dispatch`, behind :func:`fpsim.quantize` and the
+other public functions).  Each backend states which plans it runs (:func:`unsupported` returns the reason
+it does not, or ``None``); the dispatcher hands a call it cannot run to the ``numba-cpu`` reference,
+explicitly, and moves the result (:func:`route` says in advance which backend will run a call and why).
+Every backend gives the same bits as ``numba-cpu`` (tested over generated plans on torch-cpu and under
+Triton's interpreter in CI, and on CUDA on the device machine).  The one exception is GEMM's ``"blas"``
+model, whose FP32 summation order is the hardware's by definition.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["available", "default", "use", "current", "resolve", "AUTO_GPU_MIN"]
+__all__ = ["available", "default", "use", "current", "resolve", "unsupported", "route", "AUTO_GPU_MIN"]
 
 #: numpy inputs with at least this many elements go to the GPU when no backend is named.
 AUTO_GPU_MIN = 1 << 22
@@ -139,3 +141,23 @@ def to_torch(x, name: str, dtype=None):
 
     a = np.ascontiguousarray(x if dtype is None else np.asarray(x, dtype))
     return torch.from_numpy(a).to(torch_device(name))
+
+
+def unsupported(name: str, op: str, plan=None, **options) -> str | None:
+    """Why backend ``name`` does not run ``op`` (``"quantize"``, ``"fake_quantize"``, ``"dequantize"``,
+    ``"encode"``, ``"decode"``, ``"gemm"``, ``"rht"``) for this plan and these options, or ``None`` if it does.
+
+    ``numba-cpu`` runs everything; a torch backend answers through :func:`fpsim.torch.backend.unsupported`.
+    """
+    if name == "numba-cpu":
+        return None
+    from .torch import backend as tb
+
+    return tb.unsupported(op, plan, torch_device(name), **options)
+
+
+def route(op: str, plan=None, backend: str | None = None, size: int = 0, **options) -> tuple[str, str | None]:
+    """(backend that runs the call, reason it is not the one asked for or chosen, or None)."""
+    name = resolve(backend, size)
+    why = unsupported(name, op, plan, **options)
+    return ("numba-cpu", f"{name}: {why}; computed by numba-cpu and moved") if why else (name, None)

@@ -1,11 +1,14 @@
 """Bit-exact element codecs: float32 ⇄ codes of every registered format (SPEC §2–§3).
 
-Conventions (NVIDIA's, see SPEC.md):
+Conventions (NVIDIA's, see docs/spec.md §2–§3):
 
 * inputs are converted to float32 first (float64/float16/bfloat16 by RNE);
-* ``saturate=True`` (default) is ``.satfinite``: finite overflow and ±inf give
-  ±max finite; ``saturate=False`` is ``__NV_NOSAT`` / ml_dtypes: E4M3 gives NaN
+* ``saturate=True`` is ``.satfinite``: finite overflow and ±inf give ±max
+  finite; ``saturate=False`` is ``__NV_NOSAT`` / ml_dtypes: E4M3 gives NaN
   beyond 464, E5M2/BF16/FP16 give ±inf; formats without inf/NaN always saturate.
+  The default (``saturate=None``, :func:`default_saturate`) is ``.satfinite`` for
+  the ≤ 8-bit formats and IEEE for BF16/FP16 (``__float2bfloat16_rn``,
+  ``__float2half_rn``, torch and ml_dtypes: overflow and inf give ±inf), SPEC §2.
   Under ``saturate=False`` the directed modes follow IEEE 754 §7.4 (``rtz``
   overflows to max finite, ``rup`` to +inf but -max, ``rdown`` the mirror);
 * NaN → the positive all-ones magnitude (E2M1 0x7 = +6, FP6 0x1F, E4M3/E5M2
@@ -28,12 +31,11 @@ import functools
 import numpy as np
 
 from . import _kernels as K
-from . import backends
 from ._arrays import as_codes, as_float32
 from .formats import FormatSpec, get_format
 from .random import seed_key, stream_width
 
-__all__ = ["Rounding", "encode", "decode"]
+__all__ = ["Rounding", "encode", "decode", "default_saturate", "encode_lut", "SR_EXACT_BITS"]
 
 
 class Rounding(str, enum.Enum):
@@ -85,10 +87,12 @@ SR_EXACT_BITS = 24
 
 
 @functools.cache
-def _encode_lut(spec: FormatSpec, mode: int, saturate: bool) -> np.ndarray:
+def encode_lut(spec: FormatSpec, mode: int, saturate: bool) -> np.ndarray:
+    """The encode table of a ≤ 8-bit format under one rounding mode (kernel id) and saturation, indexed by the
+    float32 bits shifted right by ``21 - mbits`` (every bit that can affect rounding kept); read-only, cached."""
     shift = 21 - spec.mbits
     lut = np.empty(1 << (33 - shift), dtype=spec.code_dtype)
-    K.build_lut(spec.kernel_params(), mode, saturate, shift, lut)
+    K.build_lut(spec.traits, mode, saturate, shift, lut)
     lut.setflags(write=False)
     return lut
 
@@ -110,17 +114,28 @@ def _float32_aligned(spec: FormatSpec) -> bool:
     return spec.ebits == 8 and spec.bias == 127 and spec.subnormals and spec.signed and spec.has_inf
 
 
+def default_saturate(fmt: str | FormatSpec) -> bool:
+    """The overflow convention of ``encode(..., saturate=None)`` for ``fmt`` (SPEC §2).
+
+    ``True`` (``.satfinite``) for the ≤ 8-bit formats (FP4, FP6, FP8, E8M0), ``False`` (IEEE: overflow and
+    inf give ±inf, like ``__float2bfloat16_rn``, torch and ml_dtypes) for the 16-bit BF16 and FP16.
+
+    >>> default_saturate("e4m3"), default_saturate("bf16")
+    (True, False)
+    """
+    return get_format(fmt).bits <= 8
+
+
 def encode(
     x: np.typing.ArrayLike,
     fmt: str | FormatSpec,
     rounding: str | Rounding = "rne",
-    saturate: bool = True,
+    saturate: bool | None = None,
     rbits: np.typing.ArrayLike | None = None,
     seed: int | None = None,
     k: int | None = None,
     counter: int = 0,
     out: np.ndarray | None = None,
-    backend: str | None = None,
 ) -> np.ndarray:
     """Encode values to the codes of element format ``fmt`` (SPEC §2–§3).
 
@@ -133,8 +148,9 @@ def encode(
     rounding
         ``"rne"`` (default), ``"rtz"``, ``"rup"``, ``"rdown"``, ``"rna"`` or ``"sr"``.
     saturate
-        ``True``: ``.satfinite`` (default).  ``False``: ``__NV_NOSAT`` / ml_dtypes.
-        Stochastic rounding is satfinite only, like ``cvt.rs.satfinite``.
+        ``True``: ``.satfinite``.  ``False``: ``__NV_NOSAT`` / IEEE / ml_dtypes.  ``None`` (default):
+        :func:`default_saturate` — satfinite for ≤ 8-bit formats, IEEE for BF16/FP16.
+        Stochastic rounding is satfinite only, like ``cvt.rs.satfinite`` (``None`` means ``True`` there).
     rbits, seed
         Stochastic rounding only, exactly one of them: the random integers
         (one per element, shape of ``x``, each < 2**k), or a seed for
@@ -149,8 +165,6 @@ def encode(
         Optional C-contiguous array of the shape of ``x`` and dtype
         ``spec.code_dtype`` to write the codes into (saves the allocation and
         its page faults on large arrays).
-    backend
-        See :mod:`fpsim.backends` (same codes on every backend; ``out`` is then filled by a copy).
 
     Returns
     -------
@@ -163,30 +177,28 @@ def encode(
     array([ 2,  4,  8,  7], dtype=uint8)
     >>> encode([500.0], "e4m3"), encode([500.0], "e4m3", saturate=False)
     (array([126], dtype=uint8), array([127], dtype=uint8))
+    >>> hex(int(encode(float("inf"), "bf16"))), hex(int(encode(float("inf"), "bf16", saturate=True)))
+    ('0x7f80', '0x7f7f')
     """
     spec = get_format(fmt)
     mode = Rounding.parse(rounding)
+    if saturate is None:
+        saturate = True if mode is Rounding.SR else default_saturate(spec)
     x32 = as_float32(x)
     if mode is not Rounding.SR:
         if rbits is not None or seed is not None:
             raise ValueError("rbits/seed apply only to rounding='sr'")
         if spec.is_passthrough:
             return x32.view(np.uint32).copy()
-        name = backends.pick(backend, x32)
-        if name is not None:
-            from . import torch_backend as tb
-
-            res = tb.encode(backends.to_torch(x32, name), spec, mode.value, bool(saturate))
-            return _fill(out, res.cpu().numpy().astype(spec.code_dtype))
         bits = x32.reshape(-1).view(np.uint32)
         out = _output(out, x32.shape, spec.code_dtype)
         flat = out.reshape(-1)
         if spec.bits <= 8:
-            K.encode_array_lut(bits, flat, _encode_lut(spec, mode.kernel_id, bool(saturate)), 21 - spec.mbits)
+            K.encode_array_lut(bits, flat, encode_lut(spec, mode.kernel_id, bool(saturate)), 21 - spec.mbits)
         elif _float32_aligned(spec) and mode in (Rounding.RNE, Rounding.RNA):
-            K.encode_array_aligned(bits, flat, spec.kernel_params(), mode.kernel_id, bool(saturate))
+            K.encode_array_aligned(bits, flat, spec.traits, mode.kernel_id, bool(saturate))
         else:
-            K.encode_array(bits, flat, spec.kernel_params(), mode.kernel_id, bool(saturate))
+            K.encode_array(bits, flat, spec.traits, mode.kernel_id, bool(saturate))
         return out
 
     if not saturate:
@@ -198,18 +210,12 @@ def encode(
         raise ValueError("rounding='sr' needs exactly one of rbits= or seed=")
     if spec.is_passthrough:
         return x32.view(np.uint32).copy()
-    name = backends.pick(backend, x32)
-    if name is not None and seed is not None:
-        from . import torch_backend as tb
-
-        res = tb.encode(backends.to_torch(x32, name), spec, "sr", True, seed=seed, k=kbits, counter=int(counter))
-        return _fill(out, res.cpu().numpy().astype(spec.code_dtype))
     bits = x32.reshape(-1).view(np.uint32)
     out = _output(out, x32.shape, spec.code_dtype)
     flat = out.reshape(-1)
     if seed is not None:
         k0, k1 = seed_key(seed)
-        K.encode_array_sr_seeded(bits, k0, k1, int(counter), stream_width(kbits), kbits, flat, spec.kernel_params())
+        K.encode_array_sr_seeded(bits, k0, k1, int(counter), stream_width(kbits), kbits, flat, spec.traits)
     else:
         r = np.asarray(rbits)
         if r.shape != x32.shape:
@@ -219,19 +225,11 @@ def encode(
         r = np.ascontiguousarray(r, dtype=np.int64).reshape(-1)
         if r.size and (r.min() < 0 or r.max() >= (1 << kbits)):
             raise ValueError(f"rbits must lie in [0, 2**{kbits})")
-        K.encode_array_sr(bits, r, kbits, flat, spec.kernel_params())
+        K.encode_array_sr(bits, r, kbits, flat, spec.traits)
     return out
 
 
-def _fill(out: np.ndarray | None, res: np.ndarray) -> np.ndarray:
-    if out is None:
-        return res
-    _output(out, res.shape, res.dtype)[...] = res
-    return out
-
-
-def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | None = None,
-           backend: str | None = None) -> np.ndarray:
+def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | None = None) -> np.ndarray:
     """Decode codes of element format ``fmt`` to float32 (exact).
 
     NaN codes give the positive canonical float32 NaN (0x7FC00000); E8M0 code
@@ -239,7 +237,6 @@ def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | 
     may be any integer array, or an ml_dtypes array of the format's dtype
     (read as its bits).  Codes outside ``[0, 2**bits)`` raise ``ValueError``.
     ``out``: optional C-contiguous float32 array of the codes' shape to fill.
-    ``backend``: see :mod:`fpsim.backends` (same values on every backend).
 
     >>> decode([0x2, 0x4, 0xF], "e2m1")
     array([ 1. ,  2. , -6. ], dtype=float32)
@@ -248,13 +245,6 @@ def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | 
     c = as_codes(codes, spec)
     if spec.is_passthrough:
         return c.view(np.float32).copy()
-    name = backends.pick(backend, c)
-    if name is not None:
-        from . import torch_backend as tb
-
-        if c.size and (int(c.min()) < 0 or int(c.max()) >= (1 << spec.bits)):
-            raise ValueError(f"code(s) outside the {spec.bits}-bit range of {spec.name}")
-        return _fill(out, tb.decode(backends.to_torch(c.astype(np.int64), name), spec).cpu().numpy())
     out = _output(out, c.shape, np.dtype(np.float32))
     bad = K.decode_array(c.reshape(-1), spec.decode_table(), out.reshape(-1))
     if bad:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import enum
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = [
     "NanStyle",
+    "Traits",
     "FormatSpec",
     "FORMATS",
     "ALIASES",
@@ -42,6 +44,26 @@ class NanStyle(str, enum.Enum):
     IEEE = "ieee"
     ALL_ONES = "all_ones"
     NONE = "none"
+
+
+class Traits(NamedTuple):
+    """The integers a codec kernel needs of one format, by name (:attr:`FormatSpec.traits`).
+
+    Every backend (the Numba kernels, the torch ops, the Triton kernels) reads a format through these
+    fields, so a new format is one :class:`FormatSpec` and runs everywhere.  Numba receives the tuple
+    itself (a named tuple of ints is one kernel argument); Python code reads the fields by name.
+    """
+
+    bits: int  #: total width
+    mbits: int  #: explicit mantissa bits
+    signed: int  #: 1 when the top bit is a sign bit
+    has_inf: int  #: 1 for IEEE-style infinities
+    has_nan: int  #: 1 when some code is NaN
+    subnormals: int  #: 1 when exponent field 0 holds zero and subnormals
+    max_code: int  #: code of the largest finite magnitude
+    emin_b: int  #: float32 biased exponent of the smallest full-precision binade (127 + emin)
+    nan_code: int  #: the NaN code fpsim writes (the positive all-ones magnitude where there is one)
+    inf_code: int  #: +inf's code, or -1
 
 
 @dataclass(frozen=True)
@@ -180,19 +202,20 @@ class FormatSpec:
         """Unbiased exponent of the largest finite value."""
         return int(np.frexp(self.max)[1]) - 1
 
-    def kernel_params(self) -> tuple[int, ...]:
-        """The integers the generic Numba codec kernels take (see ``fpsim._kernels``)."""
-        return (
-            self.bits,
-            self.mbits,
-            int(self.signed),
-            int(self.has_inf),
-            int(self.has_nan),
-            int(self.subnormals),
-            self.max_code,
-            127 + self.emin,  # float32 biased exponent of the smallest full-precision binade
-            self.nan_code,
-            self.inf_code if self.has_inf else -1,
+    @property
+    def traits(self) -> Traits:
+        """The format's integers for the kernels of every backend, by name (see :class:`Traits`)."""
+        return Traits(
+            bits=self.bits,
+            mbits=self.mbits,
+            signed=int(self.signed),
+            has_inf=int(self.has_inf),
+            has_nan=int(self.has_nan),
+            subnormals=int(self.subnormals),
+            max_code=self.max_code,
+            emin_b=127 + self.emin,
+            nan_code=self.nan_code,
+            inf_code=self.inf_code if self.has_inf else -1,
         )
 
     @functools.cache  # noqa: B019 - specs are immutable singletons

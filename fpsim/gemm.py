@@ -41,11 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import backends
 from ._jit import pjit, prange
-from ._scaling_kernels import bits_f32, f32_bits
+from ._kernels import bits_f32, f32_bits
 from .packing import unpack_fp4
-from .scaling import _POW2_POS, QuantizedTensor, _Kind, _s_enc_dec
+from .plan import lower
+from .scaling import POW2_POS, s_enc_dec
+from .schemes import Kind
+from .tensor import QuantizedTensor
 
 __all__ = ["gemm", "ACCUMULATORS", "Operand", "operand"]
 
@@ -92,7 +94,7 @@ def operand(q: QuantizedTensor | np.typing.ArrayLike) -> Operand:
     rows, k = q.shape
     kind = sch.kind
     codes = q.data
-    if kind is _Kind.CAST:
+    if kind is Kind.CAST:
         values = el.decode_table()[codes] if el.bits <= 16 else codes.view(np.float32)
         return Operand(values.astype(np.float32), np.ones((rows, 1), np.float32), 0, np.ones(rows, np.float32),
                        np.full(rows, np.nan, np.float32), False, 1.0)
@@ -103,18 +105,18 @@ def operand(q: QuantizedTensor | np.typing.ArrayLike) -> Operand:
     num = 1.0
     amax = np.full(rows, np.nan, np.float32)
     s_dec = np.ones(rows, np.float32)
-    if kind is _Kind.TWO_LEVEL:
+    if kind is Kind.TWO_LEVEL:
         scales = sch.scale.decode_table()[q.scales]
         if sch.tensor_scale:
             a = np.asarray(q.amax, np.float32)
             amax = a.reshape(rows) if sch.per_row_scale else np.full(rows, a.reshape(()), np.float32)
-            _, s_dec = _s_enc_dec(sch, amax)
+            plan = lower(sch)
+            _, s_dec = s_enc_dec(plan, amax)
             two_level = True
-            bound = 256.0 if sch.four_over_six else sch.scale.max
-            num = float(np.float32(el.max) * np.float32(bound))
+            num = float(plan.two_level.num)
         block = sch.block[1]
-    elif kind is _Kind.POW2:
-        scales = _POW2_POS[q.scales]
+    elif kind is Kind.POW2:
+        scales = POW2_POS[q.scales]
         block = sch.block[1]
     else:  # FP32 scales: blockwise, or one per tensor
         if sch.block is None:
@@ -152,7 +154,7 @@ def chunked_operands(qa, qb) -> tuple[Operand, Operand, int, int, int, np.ndarra
     return a, b, k, chunk, nch, _chunk_scales(a, chunk, nch), _chunk_scales(b, chunk, nch)
 
 
-def _alpha(a: Operand, b: Operand) -> np.ndarray:
+def alpha_factor(a: Operand, b: Operand) -> np.ndarray:
     """Second-level factor per output element (M, N), float32 (SPEC §8)."""
     if not (a.two_level or b.two_level):
         return np.ones((1, 1), np.float32)
@@ -219,7 +221,6 @@ def gemm(
     qb: QuantizedTensor | np.typing.ArrayLike,
     accumulator: str = "fp32",
     acc_bits: int = 23,
-    backend: str | None = None,
 ) -> np.ndarray:
     """Emulated block-scaled GEMM ``A · Bᵀ`` (SPEC §8); see the module docstring for the models.
 
@@ -232,11 +233,6 @@ def gemm(
         ``"truncated"`` (``acc_bits`` fraction bits, truncating), ``"blas"`` (fast).
     acc_bits
         Fraction bits of the truncated accumulator (1–23; 23 = float32 with RTZ).
-    backend
-        See :mod:`fpsim.backends`.  ``"fp32"`` gives the same bits on every backend; ``"blas"`` on
-        ``torch-cuda`` runs the tensor-core path of :func:`fpsim.torch_backend.gemm` (NVFP4 through
-        exact BF16 values, per-tensor FP8 through FP8 tensor cores, native block scaling on
-        Blackwell), whose FP32 summation order is the hardware's.
 
     Returns
     -------
@@ -255,18 +251,9 @@ def gemm(
         raise ValueError(f"unknown accumulator {accumulator!r}; known: {', '.join(ACCUMULATORS)}")
     if accumulator == "truncated" and not 1 <= int(acc_bits) <= 23:
         raise ValueError("acc_bits must be in 1..23")
-    if isinstance(qa, QuantizedTensor) and isinstance(qb, QuantizedTensor) and accumulator in ("fp32", "blas"):
-        name = backends.pick(backend, qa if qa.size >= qb.size else qb)
-        if name is not None:
-            from . import torch_backend as tb
-
-            dev = backends.torch_device(name)
-            out = tb.gemm(tb.TorchQuantized.from_quantized(qa, dev), tb.TorchQuantized.from_quantized(qb, dev),
-                          accumulator)
-            return out.cpu().numpy()
     a, b, k, chunk, nch, sa, sb = chunked_operands(qa, qb)
     kp = nch * chunk
-    alpha = _alpha(a, b)
+    alpha = alpha_factor(a, b)
     m, n = a.values.shape[0], b.values.shape[0]
 
     if accumulator == "blas":

@@ -31,9 +31,10 @@ import numpy as np
 
 from ._arrays import as_float32
 from .codecs import Rounding
-from .gemm import gemm
-from .scaling import BlockScheme, QuantizedTensor, get_scheme, quantize
-from .transforms import derive_seed, rht
+from .dispatch import dequantize, gemm, quantize, rht
+from .schemes import BlockScheme, get_scheme
+from .tensor import QuantizedTensor
+from .transforms import derive_seed
 
 __all__ = ["OperandPolicy", "Recipe", "RECIPES", "get_recipe", "LinearResult", "linear", "LayerPolicy", "ROLES"]
 
@@ -113,6 +114,8 @@ class Recipe:
     wgrad_x: OperandPolicy
     accumulator: str = "fp32"
     layers: LayerPolicy = field(default_factory=LayerPolicy)
+    #: Dgrad's Wᵀ re-quantized from the dequantized Fprop W (Transformer Engine's option) instead of from W.
+    dgrad_w_from_fprop: bool = False
 
     def policy(self, role: str) -> OperandPolicy:
         if role not in ROLES:
@@ -144,6 +147,33 @@ class Recipe:
                 raise ValueError(f"unknown component {comp!r}; known: rht, 2d, sr, bf16_layers")
         suffix = "-".join(components)
         return dataclasses.replace(r, name=f"{self.name}-no-{suffix}" if components else self.name)
+
+    def only(self, half: str) -> Recipe:
+        """``"forward"``: Fprop quantized, Dgrad and Wgrad copies BF16; ``"backward"``: the reverse (the split of
+        the quantization gap the literature reports)."""
+        bf16 = OperandPolicy("bf16")
+        roles = {"forward": ROLES[2:], "backward": ROLES[:2]}
+        if half not in roles:
+            raise ValueError("half must be 'forward' or 'backward'")
+        r = dataclasses.replace(self, **{role: bf16 for role in roles[half]})
+        return dataclasses.replace(r, name=f"{self.name}-{half}-only")
+
+    def variant(self, name: str | None = None, **scheme_changes) -> Recipe:
+        """The recipe with ``BlockScheme`` fields changed in every two-level (NVFP4-style) role, e.g.
+        ``variant(four_over_six=True, four_over_six_metric="mae")``; ``per_row_scale=True`` applies to the
+        roles with 1-D blocks only (a 2-D tile spans several rows)."""
+        upd = {}
+        for role in ROLES:
+            pol = self.policy(role)
+            sch = pol.resolved()
+            if sch is None or sch.kind.value != "two_level":
+                continue
+            ch = dict(scheme_changes)
+            if ch.get("per_row_scale") and sch.block is not None and sch.block[0] > 1:
+                ch.pop("per_row_scale")
+            upd[role] = dataclasses.replace(pol, scheme=get_scheme(pol.scheme).replace(**ch))
+        tag = name or "-".join(f"{k}={v}" for k, v in sorted(scheme_changes.items()))
+        return dataclasses.replace(self, name=f"{self.name}-{tag}", **upd)
 
 
 def _uniform(policy: OperandPolicy, name: str, **kw) -> Recipe:
@@ -257,20 +287,44 @@ def _signs(policy: OperandPolicy, seed: int, layer: str, step: int):
     return s
 
 
+@dataclass(frozen=True)
+class OperandSteps:
+    """What quantizing one operand copy does, resolved for one call (every backend executes the same steps).
+
+    ``rht``: Hadamard tile size along the reduction axis (0 = none) with sign policy ``signs`` (an argument of
+    :func:`fpsim.rht`); ``scheme``: the block scheme (None = the copy stays float32); ``seed``: the Philox
+    seed of stochastic rounding (None under RNE).
+    """
+
+    rht: int
+    signs: str | int
+    scheme: BlockScheme | None
+    seed: int | None
+
+
+def operand_steps(policy: OperandPolicy, *, seed: int = 0, layer: str = "", step: int = 0,
+                  role: str = "") -> OperandSteps:
+    """The steps of one operand copy: SR bits from ``derive_seed(seed, "sr", layer, step, role)``; per-layer /
+    per-call RHT signs from ``derive_seed(seed, "rht", layer[, step])`` (never from the role: both operands of a
+    GEMM must share R)."""
+    sch = policy.resolved()
+    sr_seed = derive_seed(seed, "sr", layer, step, role) if sch is not None and sch.rounding is Rounding.SR else None
+    return OperandSteps(int(policy.rht), _signs(policy, seed, layer, step) if policy.rht else "none", sch, sr_seed)
+
+
 def quantize_operand(
     t: np.ndarray, policy: OperandPolicy, *, seed: int = 0, layer: str = "", step: int = 0, role: str = ""
 ) -> QuantizedTensor | np.ndarray:
     """Quantize one operand copy (reduction axis last) under a policy: RHT, then the block scheme."""
-    sch = policy.resolved()
+    st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
     x = t
-    if policy.rht:
-        # Both operands of a GEMM must share R: the sign seed depends on the layer/step, never on the role.
-        x = rht(x, policy.rht, _signs(policy, seed, layer, step), axis=-1)
-    if sch is None:
+    if st.rht:
+        x = rht(x, st.rht, st.signs, axis=-1)
+    if st.scheme is None:
         return np.ascontiguousarray(x, np.float32)
-    if sch.rounding is Rounding.SR:
-        return quantize(x, sch, seed=derive_seed(seed, "sr", layer, step, role))
-    return quantize(x, sch)
+    if st.seed is not None:
+        return quantize(x, st.scheme, seed=st.seed)
+    return quantize(x, st.scheme)
 
 
 def linear(
@@ -299,13 +353,23 @@ def linear(
     o = w32.shape[0]
     if w32.shape != (o, i) or dy32.shape != (t, o):
         raise ValueError(f"shapes do not form a linear layer: x {x32.shape}, w {w32.shape}, dy {dy32.shape}")
+    for role in ROLES:
+        d, k = rec.policy(role).rht, {"fprop": i, "dgrad": o, "wgrad": t}[role.split("_")[0]]
+        if d and k % d:
+            what = {"fprop": "input features", "dgrad": "output features", "wgrad": "tokens"}[role.split("_")[0]]
+            raise ValueError(
+                f"linear: {role} rotates along {what} ({k}), which is not a multiple of its Hadamard size {d}; "
+                f"pad to a multiple of {d} {what}, or drop the RHT: get_recipe({rec.name!r}).without('rht')")
     # Each role's copy with its reduction axis last.
     copies = {"fprop_x": x32, "fprop_w": w32, "dgrad_dy": dy32, "dgrad_w": w32.T, "wgrad_dy": dy32.T, "wgrad_x": x32.T}
-    ops = {
-        role: quantize_operand(np.ascontiguousarray(copies[role]), rec.policy(role), seed=seed, layer=layer, step=step,
-                               role=role)
-        for role in ROLES
-    }
+    ops = {}
+    for role in ROLES:
+        src = copies[role]
+        if role == "dgrad_w" and rec.dgrad_w_from_fprop:
+            fw = ops["fprop_w"]
+            src = (fw if isinstance(fw, np.ndarray) else dequantize(fw)).T
+        ops[role] = quantize_operand(np.ascontiguousarray(src), rec.policy(role), seed=seed, layer=layer, step=step,
+                                     role=role)
     acc = rec.accumulator
     y = gemm(ops["fprop_x"], ops["fprop_w"], acc)
     dx = gemm(ops["dgrad_dy"], ops["dgrad_w"], acc)

@@ -21,7 +21,6 @@ import hashlib
 
 import numpy as np
 
-from . import backends
 from ._arrays import as_float32
 from ._jit import njit, pjit, prange
 from ._kernels import bits_f32, f32_bits
@@ -35,7 +34,7 @@ RECIPE_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -
 RECIPE_SIGNS.setflags(write=False)
 
 
-def _check_d(d: int) -> int:
+def check_d(d: int) -> int:
     d = int(d)
     if d < 1 or d & (d - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {d}")
@@ -60,7 +59,7 @@ def sign_vector(d: int, signs: str | int | np.ndarray | None = "recipe") -> np.n
     :func:`derive_seed` for per-layer or per-call vectors).  An array: used as
     given after checking it holds only ±1.
     """
-    d = _check_d(d)
+    d = check_d(d)
     if signs is None or (isinstance(signs, str) and signs == "none"):
         return np.ones(d, np.float32)
     if isinstance(signs, str):
@@ -82,7 +81,7 @@ def hadamard_matrix(d: int, signs: str | int | np.ndarray | None = "recipe") -> 
     """The float64 matrix ``R = diag(s) · H_d / sqrt(d)`` (for references and small studies)."""
     from scipy.linalg import hadamard
 
-    d = _check_d(d)
+    d = check_d(d)
     return sign_vector(d, signs).astype(np.float64)[:, None] * hadamard(d).astype(np.float64) / np.sqrt(d)
 
 
@@ -186,7 +185,6 @@ def rht(
     bf16_in: bool = True,
     bf16_out: bool = True,
     inverse: bool = False,
-    backend: str | None = None,
 ) -> np.ndarray:
     """Random Hadamard transform of ``x`` in tiles of ``d`` along ``axis`` (SPEC §7).
 
@@ -204,8 +202,6 @@ def rht(
         off for the exact float32 transform.
     inverse
         Apply ``Rᵀ`` instead of ``R`` (``rht(rht(x), inverse=True) ≈ x``).
-    backend
-        See :mod:`fpsim.backends` (same bits on every backend).
 
     Returns
     -------
@@ -218,7 +214,7 @@ def rht(
     >>> y[:3]
     array([4., 0., 0.], dtype=float32)
     """
-    d = _check_d(d)
+    d = check_d(d)
     s = sign_vector(d, signs)
     x32 = as_float32(x)
     if x32.ndim == 0:
@@ -227,12 +223,6 @@ def rht(
     n = moved.shape[-1]
     if n % d:
         raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
-    name = backends.pick(backend, x32)
-    if name is not None:
-        from . import torch_backend as tb
-
-        out = tb.rht(backends.to_torch(x32, name), d, s, axis, bf16_in, bf16_out, inverse)
-        return np.ascontiguousarray(out.cpu().numpy())
     src = np.ascontiguousarray(moved).reshape(-1, n)
     dst = np.empty_like(src)
     if src.size:

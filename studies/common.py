@@ -17,7 +17,19 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+# Figures are byte-identical for a given matplotlib/FreeType: the bundled DejaVu fonts (never a system font that
+# differs between machines), fixed hash salt, no metadata; data rounded to the CSVs' 6 digits (see save_fig).
+matplotlib.rcParams.update({"font.family": "DejaVu Sans", "mathtext.fontset": "dejavusans",
+                            "svg.hashsalt": "fpsim", "path.simplify": False})
+import matplotlib.font_manager as _fm  # noqa: E402
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+
+# Only matplotlib's own fonts: a machine with another DejaVu Sans (or an Arial for glyph fallback) installed
+# would otherwise draw other pixels.
+_BUNDLED = str(Path(matplotlib.get_data_path()) / "fonts")
+_fm.fontManager.ttflist = [f for f in _fm.fontManager.ttflist if f.fname.startswith(_BUNDLED)]
+_fm.fontManager.afmlist = [f for f in _fm.fontManager.afmlist if f.fname.startswith(_BUNDLED)]
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -96,8 +108,33 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     atomic_write(path, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
 
 
+def _sig6(a) -> np.ndarray:
+    """Values rounded to 6 significant digits by Python's correctly rounded formatting (not by log10/pow, whose
+    last bits depend on the CPU's SIMD library)."""
+    a = np.asarray(a, dtype=np.float64)
+    return np.array([float(f"{v:.6g}") for v in a.reshape(-1)]).reshape(a.shape)
+
+
+def _round_artists(fig) -> None:
+    """Round plotted lines, bars and markers to 6 significant digits, the precision of the CSVs: results that
+    differ in the last bits between machines (BLAS, SIMD sums) then draw the same pixels."""
+    for ax in fig.axes:
+        for ln in ax.get_lines():
+            x, y = ln.get_data(orig=True)
+            if np.asarray(x).dtype.kind in "fiu" and np.asarray(y).dtype.kind in "fiu":
+                ln.set_data(_sig6(x), _sig6(y))
+        for p in ax.patches:
+            if isinstance(p, matplotlib.patches.Rectangle):
+                p.set_bounds(*(float(v) for v in _sig6([p.get_x(), p.get_y(), p.get_width(), p.get_height()])))
+        for c in ax.collections:
+            off = c.get_offsets()
+            if len(off):
+                c.set_offsets(_sig6(off))
+
+
 def save_fig(fig, path: Path) -> None:
-    """PNG without timestamps or version metadata; closes the figure."""
+    """PNG without timestamps or version metadata, data rounded as :func:`_round_artists`; closes the figure."""
+    _round_artists(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 import fpsim
-from fpsim.scaling import BlockScheme
+from fpsim.schemes import BlockScheme
 from studies.common import (
     DISTRIBUTIONS,
     md_table,

@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.patches import Patch
 
 import fpsim
+from fpsim.analysis import mean_ci95
 from fpsim.recipe import LayerPolicy
 from studies.capture_deep import layer_names, load
 from studies.common import md_table, parse_args, progress, save_fig, write_csv, write_section
@@ -49,11 +50,10 @@ def main(argv=None):
             for k, v in rel.items():
                 errs.setdefault(k, []).append(v)
         for k, v in errs.items():
-            v = np.asarray(v)
-            ci = float(1.96 * v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else 0.0
+            mean, ci = mean_ci95(v)  # identical draws give exactly their value and 0 (not a rounding residue)
             gemm, prec = (k.split("_")[0], "bf16") if k.endswith("_bf16") else (k, "nvfp4_paper")
             rows.append({"index": i, "layer": layer, "gemm": gemm, "precision": prec, "metric": "rel_error",
-                         "value": float(v.mean()), "ci95": ci, "seeds": seeds})
+                         "value": mean, "ci95": ci, "seeds": seeds})
         for t, arr in (("input", x), ("grad_output", dy), ("weight", w)):
             rows.append({"index": i, "layer": layer, "gemm": "-", "precision": "-", "metric": f"kurtosis_{t}",
                          "value": kurtosis(arr), "ci95": 0.0, "seeds": 0})
@@ -62,7 +62,7 @@ def main(argv=None):
 
     def series(gemm, prec="nvfp4_paper"):
         s = df[(df.gemm == gemm) & (df.precision == prec) & (df.metric == "rel_error")].sort_values("index")
-        return s["value"].to_numpy(), s["ci95"].to_numpy()
+        return s["value"].to_numpy(), np.nan_to_num(s["ci95"].to_numpy())  # no interval (one seed): no bar
 
     wg, wg_ci = series("wgrad")
     fp, fp_ci = series("fprop")

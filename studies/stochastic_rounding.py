@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 import fpsim
+from fpsim.analysis import mean_ci95
 from studies.common import md_table, parse_args, progress, real_tensors, save_fig, sqnr_db, write_csv, write_section
 
 NAME = "stochastic_rounding"
@@ -33,8 +34,10 @@ def _q(x, kw, seed=None, **extra):
 
 
 def _ci(v):
-    v = np.asarray(v, dtype=np.float64)
-    return float(v.mean()), (float(1.96 * v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else 0.0)
+    """Mean and 95 % half-width; identical samples give exactly their value and 0 (fpsim.analysis.mean_ci95).
+    A single value is the one draw of a deterministic rounding (RNE): exact, so its interval is 0."""
+    m, ci = mean_ci95(v)
+    return m, 0.0 if len(v) == 1 else ci
 
 
 def sr8_exact_moments(x, amax):
@@ -236,7 +239,7 @@ def main(argv=None):
             sub = bias[(bias.metric == metric) & (bias["mode"] == mode)].set_index("tensor").reindex(grads)
             scale = 100.0
             ax.bar(np.arange(len(grads)) + (j - (len(modes) - 1) / 2) * width, sub["value"] * scale, width,
-                   yerr=sub["ci95"] * scale, capsize=3, label=mode,
+                   yerr=sub["ci95"].fillna(0.0) * scale, capsize=3, label=mode,
                    color=COLORS.get(mode, {"SR exact (expected)": "tab:olive"}.get(mode, "tab:cyan")),
                    alpha=0.85 if mode in COLORS else 0.6)
         ax.set_yscale("symlog", linthresh=1e-3)

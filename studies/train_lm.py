@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fpsim import torch_backend as tb
 from fpsim.recipe import LayerPolicy, get_recipe
+from fpsim.torch import backend as tb
 from fpsim.transforms import derive_seed
 from studies.capture_example import corpus
 

@@ -102,7 +102,7 @@ def main(argv=None):
         measured, verdict, ["loss_curves.png", "loss_gap.png"],
         ["Final validation loss (nats per byte):\n\n" + md_table(table, ".4f"),
          f"Command: `{meta['command']}` (GEMMs in FP32 on exactly fake-quantized operands; quantization by "
-         "`fpsim.torch_backend`, bit-identical to the CPU reference)."],
+         "`fpsim.torch.backend`, bit-identical to the CPU reference)."],
     )
     return args.dir
 

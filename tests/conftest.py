@@ -13,7 +13,7 @@ os.environ.setdefault("NUMBA_CACHE_DIR", numba_cache_dir())
 import fpsim  # noqa: E402
 
 # Without a CUDA GPU the Triton kernels run under Triton's interpreter (on CPU tensors).  The switch is
-# read when a kernel is decorated, so it must be set before any test imports fpsim._triton_kernels.
+# read when a kernel is decorated, so it must be set before any test imports fpsim.torch.kernels.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import fpsim
 from fpsim import _kernels as K
-from fpsim.codecs import _encode_lut
+from fpsim.codecs import encode_lut
 from fpsim.formats import get_format
 from tests.conftest import CODED, MODES, SMALL
 from tests.nvref import CONFIGS, config_key
@@ -112,6 +112,24 @@ def test_documented_differences_from_ml_dtypes():
     assert fpsim.encode(np.float32("nan"), "bf16") == 0x7FFF
 
 
+@pytest.mark.parametrize("fmt,dtype", [("bf16", ml_dtypes.bfloat16), ("fp16", np.float16)])
+def test_bf16_and_fp16_follow_ieee_by_default(fmt, dtype):
+    """Issue 16 item 12: by default BF16/FP16 overflow and inf give ±inf (``__float2bfloat16_rn``, torch,
+    ml_dtypes), in encode and in quantize; ``saturate=True`` still clips to ±max."""
+    x = np.array([np.inf, -np.inf, 3.4e38, -3.4e38, 1e5, 1.0], np.float32)
+    with np.errstate(over="ignore"):
+        want = x.astype(dtype).view(np.uint16)  # ml_dtypes / numpy casts: IEEE, non-saturating
+    assert np.array_equal(fpsim.encode(x, fmt), want)
+    if fmt == "bf16":  # the one cast scheme
+        assert np.array_equal(fpsim.quantize(x, fmt).dequantize(), want.view(dtype).astype(np.float32))
+    sat = fpsim.encode(x, fmt, saturate=True)
+    top = get_format(fmt).max_code
+    assert (sat[:4] & 0x7FFF).tolist() == [top] * 4 and sat[5] == want[5]
+    if fmt == "bf16":
+        assert fpsim.encode(np.float32(np.inf), "bf16") == 0x7F80
+    assert fpsim.encode(x, "e4m3").tolist()[:2] == [0x7E, 0xFE]  # ≤ 8-bit formats stay satfinite by default
+
+
 # ---------------------------------------------------------------------------
 # The scalar reference (exact rationals, SPEC §2)
 
@@ -181,8 +199,8 @@ def test_lookup_table_path_equals_scalar_kernel(fmt, mode):
     x = float32_probes(top=s.mbits + 3, sticky=True)
     for sat in (True, False):
         lut = np.empty(x.size, s.code_dtype)
-        K.encode_array_lut(x, lut, _encode_lut(s, fpsim.Rounding(mode).kernel_id, sat), 21 - s.mbits)
-        scalar = np.array([K.encode_one(v, s.kernel_params(), fpsim.Rounding(mode).kernel_id, sat) for v in x[::97]])
+        K.encode_array_lut(x, lut, encode_lut(s, fpsim.Rounding(mode).kernel_id, sat), 21 - s.mbits)
+        scalar = np.array([K.encode_one(v, s.traits, fpsim.Rounding(mode).kernel_id, sat) for v in x[::97]])
         assert np.array_equal(lut[::97], scalar.astype(s.code_dtype)), first_mismatch(x[::97], lut[::97], scalar)
 
 
@@ -196,7 +214,7 @@ def test_branchfree_paths_equal_scalar_kernel(fmt, mode):
         got = fpsim.encode(x.view(np.float32), s, mode, sat)
         want = np.empty_like(got)
         for i in range(0, x.size, 1 << 16):  # the scalar kernel, serially, one chunk at a time
-            _scalar_encode(x[i : i + (1 << 16)], want[i : i + (1 << 16)], s.kernel_params(), mid, sat)
+            _scalar_encode(x[i : i + (1 << 16)], want[i : i + (1 << 16)], s.traits, mid, sat)
         assert np.array_equal(got, want), first_mismatch(x, got, want)
 
 

@@ -25,16 +25,39 @@ def test_round_trip_is_bit_exact(tmp_path, scheme, ext):
     assert load_quantized(p).equals(q)
 
 
-@pytest.mark.parametrize("ext", ["npz", "safetensors"])
-def test_same_format_as_fpsim_scaling_both_ways(tmp_path, ext):
-    """Files of the library's current save_quantized load here and files written here load there."""
-    from fpsim import scaling
+def test_file_layouts_are_the_documented_ones(tmp_path):
+    """The members / tensors and the metadata object of the module docstring, read by numpy and by the official
+    safetensors library; and a header spelled the way fpsim 0.1 wrote it (json.dumps defaults) still loads."""
+    import safetensors
+    import safetensors.numpy as stnp
 
     q = fpsim.quantize(X, "nvfp4", axis=0)
-    a, b = tmp_path / f"a.{ext}", tmp_path / f"b.{ext}"
-    scaling.save_quantized(q, a)
-    save_quantized(q, b)
-    assert load_quantized(a).equals(q) and scaling.load_quantized(b).equals(q)
+    want = {"format": FORMAT_TAG, "scheme": q.scheme.to_json(), "shape": list(q.shape), "dtype": q.dtype,
+            "axis": q.axis}
+    z = tmp_path / "q.npz"
+    save_quantized(q, z)
+    with np.load(z, allow_pickle=False) as f:
+        assert set(f.files) == {"meta", "data", "scales", "amax"}
+        assert json.loads(f["meta"].tobytes()) == want
+        assert f["data"].tobytes() == q.data.tobytes() and f["amax"].dtype == np.float32
+    st = tmp_path / "q.safetensors"
+    save_quantized(q, st)
+    with safetensors.safe_open(str(st), "np") as f:
+        assert json.loads(f.metadata()["fpsim"]) == want
+    got = stnp.load_file(str(st))
+    assert set(got) == {"data", "scales", "amax"} and got["scales"].tobytes() == q.scales.tobytes()
+    header = {"__metadata__": {"fpsim": json.dumps(want)}}
+    blobs, pos = [], 0
+    for name, code in (("data", "U8"), ("scales", "U8"), ("amax", "F32")):
+        a = np.asarray(getattr(q, name) if name != "amax" else np.asarray(q.amax, np.float32))
+        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [pos, pos + a.nbytes]}
+        blobs.append(a.tobytes())
+        pos += a.nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    old = tmp_path / "old.safetensors"
+    old.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+    assert load_quantized(old).equals(q)
 
 
 def _npz(path, meta, **arrays):

@@ -1,4 +1,4 @@
-"""`make reports --quick` runs end to end and its CSVs are deterministic."""
+"""`make reports --quick` runs end to end and its CSVs, figures and index.html are deterministic."""
 
 import subprocess
 import sys
@@ -20,6 +20,11 @@ def test_quick_reports_run_and_are_deterministic(tmp_path):
     for c in csvs:
         assert c.read_bytes() == (b / c.relative_to(a)).read_bytes(), f"{c.name} differs between two runs"
         assert len(pd.read_csv(c)) > 0
+    pngs = sorted(a.glob("*/*.png"))
+    assert pngs, "no study drew a figure"
+    for f in pngs:  # figures too (issue 16 item 13): fixed fonts, no metadata, data rounded as the CSVs
+        assert f.read_bytes() == (b / f.relative_to(a)).read_bytes(), f"{f.name} differs between two runs"
+    assert (a / "index.html").read_bytes() == (b / "index.html").read_bytes()
     html = (a / "index.html").read_text()
     assert html.count("data:image/png;base64,") >= len(csvs) and "<table>" in html
     for sec in a.glob("*/section.md"):

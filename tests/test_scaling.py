@@ -11,13 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fpsim
-from fpsim.scaling import (
+from fpsim import (
     SCHEMES,
     BlockScheme,
     QuantizedTensor,
     dequantize,
     load_quantized,
     quantize,
+    save_quantized,
     swizzle_scales,
     unswizzle_scales,
 )
@@ -385,8 +386,8 @@ def test_save_load_round_trip_is_bit_identical(tmp_path, scheme, ext):
     x[1, 3] = np.nan
     q = quantize(x, scheme, axis=0)
     path = tmp_path / f"q.{ext}"
-    q.save(path)
-    back = QuantizedTensor.load(path)
+    save_quantized(q, path)
+    back = load_quantized(path)
     assert back.equals(q)
     assert same_floats(back.dequantize(), q.dequantize())
 
@@ -416,7 +417,7 @@ def test_tensors_that_do_not_fit_their_scheme_are_refused(scheme):
 def test_loading_a_file_whose_arrays_do_not_fit_is_refused(tmp_path):
     q = quantize(np.ones((4, 32), np.float32), "nvfp4")
     path = tmp_path / "q.npz"
-    q.save(path)
+    save_quantized(q, path)
     with np.load(path) as z:
         arrays = dict(z)
     arrays["data"] = arrays["data"][:, :-1]
@@ -437,7 +438,7 @@ def test_save_load_custom_scheme(tmp_path):
     )
     q = quantize(np.random.default_rng(0).standard_normal((3, 20)).astype(np.float32), sch)
     for ext in ("npz", "safetensors"):
-        q.save(tmp_path / f"c.{ext}")
+        save_quantized(q, tmp_path / f"c.{ext}")
         assert load_quantized(tmp_path / f"c.{ext}").equals(q)
 
 
@@ -488,13 +489,14 @@ def test_dequantize_function_equals_method():
 def test_branch_free_e2m1_encoder_equals_the_codec_on_every_exponent_class():
     """The vectorisable E2M1 encoder of the NVFP4/MXFP4 row kernels against fpsim.encode (SPEC §2)."""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _e2m1_code, bits_f32
+    from fpsim._kernels import bits_f32
+    from fpsim._row_kernels import e2m1_code
     from tests.probes import float32_probes, probes_for
 
     @njit
     def run(u, out):
         for i in range(u.size):
-            out[i] = _e2m1_code(bits_f32(u[i]))
+            out[i] = e2m1_code(bits_f32(u[i]))
 
     spec = fpsim.get_format("e2m1")
     u = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).astype(np.uint32)
@@ -509,19 +511,21 @@ def test_arithmetic_scale_encoder_equals_the_codec_on_every_exponent_class(name)
     on every non-negative float32 exponent class and NaN, after the kernel's clamp to the format's max.
     (An exhaustive sweep of all 2**31 non-negative patterns found no mismatch for E4M3 and E5M2.)"""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _scale_rne, bits_f32, fmin_nan
-    from fpsim.scaling import _scale_arith
+    from fpsim._kernels import bits_f32
+    from fpsim._row_kernels import scale_rne
+    from fpsim._scaling_kernels import fmin_nan
+    from fpsim.plan import scale_arith
     from tests.probes import float32_probes
 
     spec = fpsim.get_format(name)
-    params = _scale_arith(spec)
+    params = scale_arith(spec)
     # formats without a NaN code decode NaN's code to a number: those keep the table
-    assert _scale_arith(fpsim.get_format("e3m2"))[0] == 0 and params[0] == spec.mbits
+    assert scale_arith(fpsim.get_format("e3m2"))[0] == 0 and params[0] == spec.mbits
 
     @njit
     def run(u, bound, mb, emin, qinv, q, nanc, codes, vals):
         for i in range(u.size):
-            c, v = _scale_rne(fmin_nan(bits_f32(u[i]), bound), mb, emin, qinv, q, nanc)
+            c, v = scale_rne(fmin_nan(bits_f32(u[i]), bound), mb, emin, qinv, q, nanc)
             codes[i] = c
             vals[i] = v
 
@@ -542,20 +546,21 @@ def test_arithmetic_element_encoder_equals_the_codec_on_every_exponent_class(nam
     """The MX/two-level row kernels' branch-free element encoder (satfinite RNE) against fpsim.encode,
     on every float32 exponent class, both signs, ±inf and NaN."""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _elem_rne, bits_f32
+    from fpsim._kernels import bits_f32
+    from fpsim._row_kernels import elem_rne
     from fpsim.codecs import Rounding
-    from fpsim.scaling import _elem_path
+    from fpsim.plan import elem_path
     from tests.probes import float32_probes, probes_for
 
     spec = fpsim.get_format(name)
-    path, ea = _elem_path(spec, Rounding.RNE)
+    path, ea = elem_path(spec, Rounding.RNE)
     assert path == 2
 
     @njit
     def run(u, ea, out):
         mb, emin_b, qinv, max_code, nan_code, bits = ea
         for i in range(u.size):
-            out[i] = _elem_rne(bits_f32(u[i]), mb, emin_b, qinv, max_code, nan_code, bits)
+            out[i] = elem_rne(bits_f32(u[i]), mb, emin_b, qinv, max_code, nan_code, bits)
 
     u = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).astype(np.uint32)
     got = np.empty(u.size, np.int32)
@@ -566,14 +571,14 @@ def test_arithmetic_element_encoder_equals_the_codec_on_every_exponent_class(nam
 @pytest.mark.parametrize("elem", ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2"])
 def test_branch_free_mx_scale_byte_equals_the_reference_kernel(elem):
     """The vectorisable E8M0 scale rule of the MX row kernel against ``mx_scale_byte`` (which computes the
-    exponent with ``_split`` and the generic encoder), all four rules, every non-negative float32 exponent
+    exponent with ``split_f32`` and the generic encoder), all four rules, every non-negative float32 exponent
     class, ±0, subnormals, inf and NaN amax values."""
     from fpsim._jit import njit
     from fpsim._scaling_kernels import mx_scale_byte, mx_scale_byte_fast
     from tests.probes import float32_probes
 
     el = fpsim.get_format(elem)
-    e8p = fpsim.get_format("e8m0").kernel_params()
+    e8p = fpsim.get_format("e8m0").traits
     inv_max = np.float32(1.0) / np.float32(el.max)
 
     @njit
@@ -594,12 +599,12 @@ def test_branch_free_mx_scale_byte_equals_the_reference_kernel(elem):
 def test_arithmetic_e2m1_decoder_equals_the_table_on_every_code():
     """The row kernels' E2M1 decoder (bits from the code) against the codec's decode table, ±0 included."""
     from fpsim._jit import njit
-    from fpsim._scaling_kernels import _e2m1_value
+    from fpsim._row_kernels import e2m1_value
 
     @njit
     def run(out):
         for c in range(16):
-            out[c] = _e2m1_value(np.int32(c))
+            out[c] = e2m1_value(np.int32(c))
 
     got = np.empty(16, np.float32)
     run(got)

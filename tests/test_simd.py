@@ -9,7 +9,7 @@ import fpsim
 from fpsim import _simd
 from fpsim._jit import njit
 from fpsim._kernels import bits_f32
-from fpsim._scaling_kernels import _e2m1_code, _elem_rne
+from fpsim._row_kernels import e2m1_code, elem_rne
 from fpsim._simd import absmax16, absmax16_nonan, e2m1_pack16, e2m1_unpack16, elem_rne16, table_decode16
 
 
@@ -23,7 +23,7 @@ def _vector_vs_scalar_e2m1(start, n, mul, buf, out):
         for k in range(0, buf.size, 16):
             e2m1_pack16(buf, k, mul, out, k // 2)
         for t in range(buf.size):
-            want = _e2m1_code(bits_f32(buf[t]) * mul)
+            want = e2m1_code(bits_f32(buf[t]) * mul)
             bad += ((out[t >> 1] >> (4 * (t & 1))) & 15) != want
     return bad
 
@@ -167,7 +167,7 @@ def _vector_vs_scalar_elem(start, n, step, mul, ea, buf, out):
         for k in range(0, buf.size, 16):
             elem_rne16(buf, k, mul, ea, out, k)
         for t in range(buf.size):
-            want = _elem_rne(bits_f32(buf[t]) * mul, mb, emin_b, qinv, max_code, nan_code, bits)
+            want = elem_rne(bits_f32(buf[t]) * mul, mb, emin_b, qinv, max_code, nan_code, bits)
             bad += out[t] != (want & 0xFF)
     return bad
 
@@ -176,9 +176,10 @@ def _vector_vs_scalar_elem(start, n, step, mul, ea, buf, out):
 def test_vector_fp8_fp6_encoder_equals_the_scalar_one(name):
     """Every 7th float32 bit pattern (7 is odd, so every residue of the low mantissa bits, ties included) with
     multiplier 1, all 2^32 for E4M3 (MXFP8's default), and a 2^26 slice around 1 with multiplier 1/3."""
-    from fpsim.scaling import Rounding, _elem_path
+    from fpsim.codecs import Rounding
+    from fpsim.plan import elem_path
 
-    path, ea = _elem_path(fpsim.get_format(name), Rounding.RNE)
+    path, ea = elem_path(fpsim.get_format(name), Rounding.RNE)
     assert path == 2
     buf = np.empty(1 << 16, np.uint32)
     out = np.empty(1 << 16, np.uint8)
@@ -189,9 +190,9 @@ def test_vector_fp8_fp6_encoder_equals_the_scalar_one(name):
 @pytest.mark.parametrize("name", ["e4m3", "e5m2", "e3m2"])
 def test_vector_table_decoder_equals_the_table(name):
     """Every byte through the gathering decoder, times scales that are 0, subnormal, huge, inf and NaN."""
-    from fpsim.scaling import _byte_table
+    from fpsim.scaling import byte_table
 
-    table = _byte_table(fpsim.get_format(name))
+    table = byte_table(fpsim.get_format(name))
     codes = np.random.default_rng(2).permutation(256).astype(np.uint8)
 
     @njit

@@ -24,7 +24,7 @@ def test_all_float32_bit_patterns(fmt):
 
     s = get_format(fmt)
     nv = load()
-    p = s.kernel_params()
+    p = s.traits
     for start in range(0, 1 << 32, CHUNK):
         x = np.arange(start, start + CHUNK, dtype=np.uint64).astype(np.uint32)
         xf = x.view(np.float32)

@@ -10,7 +10,7 @@ from fpsim import backends
 from tests.probes import float32_probes, probes_for
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]'); CPU CI skips this")
-tb = pytest.importorskip("fpsim.torch_backend")
+tb = pytest.importorskip("fpsim.torch.backend")
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CODED = [n for n, s in fpsim.FORMATS.items() if not s.is_passthrough]
@@ -167,7 +167,7 @@ def test_fake_quantize_sr_equals_the_cpu_quantizer(device, scheme):
     same_bits(got.cpu().numpy(), want)
 
 
-@pytest.mark.parametrize("scheme", list(fpsim.scaling.SCHEMES))
+@pytest.mark.parametrize("scheme", list(fpsim.SCHEMES))
 def test_torch_quantized_round_trip_keeps_the_layout(scheme):
     """from_quantized → to_quantized gives back an equal QuantizedTensor (0-d per-tensor scales stay 0-d)."""
     x = np.random.default_rng(12).standard_normal((4, 64)).astype(np.float32)

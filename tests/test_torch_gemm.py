@@ -6,7 +6,7 @@ import pytest
 import fpsim
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]')")
-tb = pytest.importorskip("fpsim.torch_backend")
+tb = pytest.importorskip("fpsim.torch.backend")
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -176,13 +176,13 @@ def test_public_api_backend_argument_and_context_give_the_reference_bits():
 @pytest.mark.parametrize("aa,ab", [(1.0, 2.0), (0.0, 3.0), (np.inf, 1.0), (np.nan, 1.0), (1e-38, 1e-38),
                                    (3e38, 2.0), (1e-45, 5.0)])
 def test_alpha_on_the_device_equals_the_reference(aa, ab):
-    from fpsim.gemm import _alpha, operand
+    from fpsim.gemm import alpha_factor, operand
 
     x = np.zeros((1, 16), np.float32)
     y = np.zeros((1, 16), np.float32)
     x[0, 0], y[0, 0] = aa, ab
     qa, qb = fpsim.quantize(x, "nvfp4"), fpsim.quantize(y, "nvfp4")
-    want = _alpha(operand(qa), operand(qb)).reshape(())
+    want = alpha_factor(operand(qa), operand(qb)).reshape(())
     got = tb._alpha_t(torch.tensor(np.float32(qa.amax), device=DEV), torch.tensor(np.float32(qb.amax), device=DEV),
                       2688.0, 2688.0).cpu().numpy()
     assert (np.isnan(want) and np.isnan(got)) or same_f32(got, want)

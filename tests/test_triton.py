@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="Triton not installed")
 
 import fpsim  # noqa: E402
-from fpsim import torch_backend as tb  # noqa: E402
+from fpsim.torch import backend as tb  # noqa: E402
 from tests import scaling_golden as G  # noqa: E402
 from tests.probes import float32_probes, probes_for  # noqa: E402
 
@@ -168,7 +168,7 @@ def test_mx_fused_equals_the_reference(scheme, rule):
     assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales)
     d = N(tb.dequantize_mx_fused(codes, scales, 75, el))
     assert same_f32(d, q.dequantize())
-    f = N(tb._mx_triton(T(x), fpsim.get_format(el), fpsim.ScaleRule(rule).kernel_id, False, False, True))
+    f = N(tb._mx_triton(T(x), fpsim.get_format(el), fpsim.ScaleRule(rule).rule_id, False, False, True))
     assert same_f32(f, q.dequantize())
 
 
@@ -231,8 +231,8 @@ def test_fp8_nan_ignore_and_given_amax():
 
 
 def test_philox_stream_equals_the_reference():
-    from fpsim import _triton_kernels as K
     from fpsim.random import random_bits, seed_key
+    from fpsim.torch import kernels as K
 
     seed = 0xFEEDFACE12345678
     k0, k1 = seed_key(seed)

@@ -180,7 +180,7 @@ def npz_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
             if info.is_dir():
                 continue
             if not info.filename.endswith(".npy"):
-                notes.append(f"skip: {p}: member {info.filename!r} is not a .npy array")
+                notes.append(f"{p}: member {info.filename!r} is not a .npy array")
                 continue
             name = info.filename[:-4]
             if name in seen:

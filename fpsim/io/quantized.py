@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..scaling import BlockScheme, QuantizedTensor
+from ..schemes import BlockScheme
+from ..tensor import QuantizedTensor
 from .errors import InputError
 from .files import atomic_write
 from .npz import npz_members

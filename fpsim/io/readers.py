@@ -15,7 +15,7 @@ with those characters is a glob.  Only regular files are read (a FIFO or ``/dev/
 is refused before it is opened, so nothing hangs or grows without bound).  Directories are walked
 recursively; unreadable directories and files of other types are reported, never silently dropped.
 
-Errors are :class:`InputError` with one line naming the file (and tensor); notes ("skip: …") are
+Errors are :class:`InputError` with one line naming the file (and tensor); notes (what was skipped and why) are
 passed to ``on_note``.
 """
 
@@ -163,11 +163,11 @@ def _walk(d: str, files: list[Path], notes: list[str], errors: list[str]) -> Non
                 errors.append(_stat_error(str(q), e))
                 continue
             if not stat.S_ISREG(st.st_mode):
-                notes.append(f"skip: {q}: {_kind(st.st_mode)}, not a regular file")
+                notes.append(f"{q}: {_kind(st.st_mode)}, not a regular file")
                 continue
             files.append(q)
     if other:
-        notes.append(f"skip: {d}: {other} file(s) whose suffix is not {', '.join(SUFFIXES)}")
+        notes.append(f"{d}: {other} file(s) whose suffix is not {', '.join(SUFFIXES)}")
 
 
 def _expand(paths: Iterable[str], notes: list[str], errors: list[str]) -> list[Path]:

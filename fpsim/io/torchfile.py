@@ -107,7 +107,7 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
             for i, x in enumerate(v):
                 walk(f"{name}.{i}" if name else str(i), x, depth + 1)
         else:
-            notes.append(f"skip: {p}: {name or '(top level)'!r} is not a tensor ({type(v).__name__})")
+            notes.append(f"{p}: {name or '(top level)'!r} is not a tensor ({type(v).__name__})")
 
     walk("" if not isinstance(obj, torch.Tensor) else "tensor", obj, 0)
     return members, notes

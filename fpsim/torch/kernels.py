@@ -1,6 +1,6 @@
 """Fused Triton kernels for block quantization on CUDA (issue 8): one pass per tensor, bit-identical to Numba.
 
-Imported only by :mod:`fpsim.torch_backend` when Triton is importable.  Every kernel
+Imported only by :mod:`fpsim.torch.backend` when Triton is importable.  Every kernel
 works on float32 *bit patterns* in int32 registers; the only float operations are
 the multiplications of SPEC §4–§5 (``fl(vmax · sek)``, ``fl(x · enc_b)``,
 ``fl(x · 2^-E)``, ``fl((e · s_b) · S_dec)``), each a single IEEE ``mul.rn.f32``

@@ -4,7 +4,7 @@ Works on CPU or CUDA tensors (issue 8, first step).  The arithmetic is the
 reference's, expressed as whole-tensor torch operations:
 
 * ≤ 8-bit formats encode through the same lookup table the Numba kernels use
-  (built by the generic scalar encoder, :func:`fpsim.codecs._encode_lut`), indexed
+  (built by the generic scalar encoder, :func:`fpsim.codecs.encode_lut`), indexed
   by sign, exponent, top mantissa bits and a sticky bit of the float32 input;
 * 16-bit formats use the branch-free integer rounding of ``fpsim._kernels``;
 * NVFP4 follows Transformer Engine's FP32 operation order (SPEC §4); every
@@ -26,8 +26,9 @@ import os
 
 import numpy as np
 
-from .codecs import Rounding, _encode_lut
-from .formats import FormatSpec, get_format
+from ..codecs import Rounding, encode_lut
+from ..formats import FormatSpec, get_format
+from ..schemes import Kind, ScaleRule
 
 __all__ = ["encode", "decode", "random_bits", "philox4x32", "rht", "quantize_nvfp4", "dequantize_nvfp4", "quantize_mx",
            "dequantize_mx"]
@@ -45,7 +46,7 @@ def _t():
 def _table(kind: str, spec: FormatSpec, mode: int, sat: bool, device: str):
     torch = _t()
     if kind == "enc":
-        arr = _encode_lut(spec, mode, sat).astype(np.int64)
+        arr = encode_lut(spec, mode, sat).astype(np.int64)
     else:
         arr = spec.decode_table()
     return torch.from_numpy(np.array(arr)).to(device)  # a writable copy: the tables are read-only
@@ -86,7 +87,7 @@ def philox4x32(c0, c1, k0: int, k1: int):
 
 def random_bits(seed: int, n: int, k: int = 8, counter: int = 0, device="cpu"):
     """The same k-bit integers as :func:`fpsim.random.random_bits` (Philox stream of SPEC §3), as int64."""
-    from .random import seed_key, stream_width
+    from ..random import seed_key, stream_width
 
     torch = _t()
     k0, k1 = seed_key(seed)
@@ -104,7 +105,7 @@ def random_bits(seed: int, n: int, k: int = 8, counter: int = 0, device="cpu"):
 def _encode_sr(u, r, k: int, spec: FormatSpec):
     """fpsim._kernels encode_one_sr on int64 tensors: t = fl32(|x| + r·2^(qexp−k)), then truncate (SPEC §3)."""
     torch = _t()
-    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.traits
     a, s, ep, sig, t, rem, _half, mag = _fields(u, spec)
     qexp = ep.clamp(min=emin_b) - 127 - mbits
 
@@ -135,7 +136,7 @@ def encode(x, fmt: str | FormatSpec, rounding: str = "rne", saturate: bool = Tru
         r = rbits if rbits is not None else random_bits(seed, x.numel(), kbits, counter, x.device).reshape(x.shape)
         return _encode_sr(_bits(x), r.to(torch.int64), kbits, spec)
     x = x.to(torch.float32)
-    if (mode is Rounding.RNE and saturate and spec.bits <= 8 and spec.kernel_params()[5] == 1 and spec.signed
+    if (mode is Rounding.RNE and saturate and spec.bits <= 8 and spec.traits.subnormals == 1 and spec.signed
             and _impl(x, "auto")):
         return encode_fused(x, spec).to(torch.int64)
     u = _bits(x)
@@ -154,7 +155,7 @@ def _fields(u, spec: FormatSpec):
     remainder, half a quantum, and the code magnitude of ``t`` before rounding.
     """
     torch = _t()
-    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.traits
     if not subn or emin_b < 1:
         raise NotImplementedError(f"{spec.name}: formats without subnormals are not supported by this path")
     a = u & 0x7FFFFFFF
@@ -174,7 +175,7 @@ def _fields(u, spec: FormatSpec):
 def _encode_wide(u, spec: FormatSpec, mode: int, sat: bool):
     """fpsim._kernels._encode_branchfree on int64 tensors (formats with subnormals, emin_b ≥ 1)."""
     torch = _t()
-    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.kernel_params()
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = spec.traits
     a, s, ep, sig, t, rem, half, base = _fields(u, spec)
     if mode == 0:  # RNE
         up = (rem > half) | ((rem == half) & ((base & 1) == 1))
@@ -307,7 +308,7 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
     registers; ``impl="eager"`` runs it as torch operations (a few launches and
     temporaries per stage).
     """
-    from .transforms import sign_vector
+    from ..transforms import sign_vector
 
     torch = _t()
     s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
@@ -318,7 +319,7 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
     lead = v.shape[:-1]
     d = int(d)
     if _impl(x, impl) and d <= 4096:  # one tile in registers (larger d: the eager path)
-        from . import _triton_kernels as K
+        from . import kernels as K
 
         v = v.contiguous()
         out = torch.empty_like(v)
@@ -358,7 +359,7 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
     per-tensor or blockwise) and casts.  On CUDA the NVFP4, MX and FP8 schemes run the fused Triton
     kernels; SR schemes without one are quantized by the reference.
     """
-    from .scaling import _Kind, get_scheme
+    from ..schemes import Kind, get_scheme
 
     torch = _t()
     sch = get_scheme(scheme)
@@ -367,7 +368,7 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
     x = x.to(torch.float32)
     sr_kw = {"seed": seed, "k": sch.k, "counter": counter} if mode is Rounding.SR else {}
     kind = sch.kind
-    if kind is _Kind.CAST:
+    if kind is Kind.CAST:
         return decode(encode(x, el, mode.value, **sr_kw), el)
     if mode is Rounding.SR:
         if seed is None:
@@ -378,7 +379,7 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
         tile = sch.block[0] > 1
         if _nvfp4_like(sch):
             return _nvfp4_triton(X, absmax(X), tile, False, True)
-        return _mx_triton(X, el, sch.scale_rule.kernel_id, tile, False, True)
+        return _mx_triton(X, el, sch.scale_rule.rule_id, tile, False, True)
     if mode is Rounding.RNE and x.dim() == 2 and _impl(x, "auto") and _fp8_like(sch):
         return quantize_fp8_fused(x, el.name, None if sch.block is None else sch.block[1], fake=True)
     r, c = x.shape
@@ -389,7 +390,7 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
     tiles = xp.reshape(rp // br, br, cp // bc, bc)
     vmax = tiles.abs().amax(dim=(1, 3), keepdim=True)  # NaN-propagating, like the reference
     one = _f32(1.0, dev)
-    if kind is _Kind.TWO_LEVEL:
+    if kind is Kind.TWO_LEVEL:
         amax = x.abs().amax()
         if sch.tensor_scale:
             num = _f32(float(np.float32(el.max) * np.float32(256.0 if sch.four_over_six else sch.scale.max)), dev)
@@ -403,7 +404,7 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
         enc = torch.minimum(one / (sv * s_dec), _f32(_FLT_MAX, dev))
         codes = encode((tiles * enc).reshape(rp, cp), el, mode.value, **sr_kw).reshape(tiles.shape)
         out = (decode(codes, el) * sv) * s_dec
-    elif kind is _Kind.POW2:
+    elif kind is Kind.POW2:
         if sch.scale_rule.value != "rceil":
             raise NotImplementedError("the torch backend implements the rceil MX scale rule only")
         sb = encode(vmax * (one / _f32(el.max, dev)), "float8_e8m0fnu", "rup", True)
@@ -429,7 +430,7 @@ def fake_quantize(x, scheme, rounding: str | None = None, seed: int | None = Non
 def triton_available() -> bool:
     """Whether the fused Triton kernels can be imported here (they run on CUDA, or on CPU under TRITON_INTERPRET=1)."""
     try:
-        from . import _triton_kernels  # noqa: F401
+        from . import kernels  # noqa: F401
     except Exception:  # ImportError, or a Triton that cannot initialise its backend
         return False
     return True
@@ -480,7 +481,7 @@ def _as_rows(x):
 def absmax(x, ignore_nan: bool = False):
     """max |x| as a 0-d float32 tensor in one fused pass (NaN-propagating unless ``ignore_nan``); 0 when empty."""
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     x = x.to(torch.float32).contiguous()
     out = torch.zeros(1, dtype=torch.int32, device=x.device)
@@ -493,7 +494,7 @@ def absmax(x, ignore_nan: bool = False):
 
 def _tile_absmax(X, tr: int, bw: int, ignore_nan: bool):
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     R, C = X.shape
     nb = -(-C // bw)
@@ -508,7 +509,7 @@ def _sr_kw(seed, k: int, counter: int) -> dict:
     """Kernel arguments of stochastic rounding with the CPU quantizer's Philox stream (none for RNE)."""
     if seed is None:
         return {"k0": 0, "k1": 0, "counter0": 0}
-    from .random import seed_key, stream_width
+    from ..random import seed_key, stream_width
 
     k0, k1 = seed_key(seed)
     return {"k0": k0, "k1": k1, "counter0": int(counter), "SR": True, "K": int(k), "WIDTH": stream_width(int(k))}
@@ -516,7 +517,7 @@ def _sr_kw(seed, k: int, counter: int) -> dict:
 
 def _nvfp4_triton(X, amax, tile: bool, ignore_nan: bool, fake: bool, seed=None, k: int = 8, counter: int = 0):
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     R, C = X.shape
     nb = -(-C // 16)
@@ -597,7 +598,7 @@ def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec
     dequantize-to-BF16 GEMM.
     """
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     lead, Q, S, out = _decode_buffers(packed, scales, c, dtype)
     R, nb = S.shape
@@ -612,7 +613,7 @@ def dequantize_nvfp4_fused(packed, scales, amax, c: int, dtype=None, apply_s_dec
 
 
 def _mx_consts(el: FormatSpec):
-    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = el.kernel_params()
+    bits, mbits, signed, has_inf, has_nan, subn, max_code, emin_b, nan_code, inf_code = el.traits
     return {"EMAX": int(el.emax), "MBITS": int(mbits), "EMIN_B": int(emin_b), "MAX_CODE": int(max_code),
             "NAN_CODE": int(nan_code), "SIGN_SHIFT": int(bits - 1), "PACK4": bits == 4}
 
@@ -620,7 +621,7 @@ def _mx_consts(el: FormatSpec):
 def _mx_triton(X, el: FormatSpec, rule: int, tile: bool, ignore_nan: bool, fake: bool, seed=None, k: int = 8,
                counter: int = 0):
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     R, C = X.shape
     nb = -(-C // 32)
@@ -652,11 +653,11 @@ def quantize_mx_fused(x, element: str = "float4_e2m1fn", scale_rule: str = "rcei
     Any of the four E8M0 scale rules of SPEC §5; RNE satfinite elements.  Returns (codes, scale bytes)
     with :func:`fpsim.quantize`'s bits and shapes.
     """
-    from .scaling import ScaleRule
+    from ..schemes import ScaleRule
 
     el = get_format(element)
     X, lead, c = _as_rows(x)
-    q, s = _mx_triton(X, el, ScaleRule.parse(scale_rule).kernel_id, tile, nan_amax == "ignore", False, seed, k,
+    q, s = _mx_triton(X, el, ScaleRule.parse(scale_rule).rule_id, tile, nan_amax == "ignore", False, seed, k,
                       counter)
     return q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1])
 
@@ -667,7 +668,7 @@ def quantize_fp8_fused(x, element: str = "float8_e4m3fn", block: int | None = No
     1×``block`` along the last axis (128 for DeepSeek-style blockwise).  Returns (codes uint8, scales float32)
     with :func:`fpsim.quantize`'s bits and shapes, or the fake-quantized float32 tensor with ``fake=True``."""
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     el = get_format(element)
     X, lead, c = _as_rows(x)
@@ -716,10 +717,10 @@ def quantize_fp8_fused(x, element: str = "float8_e4m3fn", block: int | None = No
 def encode_fused(x, fmt: str | FormatSpec):
     """RNE satfinite codes (uint8) of a float32 tensor for a ≤ 8-bit format with subnormals, by one Triton kernel."""
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     spec = get_format(fmt)
-    if spec.bits > 8 or spec.is_passthrough or spec.kernel_params()[5] == 0:
+    if spec.bits > 8 or spec.is_passthrough or spec.traits.subnormals == 0:
         raise ValueError(f"{spec.name}: the fused encoder covers ≤ 8-bit formats with subnormals")
     x = x.to(torch.float32).contiguous()
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
@@ -734,7 +735,7 @@ def encode_fused(x, fmt: str | FormatSpec):
 def dequantize_mx_fused(codes, scales, c: int, element: str = "float4_e2m1fn", dtype=None):
     """x̂ = fl(e · 2^(b − 127)) by one Triton kernel, in ``dtype`` (float32 default)."""
     torch = _t()
-    from . import _triton_kernels as K
+    from . import kernels as K
 
     el = get_format(element)
     lead, Q, S, out = _decode_buffers(codes, scales, c, dtype)
@@ -774,7 +775,7 @@ class TorchQuantized:
 
     def to_quantized(self, dtype: str = "float32"):
         """The numpy :class:`fpsim.QuantizedTensor` with these bits."""
-        from .scaling import QuantizedTensor
+        from ..tensor import QuantizedTensor
 
         return QuantizedTensor(self.data.cpu().numpy(), self.scales.cpu().numpy(), self.amax.cpu().numpy(),
                                self.scheme, tuple(self.shape), dtype, self.axis % len(self.shape))
@@ -802,33 +803,33 @@ class TorchQuantized:
             fused = fused if dtype is None else fused.to(dtype)
         if fused is not None:
             return torch.movedim(fused, -1, ax)
-        from .scaling import dequantize as np_dequantize
+        from ..scaling import dequantize as np_dequantize
 
-        out = torch.from_numpy(np_dequantize(self.to_quantized(), backend="numba-cpu")).to(self.data.device)
+        out = torch.from_numpy(np_dequantize(self.to_quantized())).to(self.data.device)
         return out if dtype is None else out.to(dtype)
 
 
 def _nvfp4_like(sch) -> bool:
-    from .scaling import _Kind
+    from ..schemes import Kind
 
-    return (sch.kind is _Kind.TWO_LEVEL and sch.element.name == "float4_e2m1fn" and sch.scale.name == "float8_e4m3fn"
+    return (sch.kind is Kind.TWO_LEVEL and sch.element.name == "float4_e2m1fn" and sch.scale.name == "float8_e4m3fn"
             and sch.block in ((1, 16), (16, 16)) and sch.tensor_scale and not sch.per_row_scale
             and not sch.four_over_six)
 
 
 def _fp8_like(sch) -> bool:
     """FP8 (E4M3/E5M2) with FP32 scales, per tensor or per 1×W block: the fused FP8 kernel's schemes."""
-    from .scaling import _Kind
+    from ..schemes import Kind
 
-    return (sch.kind is _Kind.FP32 and sch.element.name in ("float8_e4m3fn", "float8_e5m2")
+    return (sch.kind is Kind.FP32 and sch.element.name in ("float8_e4m3fn", "float8_e5m2")
             and (sch.block is None or (sch.block[0] == 1 and sch.block[1] in (16, 32, 64, 128, 256))))
 
 
 def _mx_like(sch) -> bool:
-    from .scaling import _Kind
+    from ..schemes import Kind
 
-    return (sch.kind is _Kind.POW2 and sch.block in ((1, 32), (32, 32)) and sch.element.bits <= 8
-            and sch.element.kernel_params()[5] == 1)
+    return (sch.kind is Kind.POW2 and sch.block in ((1, 32), (32, 32)) and sch.element.bits <= 8
+            and sch.element.traits.subnormals == 1)
 
 
 def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs) -> TorchQuantized:
@@ -842,9 +843,9 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
     """
     import dataclasses as dc
 
-    from .codecs import Rounding
-    from .scaling import ScaleRule, get_scheme
-    from .scaling import quantize as np_quantize
+    from ..codecs import Rounding
+    from ..scaling import quantize as np_quantize
+    from ..schemes import ScaleRule, get_scheme
 
     torch = _t()
     sch = get_scheme(scheme)
@@ -893,7 +894,7 @@ def quantize(x, scheme="nvfp4", axis: int = -1, *, impl: str = "auto", **kwargs)
                                      nan_amax=nan_amax, **sr_kw)
             amax = torch.tensor(float("nan"), dtype=torch.float32, device=x.device)
         return TorchQuantized(q, s, amax, sch, shape, ax)
-    qn = np_quantize(x.detach().cpu().numpy(), sch, axis=axis, backend="numba-cpu", **kwargs)
+    qn = np_quantize(x.detach().cpu().numpy(), sch, axis=axis, **kwargs)
     return TorchQuantized.from_quantized(qn, x.device)
 
 
@@ -970,7 +971,7 @@ def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
     reference), then term = fl(fl(s_a ⊗ s_b) · fl(P)) and acc = fl(acc + term) as three separate
     float32 operations, and finally fl(acc · alpha).
     """
-    from .gemm import _alpha, chunked_operands
+    from ..gemm import alpha_factor, chunked_operands
 
     torch = _t()
     dev = a.data.device
@@ -988,7 +989,7 @@ def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
         s = slice(c * chunk, (c + 1) * chunk)
         p = _mm_f32(ea[:, s], eb[:, s]) if wdt == torch.bfloat16 else (ea[:, s] @ eb[:, s].t()).float()
         acc = acc + (sa[:, c, None] * sb[None, :, c]) * p
-    return acc * torch.from_numpy(_alpha(oa, ob)).to(dev)
+    return acc * torch.from_numpy(alpha_factor(oa, ob)).to(dev)
 
 
 def gemm_fp8_scaled_mm(a: TorchQuantized, b: TorchQuantized, out_dtype=None):
@@ -1021,7 +1022,8 @@ def blackwell_scaled_mm_args(a: TorchQuantized, b: TorchQuantized) -> dict:
     float8_e8m0fnu scales and blocks of 32 (MXFP8 codes as float8_e4m3fn/e5m2, one per byte).
     Unit-tested on CPU for layout and dtypes only: never run on Blackwell hardware.
     """
-    from .scaling import _Kind, swizzle_scales
+    from ..scaling import swizzle_scales
+    from ..schemes import Kind
 
     torch = _t()
     sa, sb = a.scheme, b.scheme
@@ -1031,7 +1033,7 @@ def blackwell_scaled_mm_args(a: TorchQuantized, b: TorchQuantized) -> dict:
         raise ValueError(f"reduction lengths differ: {a.shape} and {b.shape}")
     k = a.shape[1]
     nv = _nvfp4_like(sa) and _nvfp4_like(sb) and sa.block == sb.block == (1, 16)
-    mx = sa.kind is sb.kind is _Kind.POW2 and sa.block == sb.block == (1, 32) and sa.element == sb.element
+    mx = sa.kind is sb.kind is Kind.POW2 and sa.block == sb.block == (1, 32) and sa.element == sb.element
     if not (nv or mx):
         raise ValueError(f"no native block-scaled GEMM for {sa.name} × {sb.name}")
     blk = 16 if nv else 32
@@ -1076,8 +1078,8 @@ def gemm(a: TorchQuantized, b: TorchQuantized, accumulator: str = "fp32"):
     cores; NVFP4 anywhere on CUDA to :func:`gemm_nvfp4_bf16`; everything else to the reference's
     ``"blas"`` model on the host.  ``"exact"`` / ``"truncated"`` run the reference on the host.
     """
-    from .gemm import gemm as np_gemm
-    from .scaling import _Kind
+    from ..gemm import gemm as np_gemm
+    from ..schemes import Kind
 
     torch = _t()
     dev = a.data.device
@@ -1093,11 +1095,53 @@ def gemm(a: TorchQuantized, b: TorchQuantized, accumulator: str = "fp32"):
             except ValueError:
                 pass
         fp8 = {"float8_e4m3fn", "float8_e5m2"}
-        if (cc >= (8, 9) and a.scheme.kind is b.scheme.kind is _Kind.FP32 and a.scheme.block is None
+        if (cc >= (8, 9) and a.scheme.kind is b.scheme.kind is Kind.FP32 and a.scheme.block is None
                 and b.scheme.block is None and {a.scheme.element.name, b.scheme.element.name} <= fp8
                 and not a.scheme.element.name == b.scheme.element.name == "float8_e5m2"):
             return gemm_fp8_scaled_mm(a, b)
         if nv and a.shape[-1] == b.shape[-1]:
             return gemm_nvfp4_bf16(a, b)
-    out = np_gemm(a.to_quantized(), b.to_quantized(), accumulator, backend="numba-cpu")
+    out = np_gemm(a.to_quantized(), b.to_quantized(), accumulator)
     return torch.from_numpy(out).to(dev)
+
+
+def unsupported(op: str, plan, device: str, **options) -> str | None:
+    """Why this backend does not run ``op`` for ``plan`` on ``device`` (``"cpu"``/``"cuda"``), or None.
+
+    The dispatcher (:mod:`fpsim.dispatch`) hands every call this returns a reason for to the Numba
+    reference and moves the result, so the bits never depend on the path.
+    """
+    if op in ("encode", "decode", "rht"):
+        if op == "encode" and options.get("rbits"):
+            return "explicit rbits= are applied by the reference"
+        return None
+    if op == "gemm":
+        acc = options.get("accumulator", "fp32")
+        return None if acc in ("fp32", "blas") else f"the {acc!r} accumulator model runs on the reference only"
+    if options.get("rbits"):
+        return "explicit rbits= are applied by the reference"
+    sch = plan.scheme
+    if op == "fake_quantize":
+        if sch.four_over_six:
+            return "four-over-six has no torch kernel"
+        if sch.per_row_scale:
+            return "per-row tensor scales have no torch kernel"
+        if plan.kind is Kind.POW2 and plan.pow2.rule is not ScaleRule.RCEIL and device == "cpu":
+            return f"the eager torch MX path implements the rceil rule only, not {plan.pow2.rule.value}"
+        return None
+    fused = _nvfp4_like(sch) or _mx_like(sch) or (_fp8_like(sch) and not plan.is_sr)
+    if op == "quantize":
+        if device == "cpu":
+            return "torch-cpu has no quantizer of its own (the fused Triton kernels run on CUDA)"
+        if not triton_available():
+            return "Triton is not available"
+        if not fused:
+            return f"no fused Triton kernel for {sch.name} with these options"
+        if plan.is_sr and plan.sr.k > 16:
+            return "stochastic rounding with more than 16 random bits has no Triton kernel"
+        return None
+    if op == "dequantize":
+        if _fp8_like(sch) or (device == "cuda" and triton_available() and (_nvfp4_like(sch) or _mx_like(sch))):
+            return None
+        return f"no torch decoder for {sch.name} on {device}"
+    raise ValueError(f"unknown op {op!r}")

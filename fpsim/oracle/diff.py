@@ -1,0 +1,509 @@
+"""Compare another implementation's codes and scales with fpsim's, and rank the conventions that explain them.
+
+:func:`diff` quantizes the input with fpsim (the reference), finds every mismatching code, scale byte and
+amax, then tests every hypothesis of :mod:`fpsim.oracle.hypotheses` — another scale rule or operation order,
+encode multiplier, tie rule, NaN / inf policy, dropped tensor scale, block shape, amax, clamp, … — against
+the whole tensor, vectorised, and reports all that explain every byte (simplest first), or the best partial
+ones, with pairs of them for two bugs at once.  Each mismatch then gets the cause of the best hypothesis
+that explains it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._arrays import as_float32
+from ..codecs import Rounding
+from ..dispatch import quantize
+from ..io import to_json
+from ..packing import unpack_fp4
+from ..scaling import unswizzle_scales
+from ..schemes import BlockScheme, Kind, get_scheme
+from .common import f32_class, hex32
+from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
+from .model import Convention, TensorView, model_bytes
+
+__all__ = ["CAUSES", "DiffReport", "diff"]
+
+#: Likely causes :func:`diff` assigns to a mismatch (the ``cause`` field), with what each means.
+CAUSES: dict[str, str] = {
+    "tie rounding": "the candidate's codes are those of another tie rule (away from zero, toward zero, to odd)",
+    "rounding mode": "the candidate's codes are those of another rounding mode (truncation, directed rounding)",
+    "scale operation order": "the candidate's block scales are those of another FP32 operation order "
+    "(SPEC §4 normative: fl(vmax · fl(S_enc · fl(1/6))))",
+    "encode multiplier": "the candidate scales elements with another FP32 formula (e.g. torchao's "
+    "fl(fl(1/pts)/s), a division): 1 ulp from TE's enc_b changes codes at rounding boundaries",
+    "zero-scale block": "the candidate did not cap enc_b = 1/0 at FLT_MAX: 0·inf = NaN gives the NaN code "
+    "(SPEC §4: enc_b = min(fl(1/…), FLT_MAX))",
+    "scale clamp": "the candidate clamps small (subnormal or zero) block scales to a minimum; fpsim does not",
+    "library conventions": "the candidate follows another library's combination of conventions (named)",
+    "tensor scale": "the candidate drops the second-level tensor scale (S_enc = 1), or adds one",
+    "per-row scale": "the candidate uses a per-row second-level scale where fpsim's is per tensor, or vice versa",
+    "tensor amax": "the candidate's bytes follow from another tensor amax (given, or inferred from its scales)",
+    "block shape": "the candidate uses another block shape (1×16 rows vs 16×16 tiles)",
+    "four-over-six": "the candidate uses four-over-six scaling (or not, or another metric)",
+    "MX scale rule": "the candidate's E8M0 bytes are those of another scale rule (floor / ceil / even / rceil, "
+    "or a float32 log2)",
+    "MX byte-0 blocks": "blocks with the scale 2^-127 (byte 0) differ: the candidate flushes it, writes zeros, "
+    "or clamps the exponent to −126",
+    "inf block max": "blocks holding ±inf differ: the candidate gives them a NaN scale or leaves inf out of "
+    "the amax",
+    "NaN handling": "the tensor holds a NaN and the candidate treats it differently in the amax (SPEC §9)",
+    "saturation": "the candidate does not saturate (gives inf/NaN where fpsim gives ±max)",
+    "±0 sign": "the candidate writes −0 as +0 (TE's Python reference) or the other way round",
+    "element follows its block scale": "the code is what fpsim's element rule gives with the candidate's own "
+    "(different) scale",
+    "nibble packing order": "swapping the two nibbles of each candidate byte fixes the code (fpsim: element 2j "
+    "in the low nibble)",
+    "swizzled scale layout": "the candidate's scales are ours in the Blackwell swizzled layout (or the plain "
+    "layout where swizzled was declared)",
+    "other": "no hypothesis explains it; look at the input bits and both codes",
+}
+
+
+@dataclass
+class DiffReport:
+    """Result of :func:`diff`: mismatch counts and rates, ranked hypotheses, first mismatches, causes.
+
+    ``explained_by``: the hypotheses that reproduce every byte (simplest first; empty if none does);
+    ``hypotheses``: every hypothesis that explains at least one mismatching byte, ranked, as dicts
+    (``name``, ``cause``, ``explains``, ``breaks``: matching bytes it would change, ``explains_every_byte``);
+    ``causes`` counts the cause of *every* mismatch (codes, scales, amax); ``code_mismatches`` /
+    ``scale_mismatches`` hold the first ``show`` entries; ``findings`` are layout and amax diagnoses.
+    """
+
+    scheme: str
+    n_elements: int
+    n_code_mismatches: int
+    n_blocks: int
+    n_scale_mismatches: int
+    amax_ours: float | list | None
+    amax_candidate: float | list | None
+    amax_match: bool | None
+    code_mismatches: list = field(default_factory=list)
+    scale_mismatches: list = field(default_factory=list)
+    causes: dict = field(default_factory=dict)
+    findings: list = field(default_factory=list)
+    hypotheses: list = field(default_factory=list)
+    explained_by: list = field(default_factory=list)
+
+    @property
+    def code_mismatch_rate(self) -> float | None:
+        return self.n_code_mismatches / self.n_elements if self.n_elements else None
+
+    @property
+    def scale_mismatch_rate(self) -> float | None:
+        return self.n_scale_mismatches / self.n_blocks if self.n_blocks else None
+
+    @property
+    def identical(self) -> bool:
+        return self.n_code_mismatches == 0 and self.n_scale_mismatches == 0 and self.amax_match is not False
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (``fpsim.io.to_json``: NaN and ±inf are ``null``; ``amax.*_class`` says which)."""
+        return to_json({
+            "scheme": self.scheme,
+            "identical": self.identical,
+            "elements": self.n_elements,
+            "code_mismatches": self.n_code_mismatches,
+            "code_mismatch_rate": self.code_mismatch_rate,
+            "blocks": self.n_blocks,
+            "scale_mismatches": self.n_scale_mismatches,
+            "scale_mismatch_rate": self.scale_mismatch_rate,
+            "amax": {"ours": self.amax_ours, "ours_class": _classes(self.amax_ours),
+                     "candidate": self.amax_candidate, "candidate_class": _classes(self.amax_candidate),
+                     "match": self.amax_match},
+            "explained_by": self.explained_by,
+            "hypotheses": self.hypotheses,
+            "causes": self.causes,
+            "findings": self.findings,
+            "first_code_mismatches": self.code_mismatches,
+            "first_scale_mismatches": self.scale_mismatches,
+        })
+
+    def format_table(self) -> str:
+        """A human-readable report."""
+        lines = [
+            f"scheme {self.scheme}: " + ("IDENTICAL" if self.identical else "DIFFERENT"),
+            f"codes:  {self.n_code_mismatches} / {self.n_elements} differ ({_pct(self.code_mismatch_rate)})",
+            f"scales: {self.n_scale_mismatches} / {self.n_blocks} differ ({_pct(self.scale_mismatch_rate)})",
+        ]
+        if self.amax_match is not None:
+            lines.append(f"amax:   ours {self.amax_ours}  candidate {self.amax_candidate}  "
+                         + ("match" if self.amax_match else "DIFFER"))
+        lines += [f"finding: {f}" for f in self.findings]
+        if not self.identical:
+            if self.explained_by:
+                lines.append("explained by (every byte): " + self.explained_by[0])
+                lines += [f"  also explained by: {n}" for n in self.explained_by[1:4]]
+                if len(self.explained_by) > 4:
+                    lines.append(f"  and {len(self.explained_by) - 4} more (--format json lists them)")
+            else:
+                lines.append("no hypothesis explains every byte; the best partial explanations:")
+                for h in self.hypotheses[:5]:
+                    lines.append(f"  {h['explains']} bytes ({h['breaks']} matching bytes broken): {h['name']}")
+        if self.causes:
+            lines.append("likely causes (all mismatches): "
+                         + ", ".join(f"{k} ×{v}" for k, v in sorted(self.causes.items(), key=lambda kv: -kv[1])))
+        if self.scale_mismatches:
+            lines += ["", f"{'block':<14} {'vmax (hex)':<12} {'ours':>10} {'cand':>10}  cause"]
+            for m in self.scale_mismatches:
+                lines.append(f"{str(tuple(m['block'])):<14} {m['vmax_hex']:<12} {m['ours_hex']:>10} "
+                             f"{m['candidate_hex']:>10}  {m['cause']}" + (f" ({m['detail']})" if m["detail"] else ""))
+        if self.code_mismatches:
+            lines += ["", f"{'index':<14} {'x':>14} {'x (hex)':<11} {'scaled (hex)':<12} {'ours':>5} {'cand':>5}"
+                          "  cause"]
+            for m in self.code_mismatches:
+                lines.append(f"{str(tuple(m['index'])):<14} {m['x']:>14.7g} {m['x_hex']:<11} {m['scaled_hex']:<12} "
+                             f"{m['ours_hex']:>5} {m['candidate_hex']:>5}  {m['cause']}"
+                             + (f" ({m['detail']})" if m["detail"] else ""))
+        return "\n".join(lines)
+
+
+def _pct(rate: float | None) -> str:
+    return "n/a: nothing to compare" if rate is None else f"{100 * rate:.4g} %"
+
+
+def _classes(v):
+    """:func:`f32_class` of an amax (a float or a list of them), None where there is none."""
+    if v is None:
+        return None
+    return [f32_class(a) for a in v] if isinstance(v, list) else f32_class(v)
+
+
+def _orig_index(r: int, c: int, moved: tuple[int, ...], axis: int) -> list[int]:
+    lead = [int(i) for i in np.unravel_index(r, moved[:-1])] if len(moved) > 1 else []
+    return lead[:axis] + [int(c)] + lead[axis:]
+
+
+def _candidate_codes(candidate_codes, R: int, C: int, nb: int, BC: int, el, packed: bool, what: str):
+    """Candidate codes [R, C] (int64) and, for packed 4-bit codes, the nibble-swapped reading of the bytes."""
+    cc = np.asarray(candidate_codes)
+    if cc.dtype.kind not in "iu":
+        raise ValueError(f"candidate codes must be integers (raw code bytes), got dtype {cc.dtype}")
+    four = el.bits == 4
+    is_packed = four and packed
+    lengths = {-(-C // 2), nb * BC // 2} if is_packed else {C, nb * BC}
+    if R == 0 or cc.size % max(R, 1) or cc.size // max(R, 1) not in lengths:
+        want = " or ".join(f"{R}×{n}" for n in sorted(lengths))
+        raise ValueError(f"candidate codes have {cc.size} values (shape {cc.shape}); expected {want} "
+                         f"{'packed bytes' if is_packed else 'codes'} for {what}")
+    cc = cc.reshape(R, -1)
+    if cc.size and (cc.min() < 0 or cc.max() > (0xFF if is_packed else (1 << el.bits) - 1)):
+        hint = " (packed 4-bit codes? then do not pass packed=False)" if four and not packed else ""
+        raise ValueError(f"candidate codes out of range for {el.name}{hint}")
+    b = cc.astype(np.uint8, copy=False)
+    if not is_packed:
+        return b[:, :C], None
+    return unpack_fp4(b)[:, :C], lambda: unpack_fp4(((b << 4) | (b >> 4)).astype(np.uint8))[:, :C]
+
+
+def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_s, swizzled: bool, what: str):
+    """Candidate scales [R, nb] in the plain layout, and a finding when the layout was not the declared one."""
+    kind = sch.kind
+    cs = np.asarray(candidate_scales)
+    if kind is Kind.FP32:
+        if cs.dtype != np.float32:
+            raise ValueError(f"candidate scales of {sch.name} must be float32, got {cs.dtype}")
+    elif cs.dtype.kind not in "iu" or (cs.size and (cs.min() < 0 or cs.max() > 0xFF)):
+        raise ValueError(f"candidate scales must be raw scale bytes (uint8), got dtype {cs.dtype}")
+    cs = cs.reshape(-1).astype(ours_s.dtype)
+    n_sw = (128 * -(-R // 128)) * (4 * -(-nb // 4))
+    closer = lambda a, b: np.count_nonzero(a != ours_s) * 2 < np.count_nonzero(b != ours_s)  # noqa: E731
+    if swizzled:
+        if kind is Kind.FP32:
+            raise ValueError("FP32 scales have no swizzled layout")
+        if cs.size != n_sw:
+            extra = " (that is the plain [rows, blocks] size: drop swizzled)" if cs.size == R * nb else ""
+            raise ValueError(f"expected {n_sw} swizzled scale bytes for [{R}, {nb}] scales, got {cs.size}{extra}")
+        un = unswizzle_scales(cs, R, nb)
+        if n_sw == R * nb and closer(cs.reshape(R, nb), un):
+            return un, cs.reshape(R, nb), ("swizzled scale layout: the scales are in the plain [rows, blocks] "
+                                           "layout, not swizzled as declared")
+        return un, None, None
+    if cs.size == R * nb:
+        plain = cs.reshape(R, nb)
+        if kind is not Kind.FP32 and n_sw == R * nb:
+            un = unswizzle_scales(cs, R, nb)
+            if closer(un, plain):
+                return plain, un, ("swizzled scale layout: the candidate's scales are fpsim's in the Blackwell "
+                                   "swizzled layout (pass swizzled=True / --swizzled)")
+        return plain, None, None
+    if kind is not Kind.FP32 and cs.size == n_sw:
+        un = unswizzle_scales(cs, R, nb)
+        plain = np.zeros((R, nb), ours_s.dtype)
+        plain.reshape(-1)[:] = cs[: R * nb]
+        note = (f"swizzled scale layout: {cs.size} scale bytes is the swizzled size of [{R}, {nb}] (pass "
+                "swizzled=True / --swizzled)" + ("; unswizzled they equal fpsim's" if np.array_equal(un, ours_s)
+                                                 else ""))
+        return plain, un, note
+    raise ValueError(f"candidate scales have {cs.size} values; expected {R}×{nb} = {R * nb} (one per block) "
+                     f"for {what}")
+
+
+def _reference(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention):
+    """fpsim's bytes: the 2-D view, codes [R, nb·BC], scales [R, nb], amax (fpsim.quantize unless the
+    reference uses a convention only the model has, e.g. a scale clamp)."""
+    X = np.ascontiguousarray(np.moveaxis(x32, ax, -1)).reshape(-1, x32.shape[ax])
+    view = TensorView(X, sch.block)
+    model_only = {k for k in ref.changes() if k != "nan_amax"}
+    if not model_only:
+        q = quantize(x32, sch, axis=ax, nan_amax=ref.nan_amax)
+        c = (unpack_fp4(q.data) if sch.element.bits == 4 else q.data).reshape(view.R, -1)
+        codes = np.zeros((view.R, view.nb * view.BC), np.uint8)
+        codes[:, : view.C] = c[:, : view.C]
+        return view, codes, np.ascontiguousarray(q.scales).reshape(view.R, view.nb), np.asarray(q.amax, np.float32)
+    if sch.four_over_six:
+        raise ValueError(f"{', '.join(sorted(model_only))} cannot be combined with four-over-six")
+    codes, scales = model_bytes(view, sch, ref)
+    amax = np.asarray(np.nan, np.float32)
+    if sch.tensor_scale:
+        rows = view.amax_rows(ref.nan_amax, ref.inf_amax, bool(sch.per_row_scale))
+        amax = np.asarray(ref.amax if ref.amax is not None else (rows if sch.per_row_scale else
+                                                                  (rows[0] if rows.size else 0.0)), np.float32)
+    return view, codes, scales, amax
+
+
+def _assign(ev: Evaluator, order: list[Outcome], layout_c, layout_s):
+    """Per mismatching code / scale byte, the index in ``order`` of the first outcome that explains it (−1 none;
+    −2 the layout finding)."""
+    nbc = int(ev.bad_c.sum())
+    ci = np.full(nbc, -1, np.int32)
+    si = np.full(ev.bad_s.shape, -1, np.int32)
+    for k, o in enumerate(order):
+        if o.hit_codes is not None:
+            h = np.unpackbits(o.hit_codes, count=nbc).astype(bool)
+            ci[h & (ci == -1)] = k
+        if o.hit_scales is not None:
+            si[o.hit_scales & (si == -1)] = k
+    full_c = np.full(ev.bad_c.shape, -1, np.int32)
+    full_c[ev.bad_c] = ci
+    full_c[layout_c] = -2
+    si[layout_s] = -2
+    return full_c, si
+
+
+def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, candidate_amax=None,
+         packed: bool = True, swizzled: bool = False, show: int = 10, nan_amax: str = "propagate",
+         scale_min: float | None = None) -> DiffReport:
+    """Compare another implementation's codes and scales with fpsim's, and find the conventions that explain them.
+
+    fpsim quantizes ``x`` with ``scheme`` (SPEC §4–§6).  Every hypothesis of :mod:`fpsim.oracle.hypotheses`
+    that applies (other scale rules and FP32 operation orders, encode multipliers, tie rules and rounding
+    modes, NaN / inf policies, a dropped tensor scale, another block shape or amax, scale clamps, MX byte-0
+    blocks, four-over-six, …) is computed over the whole tensor; all that reproduce every byte are reported
+    (simplest first), else the best partial ones and pairs of them.  Each mismatch gets the cause
+    (:data:`CAUSES`) of the best hypothesis that explains it.  The whole diagnosis is vectorised (no loop
+    over mismatches).
+
+    Parameters
+    ----------
+    candidate_codes
+        Element codes in fpsim's layout: the quantized axis last (``np.moveaxis(x, axis, -1)``), one row per
+        row of that view, each row exactly ``C`` codes long or padded to whole blocks; for 4-bit elements two
+        codes per byte (element 2j in the low nibble) unless ``packed=False`` (one code per byte).
+    candidate_scales
+        Raw scale bytes, one per block, ``[rows, blocks]`` (float32 for FP32 scales); with ``swizzled=True``
+        the 1-D Blackwell layout (SPEC §4).
+    x
+        The input both sides quantized (converted to float32 first).
+    scheme, axis
+        As for :func:`fpsim.quantize` (block-scaled schemes; the scheme's block shape, scale rule,
+        four-over-six, tensor and per-row scale options apply).
+    candidate_amax
+        Optional candidate tensor amax (float32) of two-level schemes.
+    show
+        How many mismatches of each kind to list.
+    nan_amax, scale_min
+        Reference options: NaN policy of every amax (``"propagate"`` or ``"ignore"``, SPEC §9); a lower
+        clamp on the two-level block scale before it is encoded (torchao: ``2**-6``; fpsim: none).
+
+    Returns
+    -------
+    DiffReport
+    """
+    sch = get_scheme(scheme)
+    if sch.kind is Kind.CAST or sch.block is None:
+        raise ValueError(f"diff compares block-scaled schemes (nvfp4, mx*, fp8_block128), not {sch.name}")
+    if sch.rounding is Rounding.SR:
+        raise ValueError("diff compares deterministic (RNE) quantization; stochastic rounding needs the same bits")
+    if nan_amax not in ("propagate", "ignore"):
+        raise ValueError("nan_amax must be 'propagate' or 'ignore'")
+    if scale_min is not None and sch.kind is not Kind.TWO_LEVEL:
+        raise ValueError(f"scale_min applies to two-level (E4M3-scaled) schemes, not {sch.name}")
+    ref = Convention(nan_amax=nan_amax, scale_min=None if scale_min is None else float(scale_min))
+    x32 = as_float32(x)
+    if x32.ndim == 0:
+        raise ValueError("x needs at least one axis")
+    if not -x32.ndim <= axis < x32.ndim:
+        raise ValueError(f"axis {axis} out of range for shape {x32.shape}")
+    ax = axis % x32.ndim
+    view, ours_p, ours_s, amax_ours = _reference(x32, sch, ax, ref)
+    R, C, BC, nb = view.R, view.C, view.BC, view.nb
+    moved = tuple(x32.shape[:ax] + x32.shape[ax + 1:] + (x32.shape[ax],))
+    what = f"x of shape {x32.shape} along axis {ax}"
+    findings: list[str] = []
+    cand, swapped = _candidate_codes(candidate_codes, R, C, nb, BC, sch.element, packed, what)
+    ours = ours_p[:, :C]
+    layout_c = np.zeros(ours_p.shape, bool)
+    n_plain = int(np.count_nonzero(cand != ours))
+    swapped = swapped() if swapped is not None and n_plain else None
+    if swapped is not None and np.count_nonzero(swapped != ours) < n_plain / 2:
+        findings.append("nibble packing order: the candidate puts element 2j in the HIGH nibble "
+                        "(fpsim, cvt.*.e2m1x2 and cuBLAS: low nibble)")
+        layout_c[:, :C] = (cand != ours) & (swapped == ours)
+        fixed = swapped
+    else:
+        fixed = cand
+    cand_s, alt_s, note = _candidate_scales(candidate_scales, R, nb, sch, ours_s, swizzled, what)
+    layout_s = np.zeros(ours_s.shape, bool)
+    fixed_s = cand_s
+    if note is not None:
+        findings.append(note)
+        layout_s = (cand_s != ours_s) & (alt_s == ours_s)
+        fixed_s = alt_s
+    amax_cand = amax_match = None
+    if candidate_amax is not None and sch.tensor_scale:
+        if np.size(candidate_amax) != amax_ours.size:
+            raise ValueError(f"candidate amax has {np.size(candidate_amax)} values, expected {amax_ours.size}")
+        amax_cand = np.asarray(candidate_amax, np.float32).reshape(amax_ours.shape)
+        amax_match = bool(np.all((amax_cand == amax_ours) | (np.isnan(amax_cand) & np.isnan(amax_ours))))
+        if not amax_match:
+            findings.append(f"tensor amax differs: ours {amax_ours.tolist()}, candidate {amax_cand.tolist()}")
+    cand_p = ours_p.copy()
+    cand_p[:, :C] = fixed
+    ev = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
+    ranked, order, explained = _diagnose(ev, sch, ref, amax_ours, amax_cand)
+    if not ev.n_bad and (layout_c.any() or layout_s.any()):
+        explained = [f.split(":")[0] for f in findings if f.startswith(("nibble", "swizzled"))]
+    ci, si = _assign(ev, order, layout_c, layout_s)
+    bad_c = np.zeros(ours_p.shape, bool)
+    bad_c[:, :C] = cand != ours
+    bad_s = ~_same_scales(cand_s, ours_s)
+    hyps = [o.hyp for o in order]
+    cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
+    report = DiffReport(
+        scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
+        n_scale_mismatches=int(bad_s.sum()),
+        amax_ours=amax_ours.tolist() if sch.tensor_scale else None,
+        amax_candidate=None if amax_cand is None else amax_cand.tolist(), amax_match=amax_match,
+        findings=findings, explained_by=explained,
+        hypotheses=[o.to_dict(ev.n_bad) for o in ranked],
+    )
+    causes: Counter = Counter()
+    for k, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
+        causes[_cause_name(int(k), hyps, "nibble packing order")] += int(n)
+    for k, n in zip(*np.unique(si[bad_s], return_counts=True)):
+        causes[_cause_name(int(k), hyps, "swizzled scale layout")] += int(n)
+    report.causes = dict(causes)
+    report.code_mismatches = _code_listing(ev, sch, cidx, detail_own, hyps, bad_c, ours_p, cand_p if not
+                                           layout_c.any() else _pad(cand, ours_p), show, moved, ax)
+    report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show)
+    return report
+
+
+def _pad(cand: np.ndarray, like: np.ndarray) -> np.ndarray:
+    out = like.copy()
+    out[:, : cand.shape[1]] = cand
+    return out
+
+
+def _same_scales(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype == np.float32:
+        return a.view(np.uint32) == b.view(np.uint32)
+    return a == b
+
+
+def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours, amax_cand):
+    """Every hypothesis over the whole tensor (and pairs when none explains every byte): the outcomes that
+    explain something, in the order causes are assigned, and the names of the full explanations."""
+    if not ev.n_bad:
+        return [], [], []
+    hyps = generate(sch, ref, ev.view, ev.ours_s, ev.cand_s, amax_ours, amax_cand, bool(ev.bad_s.any()))
+    outs = [ev.evaluate(h, i) for i, h in enumerate(hyps)]
+    full = lambda o: o.explains == ev.n_bad and o.breaks == 0  # noqa: E731
+    if not any(full(o) for o in outs):
+        best = rank(outs, ev.n_bad)[0]
+        if best.hyp.amax_range is not None and best.explains:
+            h = refine_amax(ev.view, sch, ref, ev.cand_p, ev.cand_s, best.hyp)
+            if h is not None:
+                outs.append(ev.evaluate(h, len(outs)))
+    if not any(full(o) for o in outs):
+        outs += [ev.evaluate(h, len(outs) + i) for i, h in enumerate(pairs(outs))]
+    ranked = [o for o in rank(outs, ev.n_bad) if o.explains]
+    explained = [o.hyp.name for o in ranked if full(o)]
+    causal = [o for o in ranked if not o.breaks]  # a hypothesis that changes matching bytes names no cause
+    if causal and causal[0].hyp.parts and full(causal[0]):  # two bugs: each byte gets the part that explains it
+        causal = [o for o in outs if o.hyp in causal[0].hyp.parts] + causal
+    return ranked, causal, explained
+
+
+def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC: int):
+    """Code cause indices, with "codes from the candidate's own scales" replaced by the cause of the block's
+    scale byte where it has one; and the mask of the codes so replaced."""
+    own = np.array([h.own_scales for h in hyps] + [False, False], bool)  # indices −2, −1 read the tail
+    is_own = own[ci]
+    if not is_own.any():
+        return ci, is_own
+    blk = np.repeat(si, BC, axis=1)[:, : ci.shape[1]]
+    take = is_own & (blk >= 0)
+    out = np.where(take, blk, ci)
+    return out, is_own
+
+
+def _cause_name(k: int, hyps: list[Hypothesis], layout: str) -> str:
+    if k == -2:
+        return layout
+    if k == -1:
+        return "other"
+    return hyps[k].cause
+
+
+def _detail(k: int, own: bool, hyps: list[Hypothesis]) -> str:
+    if own:
+        return "element follows its block scale"
+    return hyps[k].name if k >= 0 else ""
+
+
+def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_p, cand_p, show: int, moved, ax):
+    rows, cols = np.nonzero(bad_c)
+    rows, cols = rows[:show], cols[:show]
+    BC = ev.view.BC
+    table = sch.element.decode_table()
+    x = ev.view.P3.reshape(ev.view.R, -1)[rows, cols]
+    f = ev.ref_factor
+    with np.errstate(all="ignore"):
+        if ev.ref_op == "mul":
+            y = (x * f[rows, cols // BC]).astype(np.float32)
+        elif ev.ref_op == "div":
+            y = (x / f[rows, cols // BC]).astype(np.float32)
+        else:
+            y = ((x * f[0][rows, cols // BC]).astype(np.float32) / f[1][rows, cols // BC]).astype(np.float32)
+    out = []
+    for i, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
+        o, k, kk = int(ours_p[r, c]), int(cand_p[r, c]), int(cidx[r, c])
+        out.append({
+            "index": _orig_index(r, c, moved, ax), "row": r, "col": c, "block": [r, c // BC],
+            "x": float(x[i]), "x_hex": hex32(x[i]), "scaled": float(y[i]), "scaled_hex": hex32(y[i]),
+            "ours": o, "ours_hex": f"0x{o:X}", "candidate": k, "candidate_hex": f"0x{k:X}",
+            "ours_value": float(table[o]), "candidate_value": float(table[k]),
+            "cause": _cause_name(kk, hyps, "nibble packing order"),
+            "detail": _detail(kk, bool(own[r, c]), hyps),
+        })
+    return out
+
+
+def _scale_listing(ev: Evaluator, sch: BlockScheme, si, hyps, bad_s, ours_s, cand_s, show: int):
+    vmax = ev.view.vmax_bits(ev.ref.nan_amax, ev.ref.inf_amax).view(np.float32)
+    fp32 = sch.kind is Kind.FP32
+    hx = hex32 if fp32 else (lambda v: f"0x{int(v):02X}")
+    out = []
+    for r, j in zip(*(a[:show].tolist() for a in np.nonzero(bad_s))):
+        o, k, kk = ours_s[r, j], cand_s[r, j], int(si[r, j])
+        out.append({"block": [r, j], "vmax": float(vmax[r, j]), "vmax_hex": hex32(vmax[r, j]),
+                    "ours": o.item(), "ours_hex": hx(o), "candidate": k.item(), "candidate_hex": hx(k),
+                    "cause": _cause_name(kk, hyps, "swizzled scale layout"), "detail": _detail(kk, False, hyps)})
+    return out

@@ -1,0 +1,294 @@
+"""Training a PyTorch model under an emulated recipe (docs/spec.md §8): a drop-in ``nn.Linear`` and ``convert``.
+
+:class:`Linear` computes ``Y = X·Wᵀ (+ b)`` with the recipe's six operand copies, each quantized from the
+high-precision tensor with its own amax (the Wgrad copies after their RHT), exactly as
+:func:`fpsim.linear` does: with ``gemm="fp32"`` a layer named ``L`` at step ``s`` with seed ``k`` returns the
+``y``, ``dx`` and ``dW`` of ``fpsim.linear(x, w, dy, recipe, seed=k, layer="L", step=s)`` bit for bit.
+``gemm="blas"`` keeps every quantized copy bit-identical and only changes the GEMMs' summation order (NVFP4
+through exact BF16 copies of e·s_b on BF16 tensor cores with FP32 accumulation, per-tensor FP8 through FP8
+tensor cores on Hopper; elsewhere an FP32 GEMM of the exact dequantized values).
+
+Determinism: stochastic-rounding bits and per-call RHT signs derive from (seed, layer name, step, role) as in
+:func:`fpsim.recipe.operand_steps`.  The step is the layer's ``step`` attribute; :func:`step` advances every
+fpsim layer of a model (call it once per optimizer step, or let :func:`step_with` hook it to an optimizer).
+It is not in the ``state_dict`` (which stays ``nn.Linear``'s): after resuming, :func:`set_step` restores it.
+
+Parameters stay ordinary ``nn.Parameter``; the layer computes in float32 from inputs of any float dtype and
+any leading shape (batch × seq × features) and returns the input's dtype (the autocast dtype where autocast
+is on), so optimizers, clipping, DDP and FSDP see a plain linear layer.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import re
+from collections.abc import Callable, Iterable
+
+import torch
+
+from ..recipe import LayerPolicy, Recipe, get_recipe, operand_steps
+from . import backend as tb
+
+__all__ = ["Linear", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS"]
+
+log = logging.getLogger("fpsim.torch")
+
+#: GEMM paths: ``"fp32"`` the bit-defined accumulator model of docs/spec.md §8, ``"blas"`` the fast one.
+GEMMS = ("fp32", "blas")
+
+#: Module names kept unquantized by :func:`convert` unless ``keep_bf16`` says otherwise (§8: the LM head and
+#: embeddings are never quantized).
+HEAD_PATTERNS = ("lm_head", "*.lm_head", "output", "*.output", "head", "*.head", "classifier", "*.classifier",
+                 "*embed*")
+
+
+#: Callables ``(layer, role, step, source, copy)`` told of every quantized copy (the training monitor registers
+#: here: it sits above this module, so this module never imports it).
+OBSERVERS: list[Callable] = []
+
+
+def _copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str):
+    """One operand copy (reduction axis last): RHT, then the block scheme; the same steps as the reference."""
+    st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
+    x = t.to(torch.float32).contiguous()
+    if st.rht:
+        x = tb.rht(x, st.rht, st.signs)
+    if st.scheme is None:
+        return x
+    sch = st.scheme
+    if sch.kind.value == "cast" and sch.element.name in _TORCH_CASTS and sch.rounding.value == "rne":
+        # torch's float32 → BF16/FP16 conversion is RNE with IEEE overflow, the reference cast's convention:
+        # the copy is the cast tensor itself (no codes to keep), on any device, at copy speed.
+        return x.to(_TORCH_CASTS[sch.element.name])
+    q = tb.quantize(x, sch, **({"seed": st.seed} if st.seed is not None else {}))
+    for ob in OBSERVERS:
+        ob(layer, role, step, x, q)
+    return q
+
+
+_TORCH_CASTS = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _values(q) -> torch.Tensor:
+    """The float32 values a copy stands for (a plain or cast tensor is its own value)."""
+    return q.to(torch.float32) if isinstance(q, torch.Tensor) else q.dequantize()
+
+
+def _mm(qa, qb, gemm: str) -> torch.Tensor:
+    """``A · Bᵀ`` of two copies, float32."""
+    if isinstance(qa, torch.Tensor) or isinstance(qb, torch.Tensor):
+        if gemm == "fp32":  # the reference's chunked FP32 model also defines plain and cast operands
+            from ..gemm import gemm as ref_gemm
+
+            a, b = (_values(q).cpu().numpy() for q in (qa, qb))
+            return torch.from_numpy(ref_gemm(a, b, "fp32")).to(_values(qa).device)
+        if isinstance(qa, torch.Tensor) and isinstance(qb, torch.Tensor) and qa.dtype == qb.dtype != torch.float32 \
+                and qa.is_cuda:
+            return (qa @ qb.T).to(torch.float32)  # BF16/FP16 tensor cores, FP32 accumulation
+        return _values(qa) @ _values(qb).T
+    return tb.gemm(qa, qb, gemm)
+
+
+class _QLinearFn(torch.autograd.Function):
+    """The three GEMMs of SPEC §8 with their six copies; saves the high-precision X and W for backward."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, cfg):
+        rec, seed, name, stp, gemm = cfg
+        kw = {"seed": seed, "layer": name, "step": stp}
+        qw = _copy(weight, rec.fprop_w, role="fprop_w", **kw)
+        y = _mm(_copy(x2d, rec.fprop_x, role="fprop_x", **kw), qw, gemm)
+        ctx.save_for_backward(x2d, weight)
+        ctx.cfg = cfg
+        ctx.w_fprop = _values(qw) if rec.dgrad_w_from_fprop else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, weight = ctx.saved_tensors
+        rec, seed, name, stp, gemm = ctx.cfg
+        kw = {"seed": seed, "layer": name, "step": stp}
+        dx = dw = None
+        dy = dy.to(torch.float32).contiguous()
+        if ctx.needs_input_grad[0]:
+            w = ctx.w_fprop if ctx.w_fprop is not None else weight
+            dx = _mm(_copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw),
+                     _copy(w.T, rec.dgrad_w, role="dgrad_w", **kw), gemm).to(x2d.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = _mm(_copy(dy.T, rec.wgrad_dy, role="wgrad_dy", **kw),
+                     _copy(x2d.T, rec.wgrad_x, role="wgrad_x", **kw), gemm).to(weight.dtype)
+        return dx, dw, None
+
+
+def _rht_size(rec: Recipe) -> int:
+    return max(rec.wgrad_dy.rht, rec.wgrad_x.rht)
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear`` whose GEMMs run under an emulated recipe (same parameters, same ``state_dict``).
+
+    Parameters
+    ----------
+    in_features, out_features, bias, device, dtype
+        As ``torch.nn.Linear``.
+    recipe
+        A preset name of :data:`fpsim.RECIPES`, a :class:`~fpsim.Recipe` (e.g. ``get_recipe("nvfp4_paper")
+        .without("sr")``), or ``None`` for the plain high-precision layer.
+    name
+        The layer's name in the seed derivation (:func:`convert` sets the module path).
+    seed
+        The run seed of stochastic rounding and seeded RHT signs.
+    gemm
+        ``"fp32"`` (bit-defined, equal to :func:`fpsim.linear`) or ``"blas"`` (fast; see the module docstring).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str | Recipe | None =
+                 "nvfp4_paper", name: str = "", seed: int = 0, gemm: str = "blas", device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        if gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+        self.recipe = None if recipe is None else get_recipe(recipe)
+        self.name, self.seed, self.gemm, self.step = str(name), int(seed), gemm, 0
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear, **kwargs) -> Linear:
+        """A fpsim :class:`Linear` sharing ``module``'s parameters (no copy), with ``kwargs`` as in the constructor."""
+        new = cls(module.in_features, module.out_features, module.bias is not None, device="meta", **kwargs)
+        new.weight = module.weight
+        new.bias = module.bias
+        return new
+
+    def extra_repr(self) -> str:
+        rec = "none" if self.recipe is None else self.recipe.name
+        return f"{super().extra_repr()}, recipe={rec}, name={self.name!r}, gemm={self.gemm}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recipe is None:
+            return super().forward(x)
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        if not x.is_floating_point():
+            raise TypeError(f"{self.name or 'Linear'}: input must be a float tensor, got {x.dtype}")
+        x2d = x.reshape(-1, x.shape[-1])
+        d = _rht_size(self.recipe)
+        if d and x2d.shape[0] % d:
+            raise ValueError(
+                f"layer {self.name or '<unnamed>'}: {x2d.shape[0]} tokens (all leading dimensions of the input "
+                f"{tuple(x.shape)}) is not a multiple of the Wgrad RHT size {d} of recipe {self.recipe.name}; "
+                f"pad the token dimension to a multiple of {d}, or keep this layer in BF16")
+        with torch.autocast(dev, enabled=False):
+            y = _QLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, self.gemm))
+            if self.bias is not None:
+                y = y + self.bias.to(torch.float32)
+        return y.to(out_dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def _block_index(name: str) -> int | None:
+    """The transformer block a module belongs to: the first integer component of its dotted name."""
+    m = re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
+    return int(m.group(1)) if m else None
+
+
+def _keep_rule(keep_bf16, rec: Recipe) -> Callable[[str, torch.nn.Module, int | None, int], bool]:
+    if keep_bf16 is None:
+        keep_bf16 = rec.layers
+    if isinstance(keep_bf16, LayerPolicy):
+        pol = keep_bf16
+
+        def by_block(name, mod, b, n):
+            return b is not None and n > 0 and pol.high_precision(b, n, name)
+
+        return by_block
+    if callable(keep_bf16):
+        return lambda name, mod, b, n: bool(keep_bf16(name, mod))
+    pats = (keep_bf16,) if isinstance(keep_bf16, str) else tuple(keep_bf16)
+    return lambda name, mod, b, n: any(fnmatch.fnmatchcase(name, p) for p in pats)
+
+
+def _named_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, torch.nn.Module, str]]:
+    out = []
+    for parent_name, parent in model.named_modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, torch.nn.Linear):
+                full = f"{parent_name}.{child_name}" if parent_name else child_name
+                out.append((full, child, parent, child_name))
+    return out
+
+
+def convert(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
+            keep_bf16: LayerPolicy | str | Iterable[str] | Callable | None = None,
+            skip: Iterable[str] = HEAD_PATTERNS, seed: int = 0, gemm: str = "blas") -> torch.nn.Module:
+    """Replace the ``nn.Linear`` modules of ``model`` in place by fpsim :class:`Linear` layers; returns ``model``.
+
+    ``skip`` (glob patterns on module names; default: LM-head- and embedding-like names) stay untouched
+    ``nn.Linear``.  Of the rest, the layers ``keep_bf16`` selects run the ``"bf16"`` recipe (BF16 copies, FP32
+    accumulation) and all others ``recipe``.  ``keep_bf16``: ``None`` = the recipe's own layer policy (the
+    paper's first-2 / last-8 blocks, counted over the model's blocks = the first integer in a module's
+    name), a :class:`~fpsim.recipe.LayerPolicy`, glob patterns, or a callable ``(name, module) -> bool``.
+    The assignment is logged on the ``fpsim.torch`` logger and returned by :func:`summary`.
+    """
+    rec = get_recipe(recipe)
+    skip = tuple(skip)
+    found = [t for t in _named_linears(model) if not any(fnmatch.fnmatchcase(t[0], p) for p in skip)]
+    blocks = sorted({b for b in (_block_index(n) for n, *_ in found) if b is not None})
+    rank = {b: i for i, b in enumerate(blocks)}
+    keep = _keep_rule(keep_bf16, rec)
+    bf16 = get_recipe("bf16")
+    for name, child, parent, attr in found:
+        b = _block_index(name)
+        hp = keep(name, child, rank.get(b), len(blocks))
+        kw = {"recipe": bf16 if hp else rec, "name": name, "seed": seed, "gemm": gemm}
+        new = child if isinstance(child, Linear) else Linear.from_linear(child, **kw)
+        if isinstance(child, Linear):
+            new.recipe, new.name, new.seed, new.gemm = kw["recipe"], name, seed, gemm
+        setattr(parent, attr, new)
+    for row in summary(model):
+        log.info("%s: %s (gemm=%s)", *row)
+    return model
+
+
+def _layers(model: torch.nn.Module) -> list[tuple[str, Linear]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
+
+
+def summary(model: torch.nn.Module) -> list[tuple[str, str, str]]:
+    """``(layer name, recipe name or "none", gemm)`` for every fpsim layer, in module order."""
+    return [(m.name or n, "none" if m.recipe is None else m.recipe.name, m.gemm) for n, m in _layers(model)]
+
+
+def set_recipe(model: torch.nn.Module, recipe: str | Recipe | None, layers: str | Iterable[str] = "*") -> int:
+    """Switch the fpsim layers whose names match ``layers`` (glob patterns) to ``recipe``; returns their count.
+
+    The paper switches to BF16 for the final part of training: ``set_recipe(model, "bf16")``.
+    """
+    pats = (layers,) if isinstance(layers, str) else tuple(layers)
+    new = None if recipe is None else get_recipe(recipe)
+    n = 0
+    for name, m in _layers(model):
+        if any(fnmatch.fnmatchcase(m.name or name, p) for p in pats):
+            m.recipe = new
+            n += 1
+    return n
+
+
+def step(model: torch.nn.Module, n: int = 1) -> int:
+    """Advance the step of every fpsim layer by ``n`` (once per optimizer step); returns the new step."""
+    last = 0
+    for _, m in _layers(model):
+        m.step += int(n)
+        last = m.step
+    return last
+
+
+def set_step(model: torch.nn.Module, value: int) -> None:
+    """Set the step of every fpsim layer (after loading a checkpoint)."""
+    if int(value) < 0:
+        raise ValueError(f"step must be non-negative, got {value}")
+    for _, m in _layers(model):
+        m.step = int(value)
+
+
+def step_with(optimizer: torch.optim.Optimizer, model: torch.nn.Module):
+    """Advance the model's fpsim steps after every ``optimizer.step()``; returns the hook handle."""
+    return optimizer.register_step_post_hook(lambda *_: step(model))

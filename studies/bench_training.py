@@ -1,0 +1,152 @@
+"""Training-step speed and memory of fpsim.torch against plain BF16, in one process on one GPU (issue 18).
+
+A GPT-style decoder (pre-norm, causal attention through ``scaled_dot_product_attention``, GELU MLP, untied
+head) under bf16 autocast, AdamW.  Arms, each timed in the same process after warm-up steps:
+
+* ``bf16``: the model as written (``nn.Linear`` under autocast): the baseline;
+* ``nvfp4_paper`` / ``gemm=blas``: :func:`fpsim.torch.convert` with the recipe's own BF16 layer policy
+  (first 2 and last 8 blocks stay BF16: of 12 blocks that leaves 2 quantized);
+* ``nvfp4_paper, every block`` / ``gemm=blas``: ``keep_bf16=LayerPolicy()`` — all block linears quantized;
+* the same with :func:`fpsim.torch.monitor` at ``every=100`` (its overhead);
+* ``gemm=fp32`` (the bit-defined accumulator model) on a shorter run.
+
+    python -m studies.bench_training --out reports/bench_training.md            (GPU)
+    python -m studies.bench_training --tiny                                     (CPU smoke test)
+
+Step time is the median over the timed steps (CUDA-synchronised); peak memory is
+``torch.cuda.max_memory_allocated`` over the arm's steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import fpsim.torch as ft
+from fpsim.io import atomic_write
+from fpsim.recipe import LayerPolicy
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.n1, self.n2 = torch.nn.RMSNorm(d), torch.nn.RMSNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d, bias=False)
+        self.proj = torch.nn.Linear(d, d, bias=False)
+        self.fc1 = torch.nn.Linear(d, 4 * d, bias=False)
+        self.fc2 = torch.nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.n1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.n2(x))))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.norm = torch.nn.RMSNorm(d)
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.lm_head(self.norm(x))
+
+
+def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3):
+    torch.manual_seed(0)
+    model = GPT(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"]).to(device)
+    if convert is not None:
+        convert(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    g = torch.Generator(device=device).manual_seed(1)
+    idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), device=device, generator=g)
+    ctx = ft.monitor(model, every=monitor_every) if monitor_every else None
+    if ctx is not None:
+        ctx.__enter__()
+    times = []
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            with torch.autocast(device, dtype=torch.bfloat16):
+                logits = model(idx[:, :-1])
+            loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), idx[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            ft.step(model)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+    finally:
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return statistics.median(times), peak, float(loss)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="a CPU-sized model (smoke test)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = (dict(vocab=256, d=64, layers=12, heads=4, seq=64, batch=2) if a.tiny
+           else dict(vocab=32768, d=1024, layers=12, heads=16, seq=1024, batch=8))
+    arms = [
+        ("bf16 (nn.Linear, autocast)", None, None, a.steps),
+        ("nvfp4_paper, recipe layer policy, gemm=blas",
+         lambda m: ft.convert(m, "nvfp4_paper", gemm="blas"), None, a.steps),
+        ("nvfp4_paper, every block, gemm=blas",
+         lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), None, a.steps),
+        ("nvfp4_paper, every block, gemm=blas, monitor every=100",
+         lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), 100, a.steps),
+        ("nvfp4_paper, every block, gemm=fp32",
+         lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, max(2, a.steps // 5)),
+    ]
+    rows = []
+    base = None
+    for name, conv, mon, steps in arms:
+        t, peak, loss = _arm(cfg, device, conv, mon, steps=steps, warmup=2 if "fp32" in name else 3)
+        base = base or (t, peak)
+        rows.append((name, t, t / base[0], peak, peak / base[1] if base[1] == base[1] else float("nan"), loss))
+        print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x), peak {peak:.2f} GiB, loss {loss:.3f}", flush=True)
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+    tok = cfg["batch"] * cfg["seq"]
+    lines = [
+        "# Training-step benchmark (fpsim.torch)",
+        "",
+        f"{datetime.date.today().isoformat()}, {gpu}, torch {torch.__version__}; model: GPT, {cfg['layers']} blocks, "
+        f"d_model {cfg['d']}, {cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']} ({tok} tokens/step), "
+        f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench_training` (median step of the timed "
+        "steps after warm-up; ratios against the BF16 arm of the same run).",
+        "",
+        "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | loss at last step |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, t, r, peak, pr, loss in rows:
+        lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {peak:.2f} | {pr:.2f} | {loss:.3f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        atomic_write(a.out, text)
+
+
+if __name__ == "__main__":
+    main()
