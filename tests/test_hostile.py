@@ -75,8 +75,8 @@ def test_every_rank_in_every_container(tmp_path, kind):
     r = run(p, *FAST, "--format", "json")
     assert r.exit_code == 0, r.output
     got = {x["tensor"].split(":")[1]: x for x in rows_of(r)}
-    assert {k: v["shape"] for k, v in got.items()} == {"fc.bias": "48", "norm.weight": "16", "act": "2x3x64",
-                                                        "conv.weight": "2x2x2x32"}
+    assert {k: v["shape"] for k, v in got.items()} == {"fc.bias": [48], "norm.weight": [16], "act": [2, 3, 64],
+                                                        "conv.weight": [2, 2, 2, 32]}
     want = analyze_tensor("act", t["act"], schemes=("nvfp4",))[0]
     assert got["act"]["mse"] == pytest.approx(want["mse"], rel=1e-12)
 
@@ -366,7 +366,8 @@ def test_same_basename_in_two_directories_gets_distinct_labels(tmp_path):
     r = run(tmp_path / "a" / "x.npz", tmp_path / "b" / "x.npz", *FAST, "--format", "json", "--keep-frac", "0.5")
     rows = rows_of(r)
     assert {x["tensor"] for x in rows} == {"a/x.npz:w", "b/x.npz:w"}
-    assert sorted(x["keep_bf16"] for x in rows) == [False, True]
+    keep = json.loads(r.stdout[r.stdout.index("{"):])["summary"]["keep_bf16"]
+    assert len(keep) == 1 and keep[0] in {"a/x.npz:w", "b/x.npz:w"}
 
 
 def test_roles_come_from_the_tensor_name_not_the_file(tmp_path):
@@ -405,7 +406,7 @@ def test_unreadable_directory_is_reported(tmp_path, good):
 def test_bad_options_are_usage_errors(good, opt):
     r = run(good, *opt)
     assert r.exit_code == 2 and "good.npz:w" not in r.output, r.output
-    assert len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1
+    assert len([ln for ln in r.output.splitlines() if ln.lower().startswith("error")]) == 1
 
 
 def _server(reply_first: bytes | None, reply_after: bytes | None):
