@@ -151,7 +151,8 @@ def main() -> None:
         "and read from it in 64 MB row chunks; `--axis 0` reads the same chunks as strided runs, never the "
         "whole tensor or its transpose; the `.pt` is memory-mapped (`torch.load(mmap=True, "
         "weights_only=True)`), so its pages count as resident once touched. Tensors under 1 MiB run their "
-        "kernels on one thread. The many-tensor rows include the start-up (about 2 s, 5 s with torch).",
+        "kernels on one thread. The many-tensor rows include the start-up (under 1 s; importing torch adds a few "
+        "seconds to the .pt rows).",
     ]
     text = "\n".join(lines) + "\n"
     print(text)
