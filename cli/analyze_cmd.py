@@ -3,11 +3,17 @@
 Exit codes:
 
 * 0 — every selected tensor was analysed (tensors skipped by design — non-float
-  dtypes, 0-d, empty — are noted on stderr and do not count as failures);
-* 1 — some files or tensors could not be read (corrupt, truncated, pickled);
-  the results for the others are still printed / written;
-* 2 — usage error (bad option, unknown scheme or recipe, missing path);
-* 3 — nothing could be analysed.
+  dtypes, 0-d, empty — and entries that are not tensors are noted on stderr);
+* 1 — some files or tensors could not be read (corrupt, truncated, pickled,
+  unsupported dtype, not a regular file); the results for the others are still
+  printed / written;
+* 2 — usage error: a bad option value, an unknown scheme or recipe, a path that
+  names nothing (missing, broken link, link loop, unsearchable directory), an
+  ``--output`` that may not or cannot be written (an input of the run, a
+  directory, a missing or read-only directory) — all checked before any work;
+* 3 — nothing could be analysed;
+* 4 — the analysis ran but writing ``--output`` failed (e.g. the disk is full);
+  no partial or temporary file is left behind.
 
 Output (``--format``): ``table`` (default; grouped by tensor, 160 columns), ``markdown``, ``csv``, ``json``.
 A value that cannot be computed is "–" in the table and Markdown (the reasons listed below), an empty
@@ -28,30 +34,49 @@ from pathlib import Path
 
 import click
 
-EXIT_PARTIAL, EXIT_USAGE, EXIT_NOTHING = 1, 2, 3
+EXIT_PARTIAL, EXIT_USAGE, EXIT_NOTHING, EXIT_OUTPUT = 1, 2, 3, 4
+_SERIAL_BYTES = 1 << 20
 
 
 
-def _task(source: str, name: str, axis: int, kw: dict) -> tuple[list[dict], str | None]:
-    """Analyse one tensor (runs in this process, a worker process, or on a Dask worker)."""
-    import numpy as np
+def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tuple[list[dict], str | None]:
+    """Analyse one tensor; (rows, None) or ([], "skip: …" / "error: …") — one line, never a traceback."""
+    from fpsim._jit import get_num_threads, set_num_threads
+    from fpsim.analysis import TensorSkipped, analyze_tensor, guess_role
+    from fpsim.io import InputError
 
-    from fpsim.analysis import TensorSkipped, analyze_tensor
-    from fpsim.io import InputError, open_tensors
-
+    key = f"{label}:{ref.name}"
+    threads = get_num_threads()
+    if ref.nbytes < _SERIAL_BYTES:  # waking a thread pool costs more than a small tensor's work: one thread
+        set_num_threads(1)
     try:
-        ref = next(r for r in open_tensors([source]) if r.name == name)
-        if axis in (-1, len(ref.shape) - 1):
-            arr = ref.row_source()  # read in row chunks where the format allows: bounded memory
-        else:
-            arr = np.moveaxis(ref.load(), axis, -1)
-        return analyze_tensor(f"{Path(source).name}:{name}", arr, **kw), None
+        arr = ref.row_source(axis)  # rows along `axis`, read in chunks: bounded memory for every axis
+        # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too)
+        return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
     except TensorSkipped as e:
         return [], f"note: skipped {e}"
-    except (InputError, ValueError) as e:
+    except InputError as e:
         return [], f"error: {e}"
     except MemoryError:
-        return [], f"error: {source}:{name}: out of memory"
+        return [], f"error: {key}: out of memory"
+    except (ValueError, TypeError, OverflowError, ArithmeticError) as e:
+        return [], f"error: {key}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    finally:
+        set_num_threads(threads)
+
+
+def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: dict) -> list:
+    """Analyse some tensors of one file (in this process, a worker process or on a Dask worker): the file is
+    opened once for all of them.  ``items``: (tensor name, label, role override)."""
+    from fpsim.io import InputError, open_file
+
+    try:
+        refs = {r.name: r for r in open_file(source)[0]}
+    except InputError as e:
+        return [([], f"error: {e}")] * len(items)
+    gone = "the file changed while it was being analysed"
+    return [_analyze_ref(refs[name], label, axis, kw, role) if name in refs else ([], f"error: {source}:{name}: {gone}")
+            for name, label, role in items]
 
 
 _TABLE = (("scheme", "scheme"), ("bits", "bits_per_element"), ("kurtosis", "kurtosis"), ("sqnr_db", "sqnr_db"),
@@ -255,12 +280,6 @@ def _summarize(rows: list[dict], keep_frac: float) -> dict:
     return summary
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 _OUTPUT_FORMATS = ("table", "csv", "json", "markdown")
 
 
@@ -282,6 +301,7 @@ class _AnalyzeCommand(click.Command):
     """Adds the column legend after the options (imported when --help asks, so `fpsim` starts fast)."""
 
     def format_epilog(self, ctx, formatter):
+        super().format_epilog(ctx, formatter)  # the exit codes
         formatter.write_paragraph()
         formatter.write_text(
             "Output: the table groups rows by tensor (a header line with its statistics and, once, the keep-BF16 "
@@ -312,37 +332,91 @@ class _OutputFormat(click.Choice):
             raise
 
 
-@click.command(cls=_AnalyzeCommand)
+def _finite_fraction(ctx, param, value: float) -> float:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise click.BadParameter(f"{value} is not a fraction in [0, 1]")
+    return value
+
+
+def _power_of_two(ctx, param, value: int) -> int:
+    if value and value & (value - 1):
+        raise click.BadParameter(f"{value}: the Hadamard size must be 0 (off) or a power of two")
+    return value
+
+
+def _scheduler_address(ctx, param, value: str | None) -> str | None:
+    """``tcp://host:port`` (or tls://, ucx://): checked here, not by dask, which guesses at anything."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(value)
+        port = u.port
+    except ValueError:
+        port, u = None, None
+    if u is not None and u.scheme == "inproc" and u.hostname:  # a scheduler in this process (LocalCluster)
+        return value
+    if u is None or u.scheme not in ("tcp", "tls", "ucx") or not u.hostname or port is None or u.path not in ("", "/"):
+        raise click.BadParameter(f"{value!r} is not a Dask scheduler address (tcp://host:port)")
+    return value
+
+
+def _schemes(ctx, param, value: str) -> tuple[str, ...]:
+    from fpsim.schemes import get_scheme
+
+    names = tuple(s.strip() for s in value.split(",") if s.strip())
+    if not names:
+        raise click.BadParameter("no scheme given")
+    for s in names:
+        if s in _OUTPUT_FORMATS:
+            raise click.BadParameter(f"{s!r} is an output format, not a scheme: did you mean --format {s}? "
+                                     "(--formats takes schemes such as nvfp4,mxfp4)")
+        try:
+            get_scheme(s)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return names
+
+
+_HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``)")].rstrip().replace(
+    "\n\n", "\n\n\b\n", 1)
+
+
+@click.command(cls=_AnalyzeCommand, epilog=_HELP)
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--formats", "schemes", default="nvfp4,mxfp4,mxfp8_e4m3,fp8_e4m3,bf16", show_default=True,
-              help="Comma-separated schemes to quantize with (see fpsim.schemes.SCHEMES); "
-                   "not the output format, which is --format.")
+              callback=_schemes, help="Comma-separated schemes to quantize with (see fpsim.schemes.SCHEMES); "
+                                      "not the output format, which is --format.")
 @click.option("--recipe", default=None,
               help="Also quantize each tensor as the recipe's GEMM copies (e.g. nvfp4_paper).")
 @click.option("--select", "select", multiple=True, help="Only tensors whose name matches this glob (repeatable).")
 @click.option("--role", "roles", multiple=True, metavar="GLOB=ROLE",
-              help="Override the role guessed from names: weight, activation or gradient (repeatable).")
-@click.option("--axis", default=-1, show_default=True, help="Axis the blocks run along.")
-@click.option("--rht", "rht_d", default=0, show_default=True,
-              help="Also analyse after a Hadamard transform of this size.")
-@click.option("--seeds", default=4, show_default=True, help="SR draws for the gradient bias estimate (0 = off).")
-@click.option("--keep-frac", default=0.16, show_default=True,
-              help="Fraction of highest-error tensors flagged to keep in BF16 (the paper keeps ≈ 16 %).")
+              help="Override the role guessed from tensor names: weight, activation or gradient (repeatable).")
+@click.option("--axis", default=-1, show_default=True, type=int,
+              help="Axis the blocks run along (any rank; negative counts from the last).")
+@click.option("--rht", "rht_d", default=0, show_default=True, type=click.IntRange(0, 1 << 16), callback=_power_of_two,
+              help="Also analyse after a Hadamard transform of this size (a power of two).")
+@click.option("--seeds", default=4, show_default=True, type=click.IntRange(0, 1000),
+              help="SR draws for the gradient bias estimate (0 = off).")
+@click.option("--keep-frac", default=0.16, show_default=True, type=float, callback=_finite_fraction,
+              help="Fraction in [0, 1] of highest-error tensors flagged to keep in BF16 (the paper keeps ≈ 16 %).")
 @click.option("--format", "out_format", type=_OutputFormat(_OUTPUT_FORMATS), default=None,
               help="Output format (default: table on stdout; from the --output extension otherwise); "
                    "the schemes are --formats.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write the results to this file (atomically) instead of stdout.")
-@click.option("--workers", default=1, show_default=True, help="Processes analysing tensors in parallel.")
-@click.option("--scheduler", default=None, help="Address of a Dask distributed scheduler (tcp://host:port).")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the results to FILE atomically (never an input; a device or FIFO is written through).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 512),
+              help="Processes analysing tensors in parallel.")
+@click.option("--scheduler", default=None, callback=_scheduler_address,
+              help="Address of a Dask distributed scheduler (tcp://host:port).")
 @click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac, out_format, output, workers,
             scheduler, quiet, verbose):
     """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
-    from fpsim.io import InputError, open_tensors
+    from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
     from fpsim.recipe import get_recipe
-    from fpsim.schemes import get_scheme
 
     def note(msg: str) -> None:
         """stderr: "error: …" lines always, other notes unless --quiet."""
@@ -350,12 +424,6 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             click.echo(msg, err=True)
 
     try:
-        scheme_list = tuple(s.strip() for s in schemes.split(",") if s.strip())
-        for s in scheme_list:
-            if s in _OUTPUT_FORMATS:
-                raise ValueError(f"--formats {schemes}: {s!r} is an output format, not a scheme: did you mean "
-                                 f"--format {s}? (--formats takes schemes such as nvfp4,mxfp4)")
-            get_scheme(s)
         if recipe:
             get_recipe(recipe)
         role_map = []
@@ -364,27 +432,33 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             if role not in ("weight", "activation", "gradient"):
                 raise ValueError(f"--role {spec!r}: role must be weight, activation or gradient")
             role_map.append((glob_, role))
-        if rht_d and (rht_d < 1 or rht_d & (rht_d - 1)):
-            raise ValueError(f"--rht {rht_d}: the Hadamard size must be a power of two")
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if out_format is None:
         ext = Path(output).suffix.lower().lstrip(".") if output else ""
         out_format = {"csv": "csv", "json": "json", "md": "markdown"}.get(ext, "table")
 
-    failed = 0
     errors: list[str] = []
+    files: list[str] = []
     try:
-        refs = open_tensors(list(paths), on_error=errors.append)
+        refs = open_tensors(list(paths), on_error=errors.append, on_note=lambda n: note(f"note: skipped {n}"),
+                            on_file=files.append)
     except InputError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_USAGE)
+    inputs = sorted(set(files) | {p for p in paths if os.path.isfile(p)})  # unreadable inputs are inputs too
+    if output:
+        try:  # before any work: a bad --output fails in the first second, not after the analysis
+            check_writable(output, inputs)
+        except OutputError as e:
+            click.echo(f"error: --output {e}", err=True)
+            sys.exit(EXIT_USAGE)
     for msg in errors:
         note(f"error: {msg}")
-    failed += len(errors)
+    failed = len(errors)
 
     seen = set()
-    tasks = []
+    chosen = []
     for ref in refs:
         if select and not any(fnmatch.fnmatch(ref.name, g) for g in select):
             continue
@@ -393,11 +467,16 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             note(f"note: skipped {ref.key}: duplicate (the same file and tensor given twice)")
             continue
         seen.add(key)
-        role = next((r for g, r in role_map if fnmatch.fnmatch(ref.name, g)), None)
-        kw = {"schemes": scheme_list, "role": role, "rht_d": rht_d, "seeds": seeds, "recipe": recipe}
-        tasks.append((ref.source, ref.name, axis, kw))
+        if ref.note:
+            note(f"note: {ref.note}")
+        chosen.append(ref)
+    labels = unique_labels(r.source for r in chosen)
+    kw = {"schemes": schemes, "rht_d": rht_d, "seeds": seeds, "recipe": recipe}
 
-    results = _run(tasks, workers, scheduler, verbose, note)
+    def role_of(ref):
+        return next((r for g, r in role_map if fnmatch.fnmatch(ref.name, g)), None)
+
+    results = _run(chosen, labels, axis, kw, role_of, workers, scheduler, verbose, note)
     rows = []
     for (r, msg) in results:
         if msg:
@@ -407,13 +486,17 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     summary = _summarize(rows, keep_frac)
     text = render(rows, out_format, summary)
     if output:
-        _atomic_write(Path(output), text)
+        try:
+            atomic_write(output, text, inputs=inputs)
+        except OutputError as e:
+            click.echo(f"error: --output {e}", err=True)
+            sys.exit(EXIT_OUTPUT)
         note(f"wrote {len(rows)} rows to {output}")
     else:
         click.echo(text, nl=False)
     if not rows:
         why = ("no tensor in " + ", ".join(paths) + " (supported files: .npz, .safetensors, .pt/.pth)"
-               if not refs else f"no tensor matches --select {' '.join(select)}" if not tasks else
+               if not refs else f"no tensor matches --select {' '.join(select)}" if not chosen else
                "every tensor was skipped or unreadable (see above)")
         click.echo(f"error: nothing could be analysed: {why}", err=True)
         sys.exit(EXIT_NOTHING)
@@ -421,30 +504,70 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         sys.exit(EXIT_PARTIAL)
 
 
-def _run(tasks, workers, scheduler, verbose, note):
-    """Analyse tasks serially, on local processes, or on a Dask cluster; results in task order."""
+def _batches(refs, labels, role_of, n_batches: int) -> list[tuple[str, list]]:
+    """(file, [(name, label, role)]) batches: each file's tensors in up to ``n_batches`` runs (one open each)."""
+    by_file: dict[str, list] = {}
+    for r in refs:
+        by_file.setdefault(r.source, []).append((r.name, labels[r.source], role_of(r)))
+    out = []
+    for src, items in by_file.items():
+        k = max(1, min(n_batches, len(items)))
+        step = -(-len(items) // k)
+        out += [(src, items[i : i + step]) for i in range(0, len(items), step)]
+    return out
+
+
+def _probe(address: str) -> None:
+    """Refuse a service that is not a Dask scheduler before dask reads its bytes as frame lengths (it would
+    try to allocate exabytes): one that refuses the connection or speaks first (a banner) is not one."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(address)
+    if u.scheme != "tcp":
+        return
+    try:
+        with socket.create_connection((u.hostname, u.port), timeout=5) as s:
+            s.settimeout(0.3)
+            try:
+                banner = s.recv(1)
+            except TimeoutError:
+                return  # silent until spoken to, as a Dask scheduler is
+    except OSError as e:
+        raise click.UsageError(f"cannot reach the Dask scheduler at {address}: {e.strerror or e}") from None
+    if banner:
+        raise click.UsageError(f"{address} is not a Dask scheduler (it sent data before the handshake)")
+
+
+def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
+    """Analyse tensors serially, on local processes, or on a Dask cluster; one result per tensor, in order."""
     if scheduler:
         try:
             from distributed import Client
         except ImportError:
             raise click.UsageError("--scheduler needs dask.distributed (pip install 'fpsim[dask]')") from None
+        _probe(scheduler)
+        tasks = _batches(refs, labels, role_of, 8)
         try:
             with Client(scheduler, timeout=10) as client:
-                futures = client.map(_task, *zip(*tasks), pure=False) if tasks else []
-                return client.gather(futures)
-        except OSError as e:
-            raise click.UsageError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
-    if workers > 1 and len(tasks) > 1:
+                futures = [client.submit(_task, src, items, axis, kw, pure=False) for src, items in tasks]
+                return [x for batch in client.gather(futures) for x in batch]
+        except (OSError, MemoryError, ValueError, TypeError) as e:
+            raise click.UsageError(f"cannot use the Dask scheduler at {scheduler}: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:100] if str(e) else ''}") from None
+    if workers > 1 and len(refs) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        tasks = _batches(refs, labels, role_of, 2 * workers)
         # spawn, not fork: a forked child inherits Numba's thread pool in an unusable state
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            return list(ex.map(_task, *zip(*tasks)))
+            done = ex.map(_task, *zip(*[(src, items, axis, kw) for src, items in tasks]))
+            return [x for batch in done for x in batch]
     out = []
-    show = verbose or (sys.stderr.isatty() and len(tasks) > 1)
-    for i, t in enumerate(tasks):
+    show = verbose or (sys.stderr.isatty() and len(refs) > 1)
+    for i, ref in enumerate(refs):  # in this process: the refs opened above are used directly (one open per file)
         if show:
-            note(f"[{i + 1}/{len(tasks)}] {Path(t[0]).name}:{t[1]}")
-        out.append(_task(*t))
+            note(f"[{i + 1}/{len(refs)}] {labels[ref.source]}:{ref.name}")
+        out.append(_analyze_ref(ref, labels[ref.source], axis, kw, role_of(ref)))
     return out

@@ -6,7 +6,8 @@ the usage line), other messages start ``note:``.  Exit codes:
 * 0 — success;
 * 1 — the command ran but failed on (part of) its input (a one-line message says why);
 * 2 — usage error (unknown option or format name, missing path);
-* 3 — ``fpsim analyze`` could analyse nothing.
+* 3 — ``fpsim analyze`` could analyse nothing;
+* 4 — ``fpsim analyze`` could not write ``--output`` (checked before the work; 4 only if writing fails).
 """
 
 from __future__ import annotations

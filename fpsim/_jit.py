@@ -7,23 +7,51 @@ Every kernel of fpsim is compiled with these settings:
 * ``fastmath=False``: bit-exact code must not reassociate additions or flush
   float32 subnormals to zero (SPEC §9).
 
+Where Numba finds no writable cache location (a system-wide install run by another user, no
+writable HOME, a read-only ``NUMBA_CACHE_DIR``), kernels are compiled uncached instead — the same
+machine code, compiled once per process — and one ``RuntimeWarning`` says so (Numba itself would
+raise ``RuntimeError: cannot cache function …`` at import and make every command fail).
+
 ``parallel`` kernels use Numba's threading layer; their thread count follows
 :func:`numba.set_num_threads` (``NUMBA_NUM_THREADS`` in the environment).
 """
 
 from __future__ import annotations
 
-import functools
+import warnings
 
 import numba
 
 _OPTIONS = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
+_uncached = False
+
+
+def _decorator(**preset):
+    def decorate(fn=None, **kw):
+        if fn is None:  # used as @njit(inline="always")
+            return lambda f: decorate(f, **kw)
+        opts = {**_OPTIONS, **preset, **kw}
+        global _uncached
+        if not _uncached:
+            try:
+                return numba.njit(**opts)(fn)
+            except RuntimeError as e:  # Numba checks for a cache location when the decorator runs
+                if "cannot cache" not in str(e):
+                    raise
+                _uncached = True
+                warnings.warn(f"fpsim: Numba has no writable cache directory ({e}); compiling without a cache "
+                              "(set NUMBA_CACHE_DIR to a writable directory to keep compiled kernels)",
+                              RuntimeWarning, stacklevel=2)
+        return numba.njit(**{**opts, "cache": False})(fn)
+
+    return decorate
+
 
 #: Decorator for serial kernels and inlined scalar helpers.
-njit = functools.partial(numba.njit, **_OPTIONS)
+njit = _decorator()
 
 #: Decorator for kernels whose outer loop is a ``numba.prange``.
-pjit = functools.partial(numba.njit, parallel=True, **_OPTIONS)
+pjit = _decorator(parallel=True)
 
 prange = numba.prange
 

@@ -45,8 +45,11 @@ graph, the first gradient is kept.  Modules never *called* (e.g. the
 ``out_proj`` of ``nn.MultiheadAttention``, whose weight is used functionally)
 do not appear.
 
-The file is written atomically on a clean exit only: an exception inside the
-block writes nothing.  All hooks are removed on exit in every case.  Nothing is
+The file is written atomically (:func:`fpsim.io.atomic_write`: never a
+partial file, never an input or a device replaced) on a clean exit only: an
+exception inside the block writes nothing.  A path that cannot be written (no
+such directory, a directory, read-only) raises :class:`fpsim.io.OutputError`
+when the capture is created, before the model runs.  All hooks are removed on exit in every case.  Nothing is
 pickled; tensors are copied to host memory as they are seen (use
 ``max_tokens`` to keep only the first N token rows of each input/gradient, and
 ``modules`` — a glob or list of globs on module names — to select layers).
@@ -111,6 +114,9 @@ class Capture:
         self.path = Path(path)
         if self.path.suffix.lower() != ".safetensors":
             raise ValueError(f"{path}: the capture file must end in .safetensors (fpsim analyze reads it by suffix)")
+        from .io import check_writable
+
+        check_writable(self.path)  # a bad path fails here, before the model runs, not after the step
         self.model = model
         self.dtype = dtype
         self.globs = [modules] if isinstance(modules, str) else (None if modules is None else list(modules))

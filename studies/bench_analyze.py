@@ -88,9 +88,9 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        from fpsim.io import atomic_write
+
+        atomic_write(args.out, text)
 
 
 if __name__ == "__main__":

@@ -76,10 +76,10 @@ def write_report(text: str, out: Path | None) -> None:
     """Print the Markdown report and, with ``out``, write it atomically."""
     print(text)
     if out:
+        from fpsim.io import atomic_write
+
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        atomic_write(out, text)
 
 
 def numba_cache_dir(root: Path | None = None) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 from pathlib import Path
 
 import matplotlib
@@ -104,9 +103,9 @@ def real_tensors() -> dict[str, np.ndarray]:
 
 def write_csv(df: pd.DataFrame, path: Path) -> None:
     """Tidy CSV with a fixed float format (byte-identical on re-runs), written atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_csv(tmp, index=False, float_format="%.6g", lineterminator="\n")
-    os.replace(tmp, path)
+    from fpsim.io import atomic_write
+
+    atomic_write(path, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
 
 
 def _sig6(a) -> np.ndarray:

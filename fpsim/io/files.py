@@ -3,8 +3,10 @@
 :func:`atomic_write` is the only way fpsim writes a file: the bytes go to a temporary file in the
 target's directory, are flushed, and replace the target with one ``os.replace``, so a reader (or a
 crash, even SIGKILL) sees either the old file or the whole new one.  It never replaces an input of
-the run or a device: character devices and FIFOs (``/dev/null``, ``/dev/stdout``, a pipe) are written
-through instead of replaced, and a regular file that is replaced keeps its permission bits.
+the run or a device: character devices and FIFOs (``/dev/null``, a pipe) and every path under ``/dev``
+or ``/proc`` (``/dev/stdout`` even when the shell redirected it to a file) are written through instead
+of replaced; a symbolic link is kept and its target replaced; a regular file that is replaced keeps
+its permission bits.
 :func:`check_writable` runs the same checks before any work starts, so a bad ``--output`` fails in
 the first second, not after the analysis.
 
@@ -42,6 +44,13 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _write_through(p: Path, st: os.stat_result) -> bool:
+    """Devices, FIFOs and anything under /dev or /proc are written in place, never replaced."""
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        return True
+    return any(str(q).startswith(("/dev/", "/proc/")) for q in (Path(os.path.abspath(p)), Path(os.path.realpath(p))))
+
+
 def check_writable(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """The output path, after checking that :func:`atomic_write` may write it; else :class:`OutputError`.
 
@@ -62,13 +71,16 @@ def check_writable(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] 
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             raise OutputError(f"{p}: is a directory")
-        if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        if _write_through(p, st):
             if not os.access(p, os.W_OK):
                 raise OutputError(f"{p}: device is not writable")
             return p
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{p}: not a regular file, device or FIFO; refusing to replace it")
-    parent = p.parent if str(p.parent) else Path(".")
+    q = Path(os.path.realpath(p)) if p.is_symlink() else p
+    if any(str(x).startswith(("/dev/", "/proc/")) for x in (Path(os.path.abspath(p)), Path(os.path.abspath(q)))):
+        raise OutputError(f"{p}: refusing to create a file under /dev or /proc")
+    parent = q.parent if str(q.parent) else Path(".")
     if not parent.is_dir():
         raise OutputError(f"{p}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -91,13 +103,15 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[IO[bytes
         st = os.stat(p)
     except OSError:
         st = None
-    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+    if st is not None and _write_through(p, st):
         try:
             with open(p, "wb") as f:
                 write(f) if write is not None else f.write(blob)
         except OSError as e:
             raise OutputError(f"{p}: cannot write ({e.strerror or type(e).__name__})") from None
         return
+    if p.is_symlink():  # keep the link: replace what it points to
+        p = Path(os.path.realpath(p))
     parent = p.parent if str(p.parent) else Path(".")
     tmp = None
     try:

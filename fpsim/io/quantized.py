@@ -1,7 +1,22 @@
-"""Saving and loading :class:`~fpsim.tensor.QuantizedTensor` losslessly (.npz or .safetensors), never unpickling."""
+"""Saving and loading :class:`fpsim.QuantizedTensor` files: ``.npz`` and ``.safetensors``, never unpickled.
+
+Formats (unchanged from fpsim 0.1, so old files load and new files load in old versions):
+
+* ``.npz`` — members ``data``, ``scales``, ``amax`` (float32) and ``meta``: the UTF-8 bytes of a JSON
+  object as a uint8 array;
+* ``.safetensors`` — tensors ``data``, ``scales``, ``amax``; the same JSON object as the string
+  ``__metadata__["fpsim"]``.
+
+The JSON object: ``{"format": "fpsim.QuantizedTensor/1", "scheme": BlockScheme.to_json(), "shape": [...],
+"dtype": "float32", "axis": k}``.  Reading goes through fpsim.io's one npz reader and one safetensors
+header parser; writing through :func:`fpsim.io.atomic_write` and :func:`fpsim.io.write_safetensors`.
+A file that is corrupt, truncated, hand-edited or not an fpsim file raises a one-line ``ValueError``
+that names the path, whatever is wrong with it.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -10,138 +25,146 @@ import numpy as np
 
 from ..schemes import BlockScheme
 from ..tensor import QuantizedTensor
+from .errors import InputError
 from .files import atomic_write
+from .npz import npz_members
+from .rows import ArrayStorage
+from .safetensors import read_entry, read_header, write_safetensors
 
-__all__ = ["save_quantized", "load_quantized"]
+__all__ = ["save_quantized", "load_quantized", "FORMAT_TAG"]
 
-
-# ---------------------------------------------------------------------------
-# Save / load (no pickle anywhere)
-
-_FORMAT_TAG = "fpsim.QuantizedTensor/1"
-_ST_DTYPES = {"uint8": "U8", "uint16": "U16", "uint32": "U32", "float32": "F32"}
-
-
-def _meta(qt: QuantizedTensor) -> dict:
-    return {
-        "format": _FORMAT_TAG,
-        "scheme": qt.scheme.to_json(),
-        "shape": list(qt.shape),
-        "dtype": qt.dtype,
-        "axis": qt.axis,
-    }
+FORMAT_TAG = "fpsim.QuantizedTensor/1"
+_ARRAYS = ("data", "scales", "amax")
+_ALLOWED = {np.dtype("u1"), np.dtype("<u2"), np.dtype("<u4"), np.dtype("<f4")}
+_PICKLE_REFUSED = "refusing to load pickled content (fpsim never unpickles; this file was not written by fpsim)"
 
 
-def _from_parts(meta: dict, arrays: dict, path) -> QuantizedTensor:
-    if meta.get("format") != _FORMAT_TAG:
-        raise ValueError(f"{path}: not an fpsim QuantizedTensor file (format tag {meta.get('format')!r})")
-    try:
-        return QuantizedTensor(
-            np.asarray(arrays["data"]),
-            np.asarray(arrays["scales"]),
-            np.asarray(arrays["amax"], np.float32),
-            BlockScheme.from_json(meta["scheme"]),
-            tuple(int(s) for s in meta["shape"]),
-            str(meta["dtype"]),
-            int(meta["axis"]),
-        )
-    except KeyError as e:
-        raise ValueError(f"{path}: missing field {e}") from None
-    except ValueError as e:  # arrays that do not fit the scheme (a corrupt or hand-edited file)
-        raise ValueError(f"{path}: {e}") from None
+def _meta(qt: QuantizedTensor) -> str:
+    return json.dumps({"format": FORMAT_TAG, "scheme": qt.scheme.to_json(), "shape": [int(s) for s in qt.shape],
+                       "dtype": qt.dtype, "axis": int(qt.axis)}, allow_nan=False)
 
 
 def save_quantized(qt: QuantizedTensor, path: str | os.PathLike) -> None:
-    """Write ``qt`` to ``.npz`` (metadata as a JSON byte array) or ``.safetensors`` (metadata in the header).
-
-    Both are bit-exact and pickle-free; the write is atomic.
-    """
+    """Write ``qt`` losslessly to ``.npz`` or ``.safetensors`` (by extension), atomically; see the module docstring."""
     p = Path(path)
-    arrays = {"data": qt.data, "scales": qt.scales, "amax": np.asarray(qt.amax, np.float32)}
-    meta = json.dumps(_meta(qt), allow_nan=False)
+    arrays = {"data": np.asarray(qt.data), "scales": np.asarray(qt.scales), "amax": np.asarray(qt.amax, np.float32)}
+    meta = _meta(qt)
     if p.suffix == ".npz":
-        meta_arr = np.frombuffer(meta.encode(), np.uint8)
-        atomic_write(p, lambda f: np.savez(f, meta=meta_arr, **arrays))
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(meta.encode(), np.uint8), **arrays)
+        atomic_write(p, buf.getvalue())
     elif p.suffix == ".safetensors":
-        header: dict = {"__metadata__": {"fpsim": meta}}
-        blobs, pos = [], 0
-        for name, a in arrays.items():
-            a = np.asarray(a, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
-            raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-            header[name] = {
-                "dtype": _ST_DTYPES[a.dtype.name],
-                "shape": list(a.shape),
-                "data_offsets": [pos, pos + len(raw)],
-            }
-            blobs.append(raw)
-            pos += len(raw)
-        h = json.dumps(header).encode()
-        h += b" " * (-len(h) % 8)
-
-        def write(f):
-            f.write(len(h).to_bytes(8, "little"))
-            f.write(h)
-            for b in blobs:
-                f.write(b)
-
-        atomic_write(p, write)
+        write_safetensors(p, arrays, {"fpsim": meta})
     else:
         raise ValueError(f"{path}: use a .npz or .safetensors extension")
 
 
-_PICKLE_REFUSED = "refusing to load pickled content (fpsim never unpickles; this file was not written by fpsim)"
+def _parse_meta(raw: bytes, path) -> dict:
+    def refuse(c):
+        raise ValueError(f"JSON constant {c}")
+
+    try:
+        meta = json.loads(raw.decode("utf-8"), parse_constant=refuse)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: corrupt metadata (not UTF-8)") from None
+    except RecursionError:
+        raise ValueError(f"{path}: corrupt metadata (JSON nested too deeply)") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: corrupt metadata (not JSON: {str(e).splitlines()[0][:60]})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: corrupt metadata (not a JSON object)")
+    return meta
 
 
-def load_quantized(path: str | os.PathLike) -> QuantizedTensor:
-    """Read a file written by :func:`save_quantized`.
+def _build(meta: dict, arrays: dict, path) -> QuantizedTensor:
+    if meta.get("format") != FORMAT_TAG:
+        raise ValueError(f"{path}: not an fpsim QuantizedTensor file (format tag {str(meta.get('format'))[:40]!r})")
+    for k in ("scheme", "shape", "dtype", "axis"):
+        if k not in meta:
+            raise ValueError(f"{path}: metadata has no {k!r}")
+    for k in _ARRAYS:
+        if k not in arrays:
+            raise ValueError(f"{path}: no {k!r} array")
+    shape, axis, dtype = meta["shape"], meta["axis"], meta["dtype"]
+    if not isinstance(shape, list) or any(type(s) is not int or s < 0 for s in shape):
+        raise ValueError(f"{path}: metadata shape must be a list of non-negative integers")
+    if type(axis) is not int or not isinstance(dtype, str):
+        raise ValueError(f"{path}: metadata axis must be an integer and dtype a string")
+    try:
+        scheme = BlockScheme.from_json(meta["scheme"])
+    except (KeyError, TypeError, AttributeError, ValueError, RecursionError, OverflowError) as e:
+        what = f"missing field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {str(e)[:80]}"
+        raise ValueError(f"{path}: invalid scheme in metadata ({what})") from None
+    for k in _ARRAYS:
+        if arrays[k].dtype not in _ALLOWED:
+            raise ValueError(f"{path}: array {k!r} has dtype {arrays[k].dtype}, not one fpsim writes")
+    try:
+        return QuantizedTensor(arrays["data"], arrays["scales"], arrays["amax"].astype(np.float32, copy=False),
+                               scheme, tuple(shape), dtype, axis)
+    except (ValueError, TypeError, OverflowError, IndexError) as e:  # arrays that do not fit the scheme
+        raise ValueError(f"{path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
-    Never unpickles: ``.npz`` is read with ``allow_pickle=False`` and a file
-    holding pickled (object) data raises ``ValueError``; ``.safetensors`` is
-    parsed by hand (8-byte header length, JSON header, raw little-endian bytes).
-    """
-    p = Path(path)
-    with open(p, "rb") as f:
-        head = f.read(8)
-    if head[:4] == b"PK\x03\x04":
-        try:
-            with np.load(p, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except ValueError as e:
-            if "pickle" in str(e).lower():
-                raise ValueError(f"{path}: {_PICKLE_REFUSED}") from None
-            raise
-        if "meta" not in arrays or arrays["meta"].dtype != np.uint8:
-            raise ValueError(f"{path}: not an fpsim QuantizedTensor file (no metadata)")
-        meta = json.loads(arrays.pop("meta").tobytes().decode())
-        return _from_parts(meta, arrays, path)
-    return _load_safetensors(p)
+
+def _whole(m) -> np.ndarray:
+    st = m.storage()
+    if isinstance(st, ArrayStorage):
+        return np.array(st.arr).reshape(m.shape)
+    n = 1
+    for s in m.shape:
+        n *= s
+    return st.read_runs(0, 1, 0, n).reshape(m.shape)
+
+
+def _load_npz(p: Path) -> QuantizedTensor:
+    members, _ = npz_members(p)
+    arrays = {}
+    for m in members:
+        if m.error:
+            if "pickle" in m.error:
+                raise ValueError(f"{p}: {_PICKLE_REFUSED}")
+            raise ValueError(m.error)
+        arrays[m.name] = _whole(m)
+    meta = arrays.pop("meta", None)
+    if meta is None or meta.dtype != np.uint8 or meta.ndim != 1:
+        raise ValueError(f"{p}: not an fpsim QuantizedTensor file (no metadata)")
+    return _build(_parse_meta(meta.tobytes(), p), arrays, p)
 
 
 def _load_safetensors(p: Path) -> QuantizedTensor:
-    raw = p.read_bytes()
-    if len(raw) < 8:
-        raise ValueError(f"{p}: too short for a safetensors file")
-    n = int.from_bytes(raw[:8], "little")
-    if n > len(raw) - 8 and raw[0] == 0x80 and 2 <= raw[1] <= 5:  # pickle protocol 2-5 opcode PROTO
-        raise ValueError(f"{p}: {_PICKLE_REFUSED}")
-    if n > len(raw) - 8:
-        raise ValueError(f"{p}: not a safetensors file (header length {n} beyond the file)")
-    try:
-        header = json.loads(raw[8 : 8 + n].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError(f"{p}: not a safetensors file (header is not JSON)") from None
-    body = memoryview(raw)[8 + n :]
-    inv = {v: k for k, v in _ST_DTYPES.items()}
-    meta_s = header.pop("__metadata__", {}).get("fpsim")
-    if meta_s is None:
+    with open(p, "rb") as f:
+        head = f.read(9)
+    size = p.stat().st_size
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and int.from_bytes(head[:8], "little") > size:
+        raise ValueError(f"{p}: {_PICKLE_REFUSED}")  # pickle protocol 2-5 starts with the PROTO opcode
+    entries, meta = read_header(p)
+    if not isinstance(meta.get("fpsim"), str):
         raise ValueError(f"{p}: not an fpsim QuantizedTensor file (no 'fpsim' metadata)")
     arrays = {}
-    for name, info in header.items():
-        if info.get("dtype") not in inv:
-            raise ValueError(f"{p}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
-        a, b = info["data_offsets"]
-        dt = np.dtype(inv[info["dtype"]]).newbyteorder("<")
-        arr = np.frombuffer(body[a:b], dt).astype(dt.newbyteorder("="))
-        arrays[name] = arr.reshape(info["shape"])
-    return _from_parts(json.loads(meta_s), arrays, p)
+    for e in entries:
+        if e.error:
+            raise ValueError(e.error)
+        arrays[e.name] = read_entry(p, e).copy()
+    return _build(_parse_meta(meta["fpsim"].encode("utf-8", "surrogatepass"), p), arrays, p)
 
+
+def load_quantized(path: str | os.PathLike) -> QuantizedTensor:
+    """Read a file written by :func:`save_quantized` (either format, told apart by content, not by name).
+
+    Never unpickles.  Raises ``ValueError`` (one line naming ``path``) for anything but an intact fpsim file,
+    ``FileNotFoundError`` / ``PermissionError`` as ``open`` does.
+    """
+    p = Path(path)
+    if not p.is_file():
+        if p.exists():
+            raise ValueError(f"{p}: not a regular file")
+        raise FileNotFoundError(f"{p}: no such file")
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    try:
+        if magic == b"PK\x03\x04":
+            return _load_npz(p)
+        return _load_safetensors(p)
+    except InputError as e:
+        raise ValueError(str(e)) from None
+    except MemoryError:
+        raise ValueError(f"{p}: out of memory (corrupt sizes?)") from None

@@ -1,104 +1,64 @@
-"""Reading captured tensors safely: .npz, .safetensors, .pt/.pth (SPEC: no pickle, bounded memory).
+"""Reading captured tensors safely: .npz, .safetensors, .pt/.pth (SPEC: no pickle, bounded memory, bounded time).
 
-:func:`open_tensors` lists the tensors of one or more paths (files, directories,
-globs) *without loading them*; each :class:`TensorRef` loads on demand:
+:func:`open_tensors` lists the tensors of files, directories and globs *without loading them*, opening
+each file exactly once (its header, central directory or pickle-free torch load); each
+:class:`TensorRef` reads its data on demand, as a whole array (``load()``) or in row chunks along any
+axis (``row_source(axis)``, a :class:`~fpsim.io.rows.RowSource`):
 
-* ``.npz`` — headers are read first; each member is loaded whole on demand
-  with ``numpy.load(allow_pickle=False)`` (an object / pickled member raises
-  :class:`InputError`; nothing is ever unpickled);
-* ``.safetensors`` — the JSON header is parsed here and every tensor is a
-  ``numpy.memmap`` of its byte range (all dtypes: F64/F32/F16/BF16/F8_E4M3/
-  F8_E5M2/F8_E8M0/I*/U*/BOOL through ml_dtypes), no torch needed;
-* ``.pt`` / ``.pth`` — only when torch is installed, with ``weights_only=True``.
+* ``.safetensors`` — header parsed by :func:`fpsim.io.safetensors.parse_header`, data read in place
+  (every dtype, F4/F6 packed as the format defines), no torch;
+* ``.npz`` — :mod:`fpsim.io.npz`: members checked before inflating, streamed, never unpickled;
+* ``.pt`` / ``.pth`` — :mod:`fpsim.io.torchfile`: ``weights_only=True``, memory-mapped, nested dicts.
 
-Errors are :class:`InputError` with a one-line message; the CLI turns them into
-notes (a bad tensor is skipped) or exit codes (nothing readable at all).
+Paths: an existing path is always taken literally (even with ``*?[`` in its name); otherwise a pattern
+with those characters is a glob.  Only regular files are read (a FIFO or ``/dev/zero`` named ``x.npz``
+is refused before it is opened, so nothing hangs or grows without bound).  Directories are walked
+recursively; unreadable directories and files of other types are reported, never silently dropped.
+
+Errors are :class:`InputError` with one line naming the file (and tensor); notes (what was skipped and why) are
+passed to ``on_note``.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
-import json
 import os
-import struct
-import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["InputError", "TensorRef", "open_tensors", "SAFETENSORS_DTYPES", "write_safetensors"]
+from .errors import InputError
+from .npz import npz_members
+from .rows import ArrayStorage, FileStorage, Member, RowSource
+from .safetensors import SAFETENSORS_DTYPES, read_entry, read_header, write_safetensors
+from .torchfile import torch_members
 
+__all__ = ["InputError", "TensorRef", "RowSource", "open_tensors", "open_file", "unique_labels",
+           "SAFETENSORS_DTYPES", "write_safetensors", "SUFFIXES"]
 
-class InputError(Exception):
-    """A file or tensor that cannot be read as asked; the message is one line."""
-
-
-def _st_dtypes() -> dict[str, np.dtype]:
-    import ml_dtypes
-
-    return {
-        "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
-        "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-        "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-        "F4": np.dtype(ml_dtypes.float4_e2m1fn),
-        "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-        "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
-        "BOOL": np.dtype("?"),
-    }
-
-
-SAFETENSORS_DTYPES = _st_dtypes()
-_ST_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-_MAX_HEADER = 100 * 1024 * 1024
-
-
-class RowSource:
-    """A tensor on disk read in row ranges (of its 2-D view: leading axes flattened × last axis).
-
-    ``src[i:j]`` reads rows i..j-1 with one ``numpy.fromfile`` call, so only the
-    rows asked for are ever in memory (a memory map would keep every page it
-    touched resident).  ``numpy.asarray(src)`` reads the whole tensor.
-    """
-
-    def __init__(self, path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]):
-        self.path, self.offset, self.dtype, self.shape = path, offset, np.dtype(dtype), tuple(shape)
-        self.ndim = len(self.shape)
-        self.size = int(np.prod(self.shape, dtype=np.int64))
-        self.nbytes = self.size * self.dtype.itemsize
-        self.cols = self.shape[-1] if self.shape else 1
-        self.rows = self.size // self.cols if self.cols else 0
-
-    def __getitem__(self, sl: slice) -> np.ndarray:
-        if not isinstance(sl, slice) or sl.step not in (None, 1):
-            raise TypeError("RowSource supports contiguous row slices only")
-        i, j, _ = sl.indices(self.rows)
-        n = max(j - i, 0)
-        with open(self.path, "rb") as f:
-            f.seek(self.offset + i * self.cols * self.dtype.itemsize)
-            a = np.fromfile(f, dtype=self.dtype, count=n * self.cols)
-        if a.size != n * self.cols:
-            raise InputError(f"{self.path}: tensor data is truncated")
-        return a.reshape(n, self.cols)
-
-    def as_2d(self) -> RowSource:
-        return self
-
-    def __array__(self, dtype=None, copy=None):
-        a = self[0 : self.rows].reshape(self.shape)
-        return a if dtype is None else a.astype(dtype)
+#: File suffixes fpsim reads, each with its reader.
+SUFFIXES = (".safetensors", ".npz", ".pt", ".pth")
 
 
 @dataclass
 class TensorRef:
-    """One tensor of a file: name, shape, dtype known up front; ``load()`` maps or reads it."""
+    """One tensor of a file: name, shape, dtype known up front; data read on demand.
+
+    ``error`` (a one-line message) when the tensor cannot be read; ``note`` when it is read with an
+    assumption the user should see (e.g. ``|V2`` read as bfloat16).
+    """
 
     source: str
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    _load: Callable[[], np.ndarray]
+    storage: Callable[[], object] | None = field(default=None, repr=False)
+    error: str | None = None
+    note: str | None = None
 
     @property
     def key(self) -> str:
@@ -106,205 +66,211 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n * self.dtype.itemsize
 
-    rows: Callable[[], RowSource] | None = None
+    def _storage(self):
+        if self.error:
+            raise InputError(self.error)
+        return self.storage()
 
     def load(self) -> np.ndarray:
-        """The array (a read-only memmap where the format allows it)."""
-        return self._load()
+        """The whole array (read-only view of the file's mapping for .pt; a fresh array otherwise)."""
+        st = self._storage()
+        if isinstance(st, ArrayStorage):
+            return st.arr.reshape(self.shape)
+        if self.shape == ():
+            return st.read_runs(0, 1, 0, 1).reshape(())
+        return np.asarray(RowSource(st, self.shape)).reshape(self.shape)
 
-    def row_source(self) -> RowSource | np.ndarray:
-        """A :class:`RowSource` where the format allows reading row ranges, else the loaded array."""
-        return self.rows() if self.rows is not None else self._load()
+    def row_source(self, axis: int = -1) -> RowSource | np.ndarray:
+        """A :class:`RowSource` of ``moveaxis(x, axis, -1)`` read in row chunks (the array itself when 0-d)."""
+        if self.shape == ():
+            return self.load()
+        return RowSource(self._storage(), self.shape, axis)
 
 
-def _safetensors(path: Path) -> list[TensorRef]:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise InputError(f"{path}: truncated safetensors file (no header length)")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(_MAX_HEADER, size - 8):
-            raise InputError(f"{path}: not a safetensors file (header length {n} exceeds the file)")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InputError(f"{path}: corrupt safetensors header ({e.__class__.__name__})") from None
-    if not isinstance(header, dict):
-        raise InputError(f"{path}: corrupt safetensors header (not a JSON object)")
-    base = 8 + n
+def _from_members(path: Path, members: list[Member]) -> list[TensorRef]:
+    return [TensorRef(str(path), m.name, tuple(m.shape), m.dtype, m.storage, m.error,
+                      f"{path}:{m.name}: {m.note}" if m.note else None) for m in members]
+
+
+def _safetensors(path: Path) -> tuple[list[TensorRef], list[str]]:
+    entries, _ = read_header(path)
     refs = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dt = SAFETENSORS_DTYPES[info["dtype"]]
-            shape = tuple(int(s) for s in info["shape"])
-            start, end = (int(o) for o in info["data_offsets"])
-        except KeyError as e:
-            raise InputError(f"{path}: tensor {name!r} has an unsupported or missing field {e}") from None
-        except (TypeError, ValueError):
-            raise InputError(f"{path}: tensor {name!r} has a malformed header entry") from None
-        expect = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        if end - start != expect or start < 0 or base + end > size:
-            raise InputError(f"{path}: tensor {name!r} is truncated or its offsets are inconsistent")
-
-        def load(path=path, off=base + start, dt=dt, shape=shape, count=expect):
-            if count == 0:
-                return np.zeros(shape, dt)
-            return np.memmap(path, dtype=dt, mode="r", offset=off, shape=shape)
-
-        def rows(path=path, off=base + start, dt=dt, shape=shape):
-            return RowSource(path, off, dt, shape)
-
-        refs.append(TensorRef(str(path), name, shape, dt, load, rows=rows))
-    return refs
+    for e in entries:
+        if e.error:
+            refs.append(TensorRef(str(path), e.name, (), np.dtype("u1"), error=e.error))
+        elif e.bits < 8:  # packed sub-byte elements: unpacked whole (a quarter to a half of a float32 copy)
+            refs.append(TensorRef(str(path), e.name, e.shape, e.dtype,
+                                  lambda e=e: ArrayStorage(read_entry(path, e))))
+        else:
+            refs.append(TensorRef(str(path), e.name, e.shape, e.dtype,
+                                  lambda e=e: FileStorage(path, e.offset, e.dtype)))
+    return refs, []
 
 
-def _npz(path: Path) -> list[TensorRef]:
-    try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise InputError(f"{path}: not an npz file (bad zip)") from None
-    refs = []
-    with zf:
-        infos = [i for i in zf.infolist() if i.filename.endswith(".npy")]
-    if not infos:
-        raise InputError(f"{path}: no arrays in this npz file")
-    for info in infos:
-        name = info.filename[:-4]
-        try:
-            with zipfile.ZipFile(path) as z, z.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
-                else:
-                    shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
-        except Exception as e:  # noqa: BLE001 - any header failure is a corrupt member
-            raise InputError(f"{path}: member {name!r} is not a valid .npy array ({e.__class__.__name__})") from None
-        if dt.hasobject:
-            refs.append(TensorRef(str(path), name, shape, dt, _refuse_pickle(path, name)))
-            continue
-
-        def load(path=path, name=name):
-            try:
-                with np.load(path, allow_pickle=False) as z:
-                    return z[name]
-            except ValueError as e:
-                raise InputError(f"{path}: member {name!r}: {e}") from None
-            except (zipfile.BadZipFile, EOFError, OSError) as e:
-                raise InputError(f"{path}: member {name!r} is truncated or corrupt ({e.__class__.__name__})") from None
-
-        refs.append(TensorRef(str(path), name, tuple(shape), dt, load))
-    return refs
+def _npz(path: Path):
+    members, notes = npz_members(path)
+    return _from_members(path, members), notes
 
 
-def _refuse_pickle(path, name):
-    def load():
-        raise InputError(f"{path}: member {name!r} holds Python objects (a pickle); refusing to load it")
-
-    return load
-
-
-def _torch(path: Path) -> list[TensorRef]:
-    try:
-        import torch
-    except ImportError:
-        raise InputError(f"{path}: reading .pt/.pth needs torch (pip install 'fpsim[torch]')") from None
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
-        raise InputError(f"{path}: cannot read as a weights-only torch file ({str(e).splitlines()[0][:120]})") from None
-    if isinstance(obj, torch.Tensor):
-        obj = {"tensor": obj}
-    if not isinstance(obj, dict):
-        raise InputError(f"{path}: expected a tensor or a dict of tensors, got {type(obj).__name__}")
-    refs = []
-    for k, v in obj.items():
-        if isinstance(v, torch.Tensor):
-            t = v.detach()
-            bf16 = t.dtype == torch.bfloat16  # numpy has no bfloat16: widen exactly to float32
-
-            def arr_fn(t=t, bf16=bf16):
-                return t.float().numpy() if bf16 else t.numpy()
-
-            dt = np.dtype(np.float32) if bf16 else np.dtype(str(t.numpy().dtype))
-            refs.append(TensorRef(str(path), str(k), tuple(t.shape), dt, arr_fn))
-    return refs
+def _torch(path: Path):
+    members, notes = torch_members(path)
+    return _from_members(path, members), notes
 
 
 _READERS = {".safetensors": _safetensors, ".npz": _npz, ".pt": _torch, ".pth": _torch}
 
 
-def _expand(paths: list[str]) -> list[Path]:
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _stat_error(p: str, e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return f"{p}: symbolic link loop"
+    if e.errno == errno.EACCES:
+        return f"{p}: permission denied (a directory on the path cannot be searched)"
+    if e.errno == errno.ENOTDIR:
+        return f"{p}: a component of the path is not a directory"
+    if e.errno == errno.ENOENT and os.path.islink(p):
+        return f"{p}: broken symbolic link (its target does not exist)"
+    if e.errno == errno.ENOENT:
+        return f"{p}: no such file or directory"
+    return f"{p}: cannot access ({e.strerror or type(e).__name__})"
+
+
+def _walk(d: str, files: list[Path], notes: list[str], errors: list[str]) -> None:
+    other = 0
+    for root, dirs, names in os.walk(d, onerror=lambda e: errors.append(
+            f"{e.filename}: cannot list this directory ({e.strerror or type(e).__name__})")):
+        dirs.sort()
+        for n in sorted(names):
+            q = Path(root) / n
+            if q.suffix.lower() not in _READERS:
+                other += 1
+                continue
+            try:
+                st = os.stat(q)
+            except OSError as e:
+                errors.append(_stat_error(str(q), e))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                notes.append(f"{q}: {_kind(st.st_mode)}, not a regular file")
+                continue
+            files.append(q)
+    if other:
+        notes.append(f"{d}: {other} file(s) whose suffix is not {', '.join(SUFFIXES)}")
+
+
+def _expand(paths: Iterable[str], notes: list[str], errors: list[str]) -> list[Path]:
+    """Files named by ``paths``; a path that does not resolve (and is no glob) raises :class:`InputError`."""
     out: list[Path] = []
     for p in paths:
-        if any(ch in p for ch in "*?["):
-            hits = sorted(glob.glob(p, recursive=True))
-            if not hits:
-                raise InputError(f"{p}: no file matches this pattern")
-            out += [Path(h) for h in hits if Path(h).is_file() and Path(h).suffix in _READERS]
-        elif os.path.isdir(p):
-            out += sorted(q for q in Path(p).rglob("*") if q.is_file() and q.suffix in _READERS)
-        elif os.path.exists(p):
+        p = os.fspath(p)
+        try:
+            st = os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ENOENT and not os.path.lexists(p) and any(ch in p for ch in "*?["):
+                hits = sorted(glob.glob(p, recursive=True))
+                if not hits:
+                    raise InputError(f"{p}: no file matches this pattern") from None
+                for h in hits:
+                    if os.path.isdir(h):
+                        continue
+                    if Path(h).suffix.lower() in _READERS:
+                        out += _expand([h], notes, errors)
+                continue
+            raise InputError(_stat_error(p, e)) from None
+        if stat.S_ISDIR(st.st_mode):
+            _walk(p, out, notes, errors)
+        elif stat.S_ISREG(st.st_mode):
             out.append(Path(p))
         else:
-            raise InputError(f"{p}: no such file or directory")
+            errors.append(f"{p}: {_kind(st.st_mode)}, not a regular file; refusing to read it")
     return out
 
 
-def open_tensors(paths: list[str] | str, on_error: Callable[[str], None] | None = None) -> list[TensorRef]:
-    """All tensors of the given files / directories / globs, unloaded.
+def open_file(path: str | os.PathLike) -> tuple[list[TensorRef], list[str]]:
+    """The tensors of one file (opened once) and its notes; :class:`InputError` when the file is unreadable."""
+    p = Path(path)
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise InputError(f"{p}: unsupported file type (use {', '.join(SUFFIXES)})")
+    try:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{p}: {_kind(st.st_mode)}, not a regular file; refusing to read it")
+        if not os.access(p, os.R_OK):
+            raise InputError(f"{p}: not readable (permission denied)")
+        return reader(p)
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or type(e).__name__})") from None
+    except RecursionError:
+        raise InputError(f"{p}: structure nested too deeply") from None
+    except MemoryError:
+        raise InputError(f"{p}: out of memory while reading its index") from None
 
-    A file that cannot be opened raises :class:`InputError`, or is reported to
-    ``on_error`` and skipped when that callback is given.
+
+def open_tensors(paths: list[str] | str, on_error: Callable[[str], None] | None = None,
+                 on_note: Callable[[str], None] | None = None,
+                 on_file: Callable[[str], None] | None = None) -> list[TensorRef]:
+    """All tensors of the given files / directories / globs, unloaded, each file opened once.
+
+    A path that names nothing raises :class:`InputError`.  A file that cannot be opened raises
+    :class:`InputError`, or is reported to ``on_error`` and skipped when that callback is given; notes on
+    skipped entries (non-array members, non-tensor values, files of other types) go to ``on_note``;
+    ``on_file`` receives every file the paths name, readable or not (e.g. to protect inputs from an output).
     """
     if isinstance(paths, (str, os.PathLike)):
-        paths = [str(paths)]
-    refs = []
-    for path in _expand(list(paths)):
-        reader = _READERS.get(path.suffix.lower())
+        paths = [os.fspath(paths)]
+    notes: list[str] = []
+    errors: list[str] = []
+    files = _expand(list(paths), notes, errors)
+    refs: list[TensorRef] = []
+
+    def fail(msg: str) -> None:
+        if on_error is None:
+            raise InputError(msg)
+        on_error(msg)
+
+    for msg in errors:
+        fail(msg)
+    for path in files:
+        if on_file is not None:
+            on_file(str(path))
         try:
-            if reader is None:
-                raise InputError(f"{path}: unsupported file type (use .npz, .safetensors, .pt or .pth)")
-            if not os.access(path, os.R_OK):
-                raise InputError(f"{path}: not readable (permission denied)")
-            refs += reader(path)
+            r, n = open_file(path)
         except InputError as e:
-            if on_error is None:
-                raise
-            on_error(str(e))
-        except OSError as e:
-            msg = f"{path}: cannot read ({e.strerror or e.__class__.__name__})"
-            if on_error is None:
-                raise InputError(msg) from None
-            on_error(msg)
+            fail(str(e))
+            continue
+        refs += r
+        notes += n
+    if on_note is not None:
+        for n in notes:
+            on_note(n)
     return refs
 
 
-def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
-    """Write arrays (any dtype in :data:`SAFETENSORS_DTYPES`) to a .safetensors file, atomically."""
-    header: dict = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    off = 0
-    arrays = []
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        if a.dtype not in _ST_NAMES:
-            raise ValueError(f"{name}: dtype {a.dtype} has no safetensors name")
-        header[name] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes
-        arrays.append(a)
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for a in arrays:
-            f.write(a.tobytes())
-    os.replace(tmp, path)
+def unique_labels(sources: Iterable[str]) -> dict[str, str]:
+    """A short label per source path: its basename, lengthened by parent directories until labels are unique."""
+    srcs = sorted(set(sources))
+    parts = {s: Path(os.path.abspath(s)).parts for s in srcs}
+    depth = dict.fromkeys(srcs, 1)
+    while True:
+        label = {s: "/".join(parts[s][-depth[s]:]) for s in srcs}
+        by: dict[str, list[str]] = {}
+        for s in srcs:
+            by.setdefault(label[s], []).append(s)
+        grow = [s for group in by.values() if len(group) > 1 for s in group if depth[s] < len(parts[s])]
+        if not grow:
+            return label
+        for s in grow:
+            depth[s] += 1

@@ -1,0 +1,199 @@
+"""Members of an ``.npz`` archive, listed in one pass and read in bounded memory, never unpickled.
+
+The archive is opened once; each ``.npy`` member's header is read (inflating only its first bytes)
+and checked before any data is touched:
+
+* the declared uncompressed size must equal the ``.npy`` header plus ``prod(shape) · itemsize``, and
+  for a deflated member it must be possible at all — deflate cannot exceed 1032:1, so a member that
+  declares more than that over its compressed size is a lie (a "zip bomb") and is refused;
+* stored members (``numpy.savez``) are read in place: their data is a byte range of the archive;
+* deflated members (``numpy.savez_compressed``) are inflated once, streaming, into memory when at most
+  :data:`SPILL_BYTES`, else into an unnamed temporary file (after checking that the temporary
+  directory has room), so memory stays bounded for any size and any ``--axis``;
+* object members (pickles) are refused, structured dtypes are not tensors; a ``|V2`` member (how numpy
+  saves an ``ml_dtypes.bfloat16`` array: the name is lost, the bytes are kept) is read as bfloat16
+  with a note; other unnamed ``|Vn`` dtypes are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import struct
+import tempfile
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .rows import ArrayStorage, FileStorage, Member
+
+__all__ = ["npz_members", "SPILL_BYTES", "MAX_DEFLATE_RATIO"]
+
+SPILL_BYTES = 64 << 20
+MAX_DEFLATE_RATIO = 1032  # deflate's largest possible expansion (258-byte matches coded in 2 bits)
+_BAD = (ValueError, zipfile.BadZipFile, zlib.error, EOFError, OSError, SyntaxError, UnicodeDecodeError,
+        struct.error, NotImplementedError, RuntimeError, TypeError)
+
+
+class _Refused(ValueError):
+    """A member fpsim will not read; the message is a verb phrase ("is encrypted", "holds …")."""
+
+
+def _read_header(f):
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        hdr = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        hdr = np.lib.format.read_array_header_2_0(f)
+    else:  # 3.0 (utf-8 field names) has no public reader; 2.0's differs only in the text encoding
+        raise _Refused(f"uses .npy format version {version[0]}.{version[1]}, which fpsim does not read")
+    return hdr
+
+
+def _dtype(path, name, dt: np.dtype):
+    """(dtype to read as, note) or raise ValueError with the reason."""
+    if dt.hasobject:
+        raise _Refused("holds Python objects (a pickle); refusing to load it")
+    if dt.fields is not None:
+        raise _Refused(f"has a structured dtype {dt} (named fields), not a tensor of numbers")
+    if dt.kind == "V":
+        if dt.itemsize == 2:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16), (
+                "dtype |V2 read as bfloat16 (numpy saves ml_dtypes.bfloat16 as unnamed 2-byte data)")
+        raise _Refused(f"has an unnamed {dt.itemsize}-byte dtype |V{dt.itemsize} (numpy drops the names of ml_dtypes "
+                         "float8/float4 types): cannot tell which format it holds; save it as .safetensors")
+    return dt, None
+
+
+def _data_offset(fh, info: zipfile.ZipInfo) -> int:
+    """Absolute offset of a member's bytes in the archive (after its local header)."""
+    fh.seek(info.header_offset)
+    local = fh.read(30)  # the fixed part of a zip local file header (APPNOTE 4.3.7)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise _Refused("is corrupt (bad local file header)")
+    name_len, extra_len = struct.unpack("<2H", local[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _member(path: Path, zf: zipfile.ZipFile, fh, info: zipfile.ZipInfo) -> Member:
+    name = info.filename[:-4]
+    if info.flag_bits & 0x1:
+        raise _Refused("is encrypted")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise _Refused(f"uses zip compression method {info.compress_type} (numpy writes stored or deflated)")
+    if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > MAX_DEFLATE_RATIO * info.compress_size + 1024:
+        raise _Refused(f"declares {info.file_size} bytes from {info.compress_size} compressed bytes, more than "
+                         "deflate can produce: refusing to inflate it")
+    with zf.open(info) as f:
+        shape, fortran, dt = _read_header(f)
+        head_len = f.tell()
+    if any(type(s) is not int or s < 0 for s in shape):
+        raise _Refused(f"has an invalid shape {shape}")
+    dt, note = _dtype(path, name, dt)
+    need = math.prod(shape) * dt.itemsize
+    if info.file_size - head_len != need:
+        raise _Refused(f"declares {info.file_size - head_len} data bytes but shape {list(shape)} of {dt} "
+                         f"needs {need}: truncated or corrupt")
+    if fortran and len(shape) > 1:
+        # Fortran order: the C-ordered data of the reversed shape; read whole and reorder (rare in practice)
+        return Member(name, tuple(shape), dt, _fortran_storage(path, info, head_len, dt, shape), note=note)
+    if info.compress_type == zipfile.ZIP_STORED:
+        off = _data_offset(fh, info) + head_len
+        return Member(name, tuple(shape), dt, lambda: FileStorage(path, off, dt), note=note)
+    return Member(name, tuple(shape), dt, _inflating_storage(path, info, head_len, dt, need), note=note)
+
+
+def _inflate_into(path, info, head_len, sink, need):
+    with zipfile.ZipFile(path) as zf, zf.open(info) as f:
+        f.read(head_len)
+        left = need
+        while left:
+            b = f.read(min(left, 1 << 20))
+            if not b:
+                raise EOFError("stream ended early")
+            sink.write(b)
+            left -= len(b)
+        f.read(1)  # reach the end so zipfile checks the CRC
+
+
+def _inflating_storage(path, info, head_len, dt, need):
+    def storage():
+        try:
+            if need <= SPILL_BYTES:
+                buf = bytearray()
+
+                class _Sink:
+                    write = buf.extend
+
+                _inflate_into(path, info, head_len, _Sink, need)
+                return ArrayStorage(np.frombuffer(bytes(buf), dt))
+            tmpdir = tempfile.gettempdir()
+            if shutil.disk_usage(tmpdir).free < need + (64 << 20):
+                raise InputError(f"{path}: member {info.filename[:-4]!r} inflates to {need} bytes; {tmpdir} "
+                                 "(TMPDIR) has not that much free space")
+            tmp = tempfile.TemporaryFile(dir=tmpdir)
+            _inflate_into(path, info, head_len, tmp, need)
+            return FileStorage(f"{path}:{info.filename}", 0, dt, fileobj=tmp)
+        except InputError:
+            raise
+        except _BAD as e:
+            raise InputError(f"{path}: member {info.filename[:-4]!r} is truncated or corrupt "
+                             f"({type(e).__name__}: {str(e)[:60]})") from None
+
+    return storage
+
+
+def _fortran_storage(path, info, head_len, dt, shape):
+    def storage():
+        buf = bytearray()
+
+        class _Sink:
+            write = buf.extend
+
+        try:
+            _inflate_into(path, info, head_len, _Sink, math.prod(shape) * dt.itemsize)
+        except _BAD as e:
+            raise InputError(f"{path}: member {info.filename[:-4]!r} is truncated or corrupt "
+                             f"({type(e).__name__})") from None
+        a = np.frombuffer(bytes(buf), dt).reshape(shape[::-1]).T
+        return ArrayStorage(np.ascontiguousarray(a))
+
+    return storage
+
+
+def npz_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
+    """The members of an npz file (one open of the archive) and the notes on members that are not arrays."""
+    p = Path(path)
+    try:
+        zf = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, EOFError, ValueError, struct.error) as e:
+        raise InputError(f"{p}: not an npz file (bad zip: {type(e).__name__})") from None
+    out, notes, seen = [], [], set()
+    with zf, open(p, "rb") as fh:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            if not info.filename.endswith(".npy"):
+                notes.append(f"{p}: member {info.filename!r} is not a .npy array")
+                continue
+            name = info.filename[:-4]
+            if name in seen:
+                out.append(Member(name, error=f"{p}: member {name!r} appears twice in the archive"))
+                continue
+            seen.add(name)
+            try:
+                out.append(_member(p, zf, fh, info))
+            except _Refused as e:
+                out.append(Member(name, error=f"{p}: member {name!r} {e}"))
+            except _BAD as e:  # numpy's header parser or zipfile/zlib on a damaged member
+                out.append(Member(name, error=f"{p}: member {name!r} is not a valid .npy array or is corrupt "
+                                              f"({type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''})"))
+    if not out and not notes:
+        raise InputError(f"{p}: no arrays in this npz file")
+    return out, notes

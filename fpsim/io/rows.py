@@ -1,0 +1,178 @@
+"""Reading a tensor in row ranges of its 2-D view along any axis, in bounded memory.
+
+A tensor ``x`` of shape ``S`` analysed along axis ``k`` is viewed as ``moveaxis(x, k, -1)`` flattened to
+``rows × S[k]``: every row is one line of ``x`` along ``k``.  With ``A = prod(S[:k])``,
+``K = S[k]`` and ``B = prod(S[k+1:])``, the C-ordered data is an ``A × K × B`` block and row
+``r = a·B + b`` is ``x3[a, :, b]``.  :class:`RowSource` reads rows ``i..j`` by asking its storage
+for whole ``K × B`` slabs where the range covers them and for ``K`` strided runs of ``j - i``
+elements otherwise, so a chunk of rows costs memory proportional to the chunk along every axis
+(``--axis 0`` on a 1 GB tensor reads 64 MB at a time, never the whole tensor or its transpose).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from .errors import InputError
+
+__all__ = ["RowSource", "FileStorage", "ArrayStorage", "Member"]
+
+_GROUP_BYTES = 8 << 20  # bytes read per call when gathering short strided runs
+
+
+class FileStorage:
+    """Raw C-ordered elements at ``offset`` of a file (a path, or an open binary file kept alive)."""
+
+    def __init__(self, path: str | os.PathLike, offset: int, dtype: np.dtype, fileobj=None):
+        self.path, self.offset, self.dtype, self.fileobj = str(path), int(offset), np.dtype(dtype), fileobj
+
+    def __del__(self):
+        # an unnamed temporary file (an inflated npz member) is owned here: closing it frees its disk space
+        f = getattr(self, "fileobj", None)
+        if f is not None:
+            f.close()
+
+    def _open(self):
+        if self.fileobj is not None:
+            return _NoClose(self.fileobj)
+        return open(self.path, "rb")
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Elements ``start .. start+count-1`` (flat); :class:`InputError` when the file is shorter."""
+        return self.read_runs(start, 1, 0, count)[0]
+
+    def read_runs(self, start: int, n: int, stride: int, count: int) -> np.ndarray:
+        """``n`` runs of ``count`` elements, run ``t`` starting at element ``start + t·stride``: an n × count array."""
+        out = np.empty((n, count), self.dtype)
+        isz = self.dtype.itemsize
+        if n > 1 and stride * isz <= _GROUP_BYTES // 16 and count:
+            # short, close runs (rows of a K × B slab, B small): read groups of whole strides in one call and
+            # keep the first `count` of each — a few large reads instead of n small ones
+            g = max(1, _GROUP_BYTES // (stride * isz))
+            buf = np.empty(min(g, n) * stride, self.dtype)
+            with self._open() as f:
+                for t0 in range(0, n, g):
+                    m = min(g, n - t0)
+                    need = ((m - 1) * stride + count) * isz
+                    f.seek(self.offset + (start + t0 * stride) * isz)
+                    if f.readinto(memoryview(buf.view(np.uint8))[:need]) != need:
+                        raise InputError(f"{self.path}: tensor data is truncated")
+                    out[t0 : t0 + m] = buf[: m * stride].reshape(m, stride)[:, :count]
+            return out
+        with self._open() as f:
+            for t in range(n):
+                f.seek(self.offset + (start + t * stride) * isz)
+                got = f.readinto(memoryview(out[t].view(np.uint8))) if count else 0
+                if got != count * isz:
+                    raise InputError(f"{self.path}: tensor data is truncated")
+        return out
+
+
+class _NoClose:
+    """Context manager over a kept-open file that does not close it."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self.f
+
+    def __exit__(self, *exc):
+        return False
+
+
+class ArrayStorage:
+    """The elements of an in-memory (or memory-mapped) array in C order, without copying it whole."""
+
+    def __init__(self, arr: np.ndarray):
+        self.arr = arr
+        self.dtype = arr.dtype
+        self.path = "<array>"
+
+    def read_runs(self, start: int, n: int, stride: int, count: int) -> np.ndarray:
+        flat = self.arr.reshape(-1) if self.arr.flags.c_contiguous else None
+        if flat is None:  # a strided view: index it element-wise (no whole-tensor copy)
+            idx = start + np.arange(n)[:, None] * stride + np.arange(count)[None, :]
+            return self.arr[np.unravel_index(idx, self.arr.shape)]
+        if n == 1:
+            return flat[start : start + count].reshape(1, count).copy()
+        v = np.lib.stride_tricks.as_strided(flat[start:], shape=(n, count),
+                                            strides=(stride * flat.itemsize, flat.itemsize), writeable=False)
+        return v.copy()
+
+
+class RowSource:
+    """A tensor read in row ranges of its 2-D view along ``axis`` (see the module docstring).
+
+    ``shape`` is the shape of ``moveaxis(x, axis, -1)`` (what the analysis reports); ``as_2d()`` gives the
+    ``rows × cols`` view; ``src[i:j]`` reads rows ``i..j-1``; ``numpy.asarray(src)`` reads everything.
+    """
+
+    def __init__(self, storage, shape: tuple[int, ...], axis: int = -1, two_d: bool = False):
+        shape = tuple(int(s) for s in shape)
+        nd = len(shape)
+        if nd == 0:
+            raise InputError(f"{storage.path}: a 0-d tensor has no rows")
+        if not -nd <= axis < nd:
+            raise InputError(f"{storage.path}: axis {axis} is out of range for a {nd}-d tensor {list(shape)}")
+        self.storage, self.orig_shape, self.axis, self._two_d = storage, shape, axis % nd, two_d
+        self.dtype = np.dtype(storage.dtype)
+        k = self.axis
+        self._A, self._K, self._B = math.prod(shape[:k]), shape[k], math.prod(shape[k + 1 :])
+        self.cols = self._K
+        self.rows = self._A * self._B
+        self.size = math.prod(shape)
+        self.nbytes = self.size * self.dtype.itemsize
+        moved = shape[:k] + shape[k + 1 :] + (shape[k],)
+        self.shape = (self.rows, self.cols) if two_d else moved
+        self.ndim = len(self.shape)
+
+    def as_2d(self) -> RowSource:
+        """The ``rows × cols`` view (same storage)."""
+        return RowSource(self.storage, self.orig_shape, self.axis, two_d=True)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        if not isinstance(sl, slice) or sl.step not in (None, 1):
+            raise TypeError("RowSource supports contiguous row slices only")
+        if not self._two_d:
+            return np.asarray(self)[sl]
+        i, j, _ = sl.indices(self.rows)
+        return self._rows(i, max(i, j))
+
+    def _rows(self, i: int, j: int) -> np.ndarray:
+        K, B = self._K, self._B
+        out = np.empty((j - i, K), self.dtype)
+        st = self.storage
+        pos = i
+        while pos < j:
+            a, b0 = divmod(pos, B)
+            if b0 == 0 and j - pos >= B:  # whole K × B slabs: one contiguous read
+                na = (j - pos) // B
+                slab = st.read_runs(a * K * B, 1, 0, na * K * B).reshape(na, K, B)
+                out[pos - i : pos - i + na * B] = slab.transpose(0, 2, 1).reshape(na * B, K)
+                pos += na * B
+            else:  # part of one slab: K strided runs of (b1 - b0) elements
+                b1 = min(B, b0 + (j - pos))
+                runs = st.read_runs(a * K * B + b0, K, B, b1 - b0)
+                out[pos - i : pos - i + (b1 - b0)] = runs.T
+                pos += b1 - b0
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._rows(0, self.rows)
+        a = a if self._two_d else a.reshape(self.shape)
+        return a if dtype is None else a.astype(dtype)
+
+
+class Member:
+    """One member: name, shape, dtype, and how to get its data (``storage()``); or ``error`` / ``note``."""
+
+    def __init__(self, name, shape=(), dtype=None, storage=None, error=None, note=None):
+        self.name, self.shape, self.storage, self.error, self.note = name, shape, storage, error, note
+        self.dtype = np.dtype("u1") if dtype is None else dtype
