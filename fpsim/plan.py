@@ -28,6 +28,7 @@ from .codecs import Rounding
 from .formats import FormatSpec, Traits, get_format
 from .random import stream_width
 from .schemes import BlockScheme, Kind, ScaleRule, get_scheme
+from .validate import block_arg
 
 __all__ = [
     "NanPolicy",
@@ -239,8 +240,9 @@ def lower(scheme: str | BlockScheme | Plan, *, block: tuple[int, int] | None = N
         return scheme
     sch = get_scheme(scheme)
     changes = {}
+    block = block_arg(block)
     if block is not None:
-        changes["block"] = tuple(block)
+        changes["block"] = block
     if rounding is not None:
         changes["rounding"] = rounding
     if scale_rule is not None:

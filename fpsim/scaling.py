@@ -38,6 +38,7 @@ from .plan import Plan, is_e2m1, lower
 from .random import seed_key
 from .schemes import BlockScheme, Kind, ScaleRule
 from .tensor import QuantizedTensor, moved_2d
+from .validate import amax_arg, axis_arg, counter_arg
 
 __all__ = [
     "quantize",
@@ -280,10 +281,9 @@ def quantize(
     if x32.ndim == 0:
         raise ValueError("quantize needs at least one axis")
     shape = tuple(x32.shape)
-    ax = int(axis)
-    if not -x32.ndim <= ax < x32.ndim:
-        raise ValueError(f"axis {axis} out of range for a {x32.ndim}-d tensor")
-    ax %= x32.ndim
+    ax = axis_arg(axis, x32.ndim)
+    counter = counter_arg(counter)
+    tensor_amax = amax_arg(tensor_amax)
     sr_kw = {"seed": seed, "rbits": rbits, "k": plan.sr.k, "counter": counter} if plan.is_sr else {}
     if plan.kind is Kind.CAST:
         codes = encode(x32, plan.element, plan.rounding, **sr_kw)
@@ -310,6 +310,8 @@ def quantize(
     if BR > 1 and len(moved) != 2:
         raise ValueError(f"2-D blocks {plan.block} need a 2-D tensor, got shape {shape}")
     c = _Call(plan, X, seed, rbits, counter, shape, ax)
+    if plan.is_sr:
+        counter_arg(counter, span=R * c.nb * plan.sr.calls_per_block)
     amax = np.array(_NAN)
     if plan.kind is Kind.TWO_LEVEL:
         scales, amax = _quantize_two_level(c, tensor_amax)
@@ -352,8 +354,9 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None) -> np.ndarray
             return into(out, (decode(qt.data, el) * F32(qt.scales)).astype(F32).reshape(qt.shape))
     moved, R, C = moved_2d(tuple(qt.shape), qt.axis)
     BC = plan.block[1]
-    codes = np.ascontiguousarray(qt.data).reshape(R, -1)
-    scales = np.ascontiguousarray(qt.scales).reshape(R, -1)
+    # explicit widths, not -1: a tensor with no rows (R = 0) has no size to infer them from
+    codes = np.ascontiguousarray(qt.data).reshape(R, qt.data.shape[-1])
+    scales = np.ascontiguousarray(qt.scales).reshape(R, qt.scales.shape[-1])
     user_out = out
     if out is None:
         out = np.empty((R, C), F32)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Lowest first.  The torch modules are a backend: a peer of the Numba reference below the dispatcher.
 LAYERS: list[tuple[str, ...]] = [
     ("fpsim._jit", "fpsim._arrays", "fpsim._simd", "fpsim._kernels", "fpsim.formats", "fpsim.random",
-     "fpsim.packing"),
+     "fpsim.packing", "fpsim.validate"),
     ("fpsim.codecs",),
     ("fpsim.schemes", "fpsim.plan", "fpsim.tensor", "fpsim._scaling_kernels", "fpsim._row_kernels"),
     ("fpsim.scaling",),
@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fpsim.backends", "fpsim.dispatch"),
     ("fpsim.recipe",),
     ("fpsim.io",),
-    ("fpsim.analysis", "fpsim.oracle", "fpsim.capture", "fpsim.validate"),
+    ("fpsim.analysis", "fpsim.oracle", "fpsim.capture"),
     ("fpsim_cli", "fpsim.__main__"),
 ]
 
