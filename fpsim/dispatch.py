@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import backends, codecs, scaling, transforms
+from . import backends, codecs, scaling, transforms, validate
 from . import gemm as gemm_mod
 from ._arrays import as_codes, as_float32
 from .codecs import Rounding
@@ -93,7 +93,9 @@ def quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4",
     """Quantize with a block-scaled scheme (docs/spec.md §4–§6): :func:`fpsim.scaling.quantize`'s arguments and
     bits, on the chosen backend (see :mod:`fpsim.backends`)."""
     plan = lower(scheme, block=block, rounding=rounding, scale_rule=scale_rule, k=k, nan_amax=nan_amax)
-    kw = dict(seed=seed, rbits=rbits, counter=counter, tensor_amax=tensor_amax)
+    # checked here as well as in the reference, so that no backend receives an argument the reference refuses
+    kw = dict(seed=seed, rbits=rbits, counter=validate.counter_arg(counter),
+              tensor_amax=validate.amax_arg(tensor_amax))
     name = _chosen("quantize", backend, x, plan, rbits=rbits is not None)
     if name is None:
         return scaling.quantize(x, plan, axis, **kw)
