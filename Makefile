@@ -5,7 +5,7 @@ PYTHON ?= python
 NUMBA_CACHE_DIR ?= $(shell $(PYTHON) -c "from studies.benchlib import numba_cache_dir; print(numba_cache_dir())")
 export NUMBA_CACHE_DIR
 
-.PHONY: test test-slow bench reports golden lint
+.PHONY: test test-slow bench bench-gpu reports golden lint
 
 test:
 	$(PYTHON) -m pytest -q
@@ -18,6 +18,12 @@ bench:
 	$(PYTHON) -m studies.bench_codecs --out reports/bench_codecs.md
 	$(PYTHON) -m studies.bench_scaling --out reports/bench_scaling.md
 	$(PYTHON) -m studies.bench_gemm --out reports/bench_gemm.md
+	$(PYTHON) -m studies.bench_io --scale 1.0 --out reports/bench_io.md
+
+# On a CUDA machine (the H200 device): GPU kernels and the training step, against their baselines.
+bench-gpu:
+	$(PYTHON) -m studies.bench_gpu --out reports/bench_gpu.md
+	$(PYTHON) -m studies.bench_training --out reports/bench_training.md
 
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:
