@@ -9,8 +9,8 @@ import numpy as np
 from ..formats import get_format
 from ..plan import Plan
 from ..schemes import Kind
-from .container import TorchQuantized, dequantize_fused, unpack_codes
 from .codecs import decode
+from .container import TorchQuantized, dequantize_fused, unpack_codes
 from .runtime import FLT_MAX, fdiv, torch_module, use_triton
 
 __all__ = ["gemm", "gemm_fp32_model", "gemm_bf16_exact", "gemm_fp8_scaled_mm", "gemm_blackwell",

@@ -86,6 +86,30 @@ def _block_scale(vmax, s_enc, s_dec, BB: tl.constexpr, INV_T: tl.constexpr, BOUN
     return sb, sv, enc
 
 
+@triton.jit
+def _fos_error(x, code, sv, s_dec, m, dec_ptr, E2M1: tl.constexpr, PER_ROW: tl.constexpr, FOS: tl.constexpr,
+               BB: tl.constexpr, W: tl.constexpr):
+    """Four-over-six's block error of one candidate: Σ|x − x̂| (FOS 1) or Σ(x − x̂)² (FOS 2) in float64, summed
+    element by element in the reference's order (a tree sum could round differently and pick the other scale).
+    Column c is taken out of the tile by a masked sum, which is exact: every other term is +0."""
+    xh = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
+    if PER_ROW:
+        xh = xh * s_dec[:, None]
+    else:
+        xh = xh * s_dec
+    d = x.to(tl.float64) - xh.to(tl.float64)
+    if FOS == 1:
+        t = tl.abs(d)
+    else:
+        t = d * d
+    t = tl.where(m, t, 0.0)
+    j = tl.arange(0, W)[None, :]
+    acc = tl.zeros([BB], tl.float64)
+    for c in tl.static_range(W):
+        acc = acc + tl.sum(tl.where(j == c, t, 0.0), axis=1)
+    return acc
+
+
 @triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def two_level_quant_kernel(
     x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, tmax_ptr, amax_ptr, R, C, NB, NBLK, k0, k1, counter0,
@@ -96,12 +120,14 @@ def two_level_quant_kernel(
     S_NAN_CODE: tl.constexpr,
     E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr,
-    SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8,
+    SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, FOS: tl.constexpr = 0,
+    INV_T46: tl.constexpr = 0.25,
 ):
     """Two-level (NVFP4-style) quantization of BB blocks of W (SPEC §4): block scale by :func:`_block_scale`,
     code = e(fl(x · enc_b)).  TILE: the block amax comes from ``tmax`` (TR-row tiles).  FAKE: write the decoded
     float32 values ``fl((e · s_b) · S_dec)`` to ``f_ptr`` instead of codes and scales.  SR: stochastic rounding
-    with K-bit values of the CPU quantizer's Philox stream."""
+    with K-bit values of the CPU quantizer's Philox stream.  FOS (four-over-six, 1-row blocks): also the
+    candidate INV_T46 (vmax → 4), kept where its :func:`_fos_error` is lower (ties keep vmax → 6)."""
     g, gm, offs, m = block_offsets(tl.program_id(0), NB, C, NBLK, BB, W, EVEN, IDX64)
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
     vmax = block_vmax(x, g, gm, tmax_ptr, NB, TR, TILE, IGNORE_NAN)
@@ -114,6 +140,19 @@ def two_level_quant_kernel(
         code = encode_elem(x * enc[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
         if not EVEN:  # padding past C encodes to 0 (whole blocks have none)
             code = tl.where(m, code, 0)
+    if FOS > 0:
+        sb4, sv4, enc4 = _block_scale(vmax, s_enc, s_dec, BB, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
+                                      S_NAN_CODE)
+        if SR:
+            code4 = encode_sr(x * enc4[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+        else:
+            code4 = encode_elem(x * enc4[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+        code4 = tl.where(m, code4, 0)
+        four = (_fos_error(x, code4, sv4, s_dec, m, dec_ptr, E2M1, PER_ROW, FOS, BB, W)
+                < _fos_error(x, code, sv, s_dec, m, dec_ptr, E2M1, PER_ROW, FOS, BB, W))
+        sb = tl.where(four, sb4, sb)
+        sv = tl.where(four, sv4, sv)
+        code = tl.where(four[:, None], code4, code)
     if FAKE:
         v = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
         if PER_ROW:

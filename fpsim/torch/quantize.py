@@ -55,8 +55,8 @@ def triton_unsupported(plan: Plan) -> str | None:
     if triton_block_width(plan) is None:
         return f"{plan.block} blocks have no Triton kernel ((1, W) or (W, W) with W = 16, 32, 64, 128 do)"
     if plan.kind is Kind.TWO_LEVEL:
-        if plan.two_level.four_over_six:
-            return "four-over-six compares float64 error sums in the reference's element order; no Triton kernel"
+        if plan.two_level.four_over_six and plan.block[0] > 1:
+            return "four-over-six on 2-D tiles sums each tile's error over its rows; no Triton kernel"
         if plan.two_level.scale_arith.mbits == 0:
             return f"scale format {plan.scale.name} has no arithmetic encoder (ScaleArith)"
     return None
@@ -182,7 +182,8 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int):
     bb = max(2048 // w, 1)
     dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
     args = dict(BB=bb, W=w, TR=br, TILE=br > 1, IGNORE_NAN=plan.ignore_nan, PER_ROW=plan.two_level.per_row,
-                **layout(R, C, w), **_sr_kw(plan, seed, counter), **kw)
+                FOS=int(plan.two_level.four_over_six), INV_T46=float(plan.two_level.inv_t46), **layout(R, C, w),
+                **_sr_kw(plan, seed, counter), **kw)
     grid = (-(-nblk // bb),)
     d8 = dummy(dev, "int32")
     if fake:
