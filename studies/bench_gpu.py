@@ -152,8 +152,8 @@ def main() -> None:
     row("E4M3 element encode (fused)", lambda: tcodecs.encode_fused(x, "e4m3"), gb + n_el / 1e9)
     row("eager torch NVFP4 quantize (`impl=\"eager\"`)", lambda: tb.quantize(x, "nvfp4", impl="eager"), gb + nv_out,
         reps=3)
-    row("NVFP4 four-over-six fake-quantize (eager torch ops; no Triton kernel)", lambda: tb.fake_quantize(x, fos),
-        2 * gb, reps=3)
+    row("NVFP4 four-over-six (MSE) fake-quantize incl. amax (fused: both candidates, float64 errors)",
+        lambda: tb.fake_quantize(x, fos), 2 * gb, reps=3)
     row("RHT d = 16, BF16 in/out, float32 storage (one Triton kernel)", lambda: tb.rht(x, 16), 2 * gb)
     row("RHT d = 16, the same as eager torch operations (before)", lambda: tb.rht(x, 16, impl="eager"), 2 * gb,
         reps=3)
