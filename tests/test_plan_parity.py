@@ -263,3 +263,19 @@ def test_route_and_unsupported_name_the_hand_off():
             tb.quantize(torch.zeros(4, 16), p46, impl="triton")
     name, why = backends.route("quantize", lower("nvfp4"), "torch-cpu", rbits=True)
     assert name == "numba-cpu" and "rbits" in why
+
+
+@pytest.mark.skipif(not triton_available(), reason="Triton cannot run here")
+@pytest.mark.parametrize("scale", ["e4m3", "e5m2", UE5M3])
+def test_triton_decoder_reads_every_scale_byte_as_the_reference(scale):
+    """Hand-made scale bytes 0–255 (negative, ±inf, NaN and past-the-format codes among them) decode as the
+    reference's table decodes them, for ALL_ONES, IEEE and unsigned scale formats."""
+    sch = fpsim.BlockScheme("t", "e2m1", scale, (1, 16), tensor_scale=True)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    q = fpsim.quantize(x, sch)
+    hand = fpsim.QuantizedTensor(rng.integers(0, 256, q.data.shape).astype(np.uint8),
+                                 np.arange(256, dtype=np.uint8).reshape(16, 16), q.amax, sch, q.shape, q.dtype, q.axis)
+    want = fpsim.dequantize(hand)
+    got = tb.TorchQuantized.from_quantized(hand, DEV).dequantize(impl="triton").cpu().numpy()
+    assert same_bits(got, want)

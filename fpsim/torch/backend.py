@@ -11,6 +11,8 @@ container live in :mod:`fpsim.torch.codecs`, :mod:`~fpsim.torch.rht`, :mod:`~fps
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..plan import Plan, lower
 from ..schemes import BlockScheme, Kind, ScaleRule
 from ..tensor import moved_2d
@@ -19,7 +21,7 @@ from .container import TorchQuantized
 from .gemm import gemm
 from .quantize import absmax, amax_bits, eager_unsupported, quantize_eager, quantize_fused, triton_unsupported
 from .rht import rht
-from .runtime import torch_module, triton_available, use_triton
+from .runtime import f32, torch_module, triton_available, use_triton
 
 __all__ = ["unsupported", "route", "quantize", "fake_quantize", "dequantize", "encode", "decode", "rht", "gemm",
            "TorchQuantized"]
@@ -76,13 +78,15 @@ def _amax(X, plan: Plan, tensor_amax, fused: bool):
     dev = X.device
     tl_ = plan.two_level
     if tl_ is not None and not tl_.tensor_scale:
-        return torch.tensor(float("nan"), dtype=torch.float32, device=dev)
+        return f32(float("nan"), dev)
     if tl_ is not None and tl_.per_row:
         return amax_bits(X, plan.ignore_nan, dim=-1)
     if plan.kind is Kind.POW2 or (plan.kind is Kind.FP32 and plan.block is not None):
-        return torch.tensor(float("nan"), dtype=torch.float32, device=dev)
+        return f32(float("nan"), dev)
+    if torch.is_tensor(tensor_amax):
+        return tensor_amax.to(device=dev, dtype=torch.float32).reshape(())
     if tensor_amax is not None:
-        return torch.as_tensor(tensor_amax, dtype=torch.float32, device=dev).reshape(())
+        return f32(float(np.float32(tensor_amax)), dev)
     return absmax(X, plan.ignore_nan) if fused else amax_bits(X, plan.ignore_nan)
 
 

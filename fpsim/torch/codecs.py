@@ -18,11 +18,11 @@ from ..codecs import Rounding, encode_lut
 from ..formats import FormatSpec, get_format
 from ..plan import is_e2m1
 from ..random import seed_key, stream_width
-from ..scaling import byte_table
+from ..scaling import POW2_NEG, POW2_POS, byte_table
 from .runtime import torch_module, use_triton
 
 __all__ = ["encode", "decode", "encode_fused", "random_bits", "block_random_bits", "philox4x32", "code_table",
-           "elem_consts", "f32_bits", "bf16_round"]
+           "elem_consts", "f32_bits", "bf16_round", "pow2_table"]
 
 
 @functools.cache
@@ -37,6 +37,14 @@ def code_table(kind: str, spec: FormatSpec, mode: int = 0, sat: bool = True, dev
     else:
         arr = byte_table(spec)
     return torch.from_numpy(np.array(arr)).to(device)  # a writable copy: the tables are read-only
+
+
+@functools.cache
+def pow2_table(sign: int, device: str = "cpu"):
+    """E8M0 byte b → 2**(sign · (b − 127)) as exact float32 (NaN for 0xFF): :data:`fpsim.scaling.POW2_POS`
+    (sign +1, decode) or ``POW2_NEG`` (−1, the element multiplier), cached on ``device``."""
+    torch = torch_module()
+    return torch.from_numpy((POW2_POS if sign > 0 else POW2_NEG).copy()).to(device)
 
 
 def f32_bits(x):

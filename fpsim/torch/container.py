@@ -13,10 +13,9 @@ import dataclasses
 import numpy as np
 
 from ..plan import ElemPath, Plan, lower
-from ..scaling import POW2_POS
 from ..schemes import Kind
 from ..tensor import QuantizedTensor, moved_2d
-from .codecs import code_table, decode
+from .codecs import code_table, decode, pow2_table
 from .runtime import FLT_MAX, fdiv, hw_cvt, layout, torch_module, use_triton
 
 __all__ = ["TorchQuantized", "unpack_codes", "second_level_scales", "decodable", "dequantize_fused",
@@ -79,7 +78,10 @@ def triton_block_width(plan: Plan) -> int | None:
 
 
 def decodable(plan: Plan) -> bool:
-    """Whether the Triton decoders take the plan (two-level or MX; blocks of :func:`triton_block_width`)."""
+    """Whether the Triton decoders take the plan: MX, or two-level with an arithmetic scale format (ScaleArith);
+    blocks of :func:`triton_block_width`."""
+    if plan.kind is Kind.TWO_LEVEL and plan.two_level.scale_arith.mbits == 0:
+        return False
     return plan.kind in (Kind.TWO_LEVEL, Kind.POW2) and triton_block_width(plan) is not None
 
 
@@ -138,10 +140,12 @@ def dequantize_fused(codes, scales, amax, c: int, plan: Plan, dtype=None, apply_
     if nblk and plan.kind is Kind.TWO_LEVEL:
         tl_ = plan.two_level
         a = torch.as_tensor(amax, dtype=torch.float32, device=codes.device).reshape(-1)
+        sa, st = tl_.scale_arith, plan.scale.traits
         KQ.two_level_dequant_kernel[(-(-nblk // bb),)](
-            Q.view(torch.int32), S, code_table("byte", plan.scale, device=dev), dec, a, _out_view(out), c, nb, nblk,
-            APPLY_SDEC=bool(apply_s_dec), NUM=float(tl_.num), TENSOR_SCALE=tl_.tensor_scale, PER_ROW=tl_.per_row,
-            E2M1=plan.elem_path is ElemPath.E2M1, **kw)
+            Q.view(torch.int32), S, dec, a, _out_view(out), c, nb, nblk, APPLY_SDEC=bool(apply_s_dec),
+            NUM=float(tl_.num), TENSOR_SCALE=tl_.tensor_scale, PER_ROW=tl_.per_row,
+            E2M1=plan.elem_path is ElemPath.E2M1, S_BITS=st.bits, S_SIGNED=bool(st.signed), S_MBITS=sa.mbits,
+            S_EMIN_B=sa.emin_b, S_Q=float(sa.q), S_HAS_INF=bool(st.has_inf), S_NAN_CODE=sa.nan_code, **kw)
     elif nblk:
         KQ.mx_dequant_kernel[(-(-nblk // bb),)](Q.view(torch.int32), S, dec, _out_view(out), c, nb, nblk, **kw)
     return out.reshape(*lead, c)
@@ -169,7 +173,7 @@ def dequantize_eager(q: TorchQuantized, plan: Plan):
         _, s_dec = second_level_scales(plan, amax_rows)
         out = (e.reshape(R, nb, bc) * sv[..., None]) * s_dec[:, None, None]
     elif plan.kind is Kind.POW2:
-        p2 = torch.from_numpy(POW2_POS.copy()).to(dev)
+        p2 = pow2_table(1, str(dev))
         out = e.reshape(R, nb, bc) * p2[q.scales.reshape(R, nb).to(torch.int64)][..., None]
     else:
         out = e.reshape(R, nb, bc) * q.scales.reshape(R, nb).to(torch.float32)[..., None]

@@ -14,11 +14,10 @@ import numpy as np
 
 from ..codecs import Rounding
 from ..plan import ElemPath, Plan
-from ..scaling import POW2_NEG
 from ..schemes import Kind, ScaleRule
-from .codecs import block_random_bits, code_table, elem_consts, encode, f32_bits
+from .codecs import block_random_bits, code_table, elem_consts, encode, f32_bits, pow2_table
 from .container import second_level_scales, triton_block_width
-from .runtime import FLT_MAX, WARPS, dummy, fdiv, layout, torch_module
+from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, layout, torch_module
 
 __all__ = ["triton_unsupported", "eager_unsupported", "absmax", "amax_bits", "tile_absmax", "quantize_fused",
            "quantize_eager", "pack_codes", "e8m0_bytes"]
@@ -387,7 +386,7 @@ def _two_level_eager(t: _Tiles, plan: Plan, amax_rows):
     vmax = t.vmax()
 
     def candidate(inv_target):
-        sdb = torch.minimum(vmax * (se * float(inv_target)), torch.tensor(float(tl_.bound), device=dev))
+        sdb = torch.clamp(vmax * (se * float(inv_target)), max=float(tl_.bound))  # a NaN stays NaN (fmin_nan)
         sb = encode(sdb, plan.scale)
         sv = stab[sb]
         enc = torch.clamp(fdiv(1.0, sv * sd), max=FLT_MAX)
@@ -412,7 +411,7 @@ def _blocks_eager(X, plan: Plan, amax_rows, seed, counter: int):
         scales = sb.to(torch.uint8)
     elif plan.kind is Kind.POW2:
         sb = e8m0_bytes(t.vmax_bits, plan)
-        mul = torch.from_numpy(POW2_NEG.copy()).to(X.device)[sb]  # 2**(127 − b), exact float32; NaN for 0xFF
+        mul = pow2_table(-1, str(X.device))[sb]  # 2**(127 − b), exact float32; NaN for 0xFF
         codes = t.encode(t.x * mul, plan)
         codes = torch.where((sb == 0xFF) & t.valid, plan.element.nan_code, codes)
         scales = sb.to(torch.uint8)
@@ -430,7 +429,7 @@ def quantize_eager(x, plan: Plan, amax=None, *, seed=None, counter: int = 0):
     2-D with the quantized axis last; ``amax`` as in :func:`quantize_fused`) by torch operations."""
     torch = torch_module()
     dev = x.device
-    nan = torch.tensor(float("nan"), dtype=torch.float32, device=dev)
+    nan = f32(float("nan"), dev)
     flat = {"seed": seed, "k": plan.sr.k, "counter": counter} if plan.is_sr else {}
     if plan.kind is Kind.CAST:
         codes = encode(x, plan.element, plan.rounding, **flat)

@@ -53,7 +53,7 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
         a, b = t4[..., 0, :], t4[..., 1, :]
         t = torch.stack([a + b, a - b], dim=-2).reshape(t.shape[0], t.shape[1], d)
         h *= 2
-    t = t * torch.tensor(inv_sqrt, device=x.device)
+    t = t * float(inv_sqrt)  # an exact float32 multiplier: one rounding, no host-to-device copy
     if inverse:
         t = t * s
     if bf16_out:

@@ -63,9 +63,10 @@ def dummy(device: str, dtype_name: str):
 
 
 def f32(v, device):
-    """A 0-d float32 tensor on ``device``."""
+    """A 0-d float32 tensor on ``device``, filled on the device: ``torch.tensor(v, device="cuda")`` copies from
+    pageable host memory, which synchronises the host with the GPU (and exposes the launch overheads)."""
     torch = torch_module()
-    return torch.tensor(v, dtype=torch.float32, device=device)
+    return torch.full((), float(v), dtype=torch.float32, device=device)
 
 
 def fdiv(a, b):
