@@ -78,10 +78,8 @@ def triton_block_width(plan: Plan) -> int | None:
 
 
 def decodable(plan: Plan) -> bool:
-    """Whether the Triton decoders take the plan: MX, or two-level with an arithmetic scale format (ScaleArith);
-    blocks of :func:`triton_block_width`."""
-    if plan.kind is Kind.TWO_LEVEL and plan.two_level.scale_arith.mbits == 0:
-        return False
+    """Whether the Triton decoders take the plan (two-level with any scale format, or MX; blocks of
+    :func:`triton_block_width`)."""
     return plan.kind in (Kind.TWO_LEVEL, Kind.POW2) and triton_block_width(plan) is not None
 
 
@@ -140,12 +138,10 @@ def dequantize_fused(codes, scales, amax, c: int, plan: Plan, dtype=None, apply_
     if nblk and plan.kind is Kind.TWO_LEVEL:
         tl_ = plan.two_level
         a = torch.as_tensor(amax, dtype=torch.float32, device=codes.device).reshape(-1)
-        sa, st = tl_.scale_arith, plan.scale.traits
         KQ.two_level_dequant_kernel[(-(-nblk // bb),)](
-            Q.view(torch.int32), S, dec, a, _out_view(out), c, nb, nblk, APPLY_SDEC=bool(apply_s_dec),
-            NUM=float(tl_.num), TENSOR_SCALE=tl_.tensor_scale, PER_ROW=tl_.per_row,
-            E2M1=plan.elem_path is ElemPath.E2M1, S_BITS=st.bits, S_SIGNED=bool(st.signed), S_MBITS=sa.mbits,
-            S_EMIN_B=sa.emin_b, S_Q=float(sa.q), S_HAS_INF=bool(st.has_inf), S_NAN_CODE=sa.nan_code, **kw)
+            Q.view(torch.int32), S, code_table("byte", plan.scale, device=dev), dec, a, _out_view(out), c, nb, nblk,
+            APPLY_SDEC=bool(apply_s_dec), NUM=float(tl_.num), TENSOR_SCALE=tl_.tensor_scale, PER_ROW=tl_.per_row,
+            E2M1=plan.elem_path is ElemPath.E2M1, **kw)
     elif nblk:
         KQ.mx_dequant_kernel[(-(-nblk // bb),)](Q.view(torch.int32), S, dec, _out_view(out), c, nb, nblk, **kw)
     return out.reshape(*lead, c)

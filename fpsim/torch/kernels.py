@@ -120,27 +120,6 @@ def code_value(c, MBITS: tl.constexpr, EMIN_B: tl.constexpr, Q: tl.constexpr, NA
 
 
 @triton.jit
-def byte_value(c, BITS: tl.constexpr, SIGNED: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr,
-               Q: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr):
-    """float32 value of any stored byte 0–255 of a scale format with subnormals, as its decode table
-    (:func:`fpsim.scaling.byte_table`) gives it: the sign bit, ±inf and NaN codes, and NaN for a byte past the
-    format's codes; arithmetic, so a decoder needs no dependent table load per block."""
-    if SIGNED:
-        mag = c & ((1 << (BITS - 1)) - 1)
-        neg = (c >> (BITS - 1)) & 1
-    else:
-        mag = c
-        neg = c * 0
-    v = code_value(mag, MBITS, EMIN_B, Q, NAN_CODE)
-    if HAS_INF:  # IEEE style: the all-ones exponent is inf (mantissa 0) or NaN
-        EXP_ONES: tl.constexpr = (1 << (BITS - SIGNED - MBITS)) - 1
-        v = tl.where((mag >> MBITS) == EXP_ONES, tl.where((mag & ((1 << MBITS) - 1)) == 0, float("inf"),
-                                                          float("nan")), v)
-    v = tl.where(neg == 1, -v, v)
-    return tl.where(c >= (1 << BITS), float("nan"), v)
-
-
-@triton.jit
 def pack_words(code, BB: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
     """[BB, N] codes → [BB, N·BITS/32] little-endian int32 words (code i at bit BITS·(i mod 32/BITS)).
 

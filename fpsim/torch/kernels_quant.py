@@ -25,7 +25,6 @@ from .kernels import (
     FLT_MAX,
     block_offsets,
     block_vmax,
-    byte_value,
     canonical_nan,
     code_value,
     e2m1_value,
@@ -211,18 +210,18 @@ def two_level_quant_2d_kernel(
 
 @triton.jit
 def two_level_dequant_kernel(
-    q_ptr, s_ptr, dec_ptr, amax_ptr, out_ptr, C, NB, NBLK,
+    q_ptr, s_ptr, stab_ptr, dec_ptr, amax_ptr, out_ptr, C, NB, NBLK,
     BB: tl.constexpr, W: tl.constexpr, APPLY_SDEC: tl.constexpr, NUM: tl.constexpr, TENSOR_SCALE: tl.constexpr,
     PER_ROW: tl.constexpr, E2M1: tl.constexpr, PACK4: tl.constexpr, OUT_BF16: tl.constexpr, EVEN: tl.constexpr,
-    IDX64: tl.constexpr, HW_CVT: tl.constexpr, S_BITS: tl.constexpr, S_SIGNED: tl.constexpr, S_MBITS: tl.constexpr,
-    S_EMIN_B: tl.constexpr, S_Q: tl.constexpr, S_HAS_INF: tl.constexpr, S_NAN_CODE: tl.constexpr,
+    IDX64: tl.constexpr, HW_CVT: tl.constexpr,
 ):
-    """x̂ = fl((e · s_b) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype; s_b by
-    :func:`byte_value` (every stored byte decodes as the reference's table decodes it)."""
+    """x̂ = fl((e · s_b) · S_dec) (or the exact e · s_b without S_dec), to ``out_ptr``'s dtype; s_b from the scale
+    format's 256-entry table ``stab`` (every stored byte decodes as the reference decodes it; on the H200 one
+    table load per block measured faster than decoding the byte arithmetically with its sign, inf and NaN codes:
+    0.341 against 0.386 ms for 1.07 GB)."""
     g, gm, offs, m = block_offsets(tl.program_id(0), NB, C, NBLK, BB, W, EVEN, IDX64)
     code = _load_codes(q_ptr, g, gm, BB, W, PACK4)
-    sb = tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32)
-    sv = byte_value(sb, S_BITS, S_SIGNED, S_MBITS, S_EMIN_B, S_Q, S_HAS_INF, S_NAN_CODE)[:, None]
+    sv = tl.load(stab_ptr + tl.load(s_ptr + g, mask=gm, other=0).to(tl.int32))[:, None]
     v = _elem_values(code, dec_ptr, E2M1) * sv
     if APPLY_SDEC:
         s_enc, s_dec = second_level(amax_ptr, g, gm, NB, NUM, BB, TENSOR_SCALE, PER_ROW)
