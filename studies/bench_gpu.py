@@ -19,6 +19,9 @@ import torch
 
 import fpsim
 from fpsim.torch import backend as tb
+from fpsim.torch import codecs as tcodecs
+from fpsim.torch import gemm as tgemm
+from fpsim.torch.quantize import absmax
 
 
 def cuda_time(fn, reps: int = 10) -> float:
@@ -56,23 +59,23 @@ def bit_identity(x: torch.Tensor) -> list[tuple[str, bool]]:
     for label, t in (("finite + inf", xs), ("with a NaN", xn)):
         xc = t.cpu().numpy()
         q = fpsim.quantize(xc, "nvfp4")
-        d, s, a = tb.quantize_nvfp4_fused(t)
-        ok = same(d.cpu().numpy(), q.data) and same(s.cpu().numpy(), q.scales) and same(a.cpu().numpy(), q.amax)
+        tq = tb.quantize(t, "nvfp4")
+        ok = (same(tq.data.cpu().numpy(), q.data) and same(tq.scales.cpu().numpy(), q.scales)
+              and same(tq.amax.cpu().numpy(), q.amax))
         out.append((f"NVFP4 1×16 codes, scales, amax ({label})", ok))
-        out.append((f"NVFP4 dequantize float32 ({label})",
-                    same(tb.dequantize_nvfp4_fused(d, s, a, t.shape[1]).cpu().numpy(), q.dequantize())))
+        out.append((f"NVFP4 dequantize float32 ({label})", same(tq.dequantize().cpu().numpy(), q.dequantize())))
     xc = xs.cpu().numpy()
     q = fpsim.quantize(xc, "nvfp4", block=(16, 16))
-    d, s, a = tb.quantize_nvfp4_fused(xs, tile=True)
-    out.append(("NVFP4 16×16 codes and scales", same(d.cpu().numpy(), q.data) and same(s.cpu().numpy(), q.scales)))
+    tq = tb.quantize(xs, "nvfp4", block=(16, 16))
+    out.append(("NVFP4 16×16 codes and scales", same(tq.data.cpu().numpy(), q.data)
+                and same(tq.scales.cpu().numpy(), q.scales)))
     ok = True
-    for scheme, el in (("mxfp4", "float4_e2m1fn"), ("mxfp6_e2m3", "float6_e2m3fn"), ("mxfp6_e3m2", "float6_e3m2fn"),
-                       ("mxfp8_e4m3", "float8_e4m3fn"), ("mxfp8_e5m2", "float8_e5m2")):
+    for scheme in ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"):
         for rule in ("floor", "ceil", "even", "rceil"):
             q = fpsim.quantize(xc, scheme, scale_rule=rule)
-            c, s = tb.quantize_mx_fused(xs, el, rule)
-            ok &= same(c.cpu().numpy(), q.data) and same(s.cpu().numpy(), q.scales)
-            ok &= same(tb.dequantize_mx_fused(c, s, xs.shape[1], el).cpu().numpy(), q.dequantize())
+            tq = tb.quantize(xs, scheme, scale_rule=rule)
+            ok &= same(tq.data.cpu().numpy(), q.data) and same(tq.scales.cpu().numpy(), q.scales)
+            ok &= same(tq.dequantize().cpu().numpy(), q.dequantize())
     out.append(("MX (5 element formats × 4 scale rules) codes, scales, dequantize", ok))
     out.append(("NVFP4 fake-quantize (fused) = quantize ∘ dequantize",
                 same(tb.fake_quantize(xs, "nvfp4").cpu().numpy(), fpsim.fake_quantize(xc, "nvfp4"))))
@@ -81,7 +84,12 @@ def bit_identity(x: torch.Tensor) -> list[tuple[str, bool]]:
         t = tb.quantize(xs, scheme)
         out.append((f"{scheme} codes, scales, dequantize", same(t.data.cpu().numpy(), q.data)
                     and same(t.scales.cpu().numpy(), q.scales) and same(t.dequantize().cpu().numpy(), q.dequantize())))
-    out.append(("E4M3 encode (fused)", same(tb.encode_fused(xs, "e4m3").cpu().numpy(), fpsim.encode(xc, "e4m3"))))
+    for change in ({"four_over_six": True}, {"per_row_scale": True}):
+        sch = fpsim.get_scheme("nvfp4").replace(**change)
+        out.append((f"NVFP4 {', '.join(change)} fake-quantize (torch on the GPU)",
+                    same(tb.fake_quantize(xs, sch).cpu().numpy(), fpsim.fake_quantize(xc, sch))))
+    out.append(("E4M3 encode (fused)", same(tcodecs.encode_fused(xs, "e4m3").cpu().numpy(),
+                                             fpsim.encode(xc, "e4m3"))))
     ok = True  # the RHT (one Triton kernel); NaNs are compared as NaNs (canonical on both sides after BF16)
     for dh, signs, bf16 in ((16, "recipe", True), (16, 5, False), (128, 9, True)):
         want = fpsim.rht(xc, dh, signs, bf16_in=bf16, bf16_out=bf16)
@@ -107,45 +115,51 @@ def main() -> None:
     y = torch.empty_like(x)
     t_copy = cuda_time(lambda: y.copy_(x))
     copy_bw = 2 * gb / t_copy
-    amax = tb.absmax(x)
-    d, s, _ = tb.quantize_nvfp4_fused(x, tensor_amax=amax)
-    cm, sm = tb.quantize_mx_fused(x, "float4_e2m1fn")
-    c8, s8 = tb.quantize_mx_fused(x, "float8_e4m3fn")
+    amax = absmax(x)
+    qn = tb.quantize(x, "nvfp4", tensor_amax=amax)
+    qm = tb.quantize(x, "mxfp4")
+    q8 = tb.quantize(x, "mxfp8_e4m3")
     nv_out = n_el * (0.5 + 1 / 16) / 1e9
+    per_row = fpsim.get_scheme("nvfp4").replace(per_row_scale=True)
+    fos = fpsim.get_scheme("nvfp4").replace(four_over_six=True)
     rows = []
 
     def row(label, fn, moved_gb, reps=10):
         t = cuda_time(fn, reps)
         rows.append((label, t * 1e3, gb / t, moved_gb / t / copy_bw))
 
-    row("tensor amax (fused, one read)", lambda: tb.absmax(x), gb)
-    row("NVFP4 1×16 quantize, amax given (one fused pass)", lambda: tb.quantize_nvfp4_fused(x, tensor_amax=amax),
+    row("tensor amax (fused, one read)", lambda: absmax(x), gb)
+    row("NVFP4 1×16 quantize, amax given (one fused pass)", lambda: tb.quantize(x, "nvfp4", tensor_amax=amax),
         gb + nv_out)
-    row("NVFP4 1×16 quantize incl. amax pass", lambda: tb.quantize_nvfp4_fused(x), gb + nv_out)
+    row("NVFP4 1×16 quantize incl. amax pass", lambda: tb.quantize(x, "nvfp4"), gb + nv_out)
     row("NVFP4 16×16 quantize incl. amax pass (tile amax in the same pass)",
-        lambda: tb.quantize_nvfp4_fused(x, tile=True), gb + nv_out)
+        lambda: tb.quantize(x, "nvfp4", block=(16, 16)), gb + nv_out)
     row("NVFP4 1×16 quantize, stochastic rounding (Philox, k = 8), amax given",
-        lambda: tb.quantize_nvfp4_fused(x, tensor_amax=amax, seed=1), gb + nv_out)
-    row("NVFP4 dequantize → float32", lambda: tb.dequantize_nvfp4_fused(d, s, amax, 4096), gb + nv_out)
-    row("NVFP4 dequantize → BF16", lambda: tb.dequantize_nvfp4_fused(d, s, amax, 4096, torch.bfloat16),
-        gb / 2 + nv_out)
+        lambda: tb.quantize(x, "nvfp4", rounding="sr", tensor_amax=amax, seed=1), gb + nv_out)
+    row("NVFP4 1×16 quantize, per-row second-level scales (row amax by torch ops)",
+        lambda: tb.quantize(x, per_row), gb + nv_out)
+    row("NVFP4 dequantize → float32", lambda: qn.dequantize(), gb + nv_out)
+    row("NVFP4 dequantize → BF16", lambda: qn.dequantize(torch.bfloat16), gb / 2 + nv_out)
     row("NVFP4 fake-quantize (float32 → float32) incl. amax", lambda: tb.fake_quantize(x, "nvfp4"), 2 * gb)
-    row("MXFP4 quantize (rceil)", lambda: tb.quantize_mx_fused(x, "float4_e2m1fn"), gb + n_el * (0.5 + 1 / 32) / 1e9)
-    row("MXFP4 dequantize → float32", lambda: tb.dequantize_mx_fused(cm, sm, 4096), gb + n_el * (0.5 + 1 / 32) / 1e9)
-    row("MXFP8 E4M3 quantize (rceil)", lambda: tb.quantize_mx_fused(x, "float8_e4m3fn"), gb + n_el * (1 + 1 / 32) / 1e9)
-    row("MXFP8 E4M3 dequantize → float32", lambda: tb.dequantize_mx_fused(c8, s8, 4096, "float8_e4m3fn"),
-        gb + n_el * (1 + 1 / 32) / 1e9)
-    row("FP8 E4M3 per-tensor quantize incl. amax pass (IEEE x / d)", lambda: tb.quantize_fp8_fused(x), gb + n_el / 1e9)
-    row("FP8 E4M3 1×128 blockwise quantize (FP32 scales)", lambda: tb.quantize_fp8_fused(x, block=128),
+    row("MXFP4 quantize (rceil)", lambda: tb.quantize(x, "mxfp4"), gb + n_el * (0.5 + 1 / 32) / 1e9)
+    row("MXFP4 dequantize → float32", lambda: qm.dequantize(), gb + n_el * (0.5 + 1 / 32) / 1e9)
+    row("MXFP8 E4M3 quantize (rceil)", lambda: tb.quantize(x, "mxfp8_e4m3"), gb + n_el * (1 + 1 / 32) / 1e9)
+    row("MXFP8 E4M3 dequantize → float32", lambda: q8.dequantize(), gb + n_el * (1 + 1 / 32) / 1e9)
+    row("FP8 E4M3 per-tensor quantize incl. amax pass (IEEE x / d)", lambda: tb.quantize(x, "fp8_e4m3"),
+        gb + n_el / 1e9)
+    row("FP8 E4M3 1×128 blockwise quantize (FP32 scales)", lambda: tb.quantize(x, "fp8_block128"),
         gb + n_el * (1 + 4 / 128) / 1e9)
-    row("E4M3 element encode (fused)", lambda: tb.encode_fused(x, "e4m3"), gb + n_el / 1e9)
-    row("eager torch NVFP4 quantize (before: session 1)", lambda: tb.quantize_nvfp4(x), gb + nv_out, reps=3)
+    row("E4M3 element encode (fused)", lambda: tcodecs.encode_fused(x, "e4m3"), gb + n_el / 1e9)
+    row("eager torch NVFP4 quantize (`impl=\"eager\"`)", lambda: tb.quantize(x, "nvfp4", impl="eager"), gb + nv_out,
+        reps=3)
+    row("NVFP4 four-over-six (MSE) fake-quantize incl. amax (fused: both candidates, float64 errors)",
+        lambda: tb.fake_quantize(x, fos), 2 * gb, reps=3)
     row("RHT d = 16, BF16 in/out, float32 storage (one Triton kernel)", lambda: tb.rht(x, 16), 2 * gb)
     row("RHT d = 16, the same as eager torch operations (before)", lambda: tb.rht(x, 16, impl="eager"), 2 * gb,
         reps=3)
 
     checks = bit_identity(x)
-    y = d = s = cm = sm = c8 = s8 = None  # free the GPU memory before the GEMMs
+    y = qn = qm = q8 = None  # free the GPU memory before the GEMMs
     torch.cuda.empty_cache()
 
     # GEMMs
@@ -156,13 +170,13 @@ def main() -> None:
     t_bf16 = cuda_time(lambda: ab @ bb.T, 10)
     qa = tb.quantize(a_, "nvfp4")
     qb = tb.quantize(b_, "nvfp4")
-    t_nv = cuda_time(lambda: tb.gemm_nvfp4_bf16(qa, qb), 10)
-    t_nvb = cuda_time(lambda: tb.gemm_nvfp4_bf16(qa, qb, torch.bfloat16), 10)
-    wa, wb = tb._scaled_values_bf16(qa), tb._scaled_values_bf16(qb)
-    t_deq = cuda_time(lambda: (tb._scaled_values_bf16(qa), tb._scaled_values_bf16(qb)), 10)
+    t_nv = cuda_time(lambda: tgemm.gemm_bf16_exact(qa, qb), 10)
+    t_nvb = cuda_time(lambda: tgemm.gemm_bf16_exact(qa, qb, torch.bfloat16), 10)
+    wa, wb = tgemm.scaled_values_bf16(qa), tgemm.scaled_values_bf16(qb)
+    t_deq = cuda_time(lambda: (tgemm.scaled_values_bf16(qa), tgemm.scaled_values_bf16(qb)), 10)
     t_mm32 = cuda_time(lambda: torch.mm(wa, wb.t(), out_dtype=torch.float32), 10)
     t_mm16 = cuda_time(lambda: torch.mm(wa, wb.t()), 10)
-    t_nvq = cuda_time(lambda: tb.gemm_nvfp4_bf16(tb.quantize(a_, "nvfp4"), tb.quantize(b_, "nvfp4")), 10)
+    t_nvq = cuda_time(lambda: tgemm.gemm_bf16_exact(tb.quantize(a_, "nvfp4"), tb.quantize(b_, "nvfp4")), 10)
     fa = tb.TorchQuantized.from_quantized(fpsim.quantize(a_.cpu().numpy(), "fp8_e4m3"), dev)
     fb = tb.TorchQuantized.from_quantized(fpsim.quantize(b_.cpu().numpy(), "fp8_e4m3"), dev)
     t_fp8 = cuda_time(lambda: tb.gemm(fa, fb, "blas"), 10)
@@ -186,7 +200,7 @@ def main() -> None:
     t_fp32 = cuda_time(lambda: tb.gemm(qa2, qb2, "fp32"), 3)
     checks.append((f"NVFP4 GEMM `fp32` model {m2}×{m2}×{k2} on the GPU = Numba", same(got, ref)))
     exact = fpsim.gemm(qa2.to_quantized(), qb2.to_quantized(), "exact", backend="numba-cpu")
-    blas = tb.gemm_nvfp4_bf16(qa2, qb2).cpu().numpy().astype(np.float64)
+    blas = tgemm.gemm_bf16_exact(qa2, qb2).cpu().numpy().astype(np.float64)
     mag = np.abs(qa2.to_quantized().dequantize()).astype(np.float64) @ np.abs(
         qb2.to_quantized().dequantize()).astype(np.float64).T
     rel = float(np.max(np.abs(blas - exact) / mag))
@@ -205,7 +219,7 @@ def main() -> None:
         f"Generated by `python -m studies.bench_gpu` on {dt.date.today().isoformat()} on the device machine ({name}, "
         f"torch {torch.__version__}). Input {tuple(x.shape)} float32 ({gb:.2f} GB). Device-to-device copy: "
         f"**{copy_bw:.0f} GB/s** (read + write) in the same run. Fused rows are the Triton kernels of "
-        "`fpsim/torch/kernels.py`.",
+        "`fpsim/torch/kernels_quant.py` (device functions in `fpsim/torch/kernels.py`).",
         "",
         "| operation | ms | GB/s of float32 input | bytes moved / time, fraction of copy bandwidth |",
         "|---|---:|---:|---:|",

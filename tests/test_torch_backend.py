@@ -11,6 +11,7 @@ from tests.probes import float32_probes, probes_for
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]'); CPU CI skips this")
 tb = pytest.importorskip("fpsim.torch.backend")
+from fpsim.torch import codecs as tc  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CODED = [n for n, s in fpsim.FORMATS.items() if not s.is_passthrough]
@@ -49,24 +50,23 @@ def test_nvfp4_equals_the_reference(device, shape):
     if len(shape) == 2 and shape[0] >= 5:
         x = adversarial(rng, shape)
     q = fpsim.quantize(x, "nvfp4")
-    data, scales, amax = tb.quantize_nvfp4(torch.from_numpy(x).to(device))
-    assert np.array_equal(data.cpu().numpy(), q.data) and np.array_equal(scales.cpu().numpy(), q.scales)
-    assert float(amax) == float(q.amax)
-    xq = tb.dequantize_nvfp4(data, scales, amax, shape[-1]).cpu().numpy()
+    t = tb.quantize(torch.from_numpy(x).to(device), "nvfp4", impl="eager")
+    assert t.to_quantized().equals(q)
+    xq = t.dequantize(impl="eager").cpu().numpy()
     assert np.array_equal(xq.view(np.uint32), q.dequantize().view(np.uint32))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("element,scheme", [("float4_e2m1fn", "mxfp4"), ("float8_e4m3fn", "mxfp8_e4m3"),
-                                            ("float6_e2m3fn", "mxfp6_e2m3")])
-def test_mx_rceil_equals_the_reference(device, element, scheme):
+@pytest.mark.parametrize("scheme", ["mxfp4", "mxfp8_e4m3", "mxfp6_e2m3"])
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+def test_mx_equals_the_reference(device, scheme, rule):
     rng = np.random.default_rng(5)
     x = (rng.standard_t(3, (16, 96)) * 10.0 ** rng.uniform(-6, 6, (16, 1))).astype(np.float32)
     x[0, 0] = np.nan
-    q = fpsim.quantize(x, scheme)
-    codes, sb = tb.quantize_mx(torch.from_numpy(x).to(device), element)
-    assert np.array_equal(codes.cpu().numpy(), q.data) and np.array_equal(sb.cpu().numpy(), q.scales)
-    xq = tb.dequantize_mx(codes, sb, 96, element).cpu().numpy()
+    q = fpsim.quantize(x, scheme, scale_rule=rule)
+    t = tb.quantize(torch.from_numpy(x).to(device), scheme, scale_rule=rule, impl="eager")
+    assert t.to_quantized().equals(q)
+    xq = t.dequantize(impl="eager").cpu().numpy()
     ref = q.dequantize()
     assert np.array_equal(np.isnan(xq), np.isnan(ref))
     ok = ~np.isnan(ref)
@@ -83,7 +83,7 @@ def test_registry():
         with backends.use("tpu"):
             pass
     with pytest.raises(ValueError, match="exactly one of"):
-        tb.encode(torch.zeros(2), "e2m1", "sr")
+        tc.encode(torch.zeros(2), "e2m1", "sr")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -91,12 +91,12 @@ def test_philox_stream_equals_the_cpu_generator(device):
     from fpsim.random import philox4x32, random_bits
 
     for counter, key, _ in [((0, 0, 0, 0), (0, 0), None), ((0xFFFFFFFF, 0xFFFFFFFF, 0, 0), (0xFFFFFFFF,) * 2, None)]:
-        w = tb.philox4x32(torch.tensor([counter[0]], device=device), torch.tensor([counter[1]], device=device), *key)
+        w = tc.philox4x32(torch.tensor([counter[0]], device=device), torch.tensor([counter[1]], device=device), *key)
         assert tuple(int(v) for v in w) == philox4x32(counter, key)
     for k in (1, 8, 13, 16, 24):
         for seed in (0, 7, 2**40 + 3):
             want = random_bits(seed, 1000, k, counter=5)
-            assert np.array_equal(tb.random_bits(seed, 1000, k, 5, device).cpu().numpy(), want.astype(np.int64))
+            assert np.array_equal(tc.random_bits(seed, 1000, k, 5, device).cpu().numpy(), want.astype(np.int64))
 
 
 @pytest.mark.parametrize("device", DEVICES)

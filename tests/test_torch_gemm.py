@@ -7,6 +7,7 @@ import fpsim
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]')")
 tb = pytest.importorskip("fpsim.torch.backend")
+from fpsim.torch import gemm as tg  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -47,7 +48,7 @@ def test_fp32_model_is_bit_identical_to_the_reference(sa, sb):
 def test_nvfp4_bf16_path_matches_the_exact_model_to_fp32_rounding():
     qa, qb = ops("nvfp4", "nvfp4", m=40, n=36, k=512, seed=2)
     exact = fpsim.gemm(qa, qb, "exact")
-    got = tb.gemm_nvfp4_bf16(tb.TorchQuantized.from_quantized(qa, DEV), tb.TorchQuantized.from_quantized(qb, DEV))
+    got = tg.gemm_bf16_exact(tb.TorchQuantized.from_quantized(qa, DEV), tb.TorchQuantized.from_quantized(qb, DEV))
     got = got.cpu().numpy().astype(np.float64)
     wa = np.abs(fpsim.dequantize(qa)).astype(np.float64)
     wb = np.abs(fpsim.dequantize(qb)).astype(np.float64)
@@ -57,8 +58,8 @@ def test_nvfp4_bf16_path_matches_the_exact_model_to_fp32_rounding():
     qa, qb = ops("nvfp4", "nvfp4", m=8, n=8, k=16, seed=3)
     ta, tb_ = tb.TorchQuantized.from_quantized(qa, DEV), tb.TorchQuantized.from_quantized(qb, DEV)
     want = fpsim.gemm(qa, qb, "fp32")
-    assert same_f32(tb.gemm_nvfp4_bf16(ta, tb_).cpu().numpy(), want)
-    got16 = tb.gemm_nvfp4_bf16(ta, tb_, torch.bfloat16)
+    assert same_f32(tg.gemm_bf16_exact(ta, tb_).cpu().numpy(), want)
+    got16 = tg.gemm_bf16_exact(ta, tb_, torch.bfloat16)
     assert got16.dtype == torch.bfloat16 and torch.equal(got16.cpu(), torch.from_numpy(want).to(torch.bfloat16))
 
 
@@ -94,7 +95,7 @@ def test_blackwell_argument_preparation(scheme, block):
     """Layout, dtypes and strides of the native tensor-core call (the hardware path itself is untested)."""
     qa, qb = ops(scheme, scheme, m=130, n=36, k=4 * block * 2, seed=4)
     a, b = tb.TorchQuantized.from_quantized(qa), tb.TorchQuantized.from_quantized(qb)
-    prep = tb.blackwell_scaled_mm_args(a, b)
+    prep = tg.blackwell_scaled_mm_args(a, b)
     args = prep["args"]
     el = qa.scheme.element.name
     assert args["mat_a"].dtype == {"float4_e2m1fn": torch.float4_e2m1fn_x2}.get(el, torch.float8_e4m3fn)
@@ -110,7 +111,7 @@ def test_blackwell_argument_preparation(scheme, block):
     assert np.allclose(got, exact, rtol=1e-6, atol=1e-30)
     with pytest.raises(ValueError, match="multiple of"):
         qa2, qb2 = ops(scheme, scheme, k=block * 2)
-        tb.blackwell_scaled_mm_args(tb.TorchQuantized.from_quantized(qa2), tb.TorchQuantized.from_quantized(qb2))
+        tg.blackwell_scaled_mm_args(tb.TorchQuantized.from_quantized(qa2), tb.TorchQuantized.from_quantized(qb2))
 
 
 def test_blackwell_dispatch_is_chosen_on_compute_capability_10(monkeypatch):
@@ -125,7 +126,7 @@ def test_blackwell_dispatch_is_chosen_on_compute_capability_10(monkeypatch):
                                                    kw["out_dtype"], 16, "float4_e2m1fn").astype(np.float32))
 
     monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
-    out = tb.gemm_blackwell(a, b)
+    out = tg.gemm_blackwell(a, b)
     assert len(calls) == 1 and calls[0]["mat_a"].dtype == torch.float4_e2m1fn_x2
     assert np.allclose(out.numpy(), fpsim.gemm(qa, qb, "exact"), rtol=1e-6)
 
@@ -183,6 +184,6 @@ def test_alpha_on_the_device_equals_the_reference(aa, ab):
     x[0, 0], y[0, 0] = aa, ab
     qa, qb = fpsim.quantize(x, "nvfp4"), fpsim.quantize(y, "nvfp4")
     want = alpha_factor(operand(qa), operand(qb)).reshape(())
-    got = tb._alpha_t(torch.tensor(np.float32(qa.amax), device=DEV), torch.tensor(np.float32(qb.amax), device=DEV),
-                      2688.0, 2688.0).cpu().numpy()
+    got = tg.second_level_alpha(torch.tensor(np.float32(qa.amax), device=DEV),
+                                torch.tensor(np.float32(qb.amax), device=DEV), 2688.0, 2688.0).cpu().numpy()
     assert (np.isnan(want) and np.isnan(got)) or same_f32(got, want)

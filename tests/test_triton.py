@@ -17,10 +17,14 @@ pytest.importorskip("triton", reason="Triton not installed")
 
 import fpsim  # noqa: E402
 from fpsim.torch import backend as tb  # noqa: E402
+from fpsim.torch import codecs as tc  # noqa: E402
+from fpsim.torch import container as tcont  # noqa: E402
+from fpsim.torch import quantize as tq  # noqa: E402
+from fpsim.torch.runtime import triton_available  # noqa: E402
 from tests import scaling_golden as G  # noqa: E402
 from tests.probes import float32_probes, probes_for  # noqa: E402
 
-if not tb.triton_available():
+if not triton_available():
     pytest.skip("Triton cannot run here", allow_module_level=True)
 
 # The interpreter evaluates float32 arithmetic with NumPy, which warns on overflow to inf and on NaN
@@ -66,17 +70,17 @@ def test_element_encoder_on_every_exponent_class(fmt):
     """Every float32 exponent, every rounding-relevant mantissa pattern, sticky bits, ±0, inf, NaN."""
     spec = fpsim.get_format(fmt)
     x = np.concatenate([probes_for(spec), float32_probes(top=4, sticky=True)]).view(np.float32)
-    got = N(tb.encode_fused(T(x), spec))
+    got = N(tc.encode_fused(T(x), spec))
     assert np.array_equal(got, fpsim.encode(x, spec).astype(np.uint8))
 
 
 def test_absmax_propagates_nan_unless_ignored():
     x = np.array([1.0, -3.0, np.nan, 2.0], np.float32)
-    assert np.isnan(float(tb.absmax(T(x))))
-    assert float(tb.absmax(T(x), ignore_nan=True)) == 3.0
-    assert float(tb.absmax(T(np.array([-np.inf, 1], np.float32)))) == np.inf
-    assert float(tb.absmax(T(np.zeros(0, np.float32)))) == 0.0
-    assert np.signbit(float(tb.absmax(T(np.array([-0.0], np.float32))))) == np.False_
+    assert np.isnan(float(tq.absmax(T(x))))
+    assert float(tq.absmax(T(x), ignore_nan=True)) == 3.0
+    assert float(tq.absmax(T(np.array([-np.inf, 1], np.float32)))) == np.inf
+    assert float(tq.absmax(T(np.zeros(0, np.float32)))) == 0.0
+    assert np.signbit(float(tq.absmax(T(np.array([-0.0], np.float32))))) == np.False_
 
 
 def _unpack(data, packed):
@@ -93,11 +97,12 @@ def test_nvfp4_golden_cases(case):
         pytest.skip(f"option {kw} is not a fused-kernel option")
     xt = np.moveaxis(x, kw.get("axis", -1), -1)
     tile = kw.get("block") == (16, 16)
-    q, s, amax = tb.quantize_nvfp4_fused(T(xt), tile=tile, nan_amax=kw.get("nan_amax", "propagate"))
-    assert np.array_equal(_unpack(N(q), True).reshape(len(codes), -1), np.asarray(codes)), name
-    assert np.array_equal(N(s).reshape(len(scales), -1), np.asarray(scales)), name
+    t = tb.quantize(T(xt), "nvfp4", block=(16, 16) if tile else None, nan_amax=kw.get("nan_amax", "propagate"),
+                    impl="triton")
+    assert np.array_equal(_unpack(N(t.data), True).reshape(len(codes), -1), np.asarray(codes)), name
+    assert np.array_equal(N(t.scales).reshape(len(scales), -1), np.asarray(scales)), name
     if decoded is not None:
-        d = N(tb.dequantize_nvfp4_fused(q, s, amax, xt.shape[-1]))
+        d = N(t.dequantize(impl="triton"))
         want = np.moveaxis(np.asarray(decoded, np.float32), kw.get("axis", -1), -1)
         assert same_f32(d, want) or np.array_equal(np.isnan(d), np.isnan(want)) and same_f32(
             np.nan_to_num(d), np.nan_to_num(want)), name
@@ -111,42 +116,41 @@ def test_nvfp4_fused_equals_the_reference(shape, nan_amax):
     if nan_amax == "ignore":
         x.reshape(-1)[::7] = np.nan
     q = fpsim.quantize(x, "nvfp4", nan_amax=nan_amax)
-    data, scales, amax = tb.quantize_nvfp4_fused(T(x), nan_amax=nan_amax)
-    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
-    assert same_f32(N(amax), q.amax)
-    assert same_f32(N(tb.dequantize_nvfp4_fused(data, scales, amax, shape[-1])), q.dequantize())
-    bf = tb.dequantize_nvfp4_fused(data, scales, amax, shape[-1], dtype=torch.bfloat16)
+    t = tb.quantize(T(x), "nvfp4", nan_amax=nan_amax, impl="triton")
+    assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales)
+    assert same_f32(N(t.amax), q.amax)
+    assert same_f32(N(t.dequantize(impl="triton")), q.dequantize())
+    bf = t.dequantize(torch.bfloat16, impl="triton")
     assert torch.equal(bf, torch.from_numpy(q.dequantize()).to(DEV).to(torch.bfloat16))
-    assert same_f32(N(tb._nvfp4_triton(T(x.reshape(-1, shape[-1])), amax, False, nan_amax == "ignore", True)),
-                    q.dequantize().reshape(-1, shape[-1]))
+    assert same_f32(N(tb.fake_quantize(T(x), "nvfp4", nan_amax=nan_amax, impl="triton")), q.dequantize())
 
 
 def test_nvfp4_nan_tensor_and_given_amax():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4, 40)).astype(np.float32)
     q = fpsim.quantize(x, "nvfp4", tensor_amax=0.5)  # an amax below the data: saturating scales
-    data, scales, _ = tb.quantize_nvfp4_fused(T(x), tensor_amax=0.5)
-    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
+    t = tb.quantize(T(x), "nvfp4", tensor_amax=0.5, impl="triton")
+    assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales)
     x[2, 3] = np.nan
     q = fpsim.quantize(x, "nvfp4")
-    data, scales, amax = tb.quantize_nvfp4_fused(T(x))
-    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales) and np.isnan(float(amax))
+    t = tb.quantize(T(x), "nvfp4", impl="triton")
+    assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales) and np.isnan(float(t.amax))
 
 
 @pytest.mark.parametrize("shape", [(16, 16), (40, 70), (33, 128)])
 def test_nvfp4_2d_tiles(shape):
     x = wild(np.random.default_rng(shape[1]), shape)
     q = fpsim.quantize(x, "nvfp4", block=(16, 16))
-    data, scales, amax = tb.quantize_nvfp4_fused(T(x), tile=True)
-    assert np.array_equal(N(data), q.data) and np.array_equal(N(scales), q.scales)
-    assert same_f32(N(tb._nvfp4_triton(T(x), amax, True, False, True)), q.dequantize())
+    t = tb.quantize(T(x), "nvfp4", block=(16, 16), impl="triton")
+    assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales)
+    assert same_f32(N(tb.fake_quantize(T(x), "nvfp4", block=(16, 16), impl="triton")), q.dequantize())
 
 
 def test_nvfp4_apply_s_dec_false_gives_exact_bf16_products():
     x = wild(np.random.default_rng(9), (8, 64))
-    data, scales, amax = tb.quantize_nvfp4_fused(T(x))
-    e = N(tb.dequantize_nvfp4_fused(data, scales, amax, 64, dtype=torch.float32, apply_s_dec=False))
-    b = N(tb.dequantize_nvfp4_fused(data, scales, amax, 64, dtype=torch.bfloat16, apply_s_dec=False).float())
+    t = tb.quantize(T(x), "nvfp4", impl="triton")
+    e = N(tcont.dequantize_fused(t.data, t.scales, t.amax, 64, t.plan, torch.float32, apply_s_dec=False))
+    b = N(tcont.dequantize_fused(t.data, t.scales, t.amax, 64, t.plan, torch.bfloat16, apply_s_dec=False).float())
     assert same_f32(e, b)  # e · s_b is exact in BF16
     q = fpsim.quantize(x, "nvfp4")
     vals = fpsim.decode(fpsim.unpack_fp4(q.data), "float4_e2m1fn") * np.repeat(
@@ -163,12 +167,10 @@ def test_mx_fused_equals_the_reference(scheme, rule):
     x[7, 2] = -np.inf
     x[8, :] = np.float32(7.0) * np.exp2(rng.integers(-20, 20, 75)).astype(np.float32)  # floor saturates
     q = fpsim.quantize(x, scheme, scale_rule=rule)
-    el = MX[scheme]
-    codes, scales = tb.quantize_mx_fused(T(x), el, rule)
-    assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales)
-    d = N(tb.dequantize_mx_fused(codes, scales, 75, el))
-    assert same_f32(d, q.dequantize())
-    f = N(tb._mx_triton(T(x), fpsim.get_format(el), fpsim.ScaleRule(rule).rule_id, False, False, True))
+    t = tb.quantize(T(x), scheme, scale_rule=rule, impl="triton")
+    assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales)
+    assert same_f32(N(t.dequantize(impl="triton")), q.dequantize())
+    f = N(tb.fake_quantize(T(x), scheme, scale_rule=rule, impl="triton"))
     assert same_f32(f, q.dequantize())
 
 
@@ -177,8 +179,8 @@ def test_mx_scale_rule_golden_cases(case):
     name, el, vals, bytes_ = case
     x = np.asarray([G.blk(*vals, n=32)], np.float32)
     for rule, b in bytes_.items():
-        _, s = tb.quantize_mx_fused(T(x), {"e2m1": "float4_e2m1fn", "e4m3": "float8_e4m3fn"}[el], rule)
-        assert int(N(s)[0, 0]) == b, (name, rule)
+        t = tb.quantize(T(x), {"e2m1": "mxfp4", "e4m3": "mxfp8_e4m3"}[el], scale_rule=rule, impl="triton")
+        assert int(N(t.scales)[0, 0]) == b, (name, rule)
 
 
 def test_mx_32x32_tiles_and_ignore_nan():
@@ -186,8 +188,8 @@ def test_mx_32x32_tiles_and_ignore_nan():
     x[10, 10] = np.nan
     for nan_amax in ("propagate", "ignore"):
         q = fpsim.quantize(x, "mxfp8_e4m3", block=(32, 32), nan_amax=nan_amax)
-        codes, scales = tb.quantize_mx_fused(T(x), "float8_e4m3fn", tile=True, nan_amax=nan_amax)
-        assert np.array_equal(N(codes), q.data) and np.array_equal(N(scales), q.scales), nan_amax
+        t = tb.quantize(T(x), "mxfp8_e4m3", block=(32, 32), nan_amax=nan_amax, impl="triton")
+        assert np.array_equal(N(t.data), q.data) and np.array_equal(N(t.scales), q.scales), nan_amax
 
 
 @pytest.mark.parametrize("scheme", ["fp8_e4m3", "fp8_e5m2", "fp8_block128"])
@@ -201,10 +203,7 @@ def test_fp8_fused_equals_the_reference(scheme, shape):
     assert np.array_equal(N(t.data), q.data) and same_f32(N(t.scales), q.scales), scheme
     assert same_f32(N(t.dequantize()), q.dequantize())
     if len(shape) == 2:
-        assert same_f32(N(tb.fake_quantize(T(x), scheme)) if DEV == "cuda" else
-                        N(tb.quantize_fp8_fused(T(x), q.scheme.element.name,
-                                                None if q.scheme.block is None else 128, fake=True)),
-                        q.dequantize())
+        assert same_f32(N(tb.fake_quantize(T(x), scheme, impl="triton")), q.dequantize())
 
 
 @pytest.mark.parametrize("case", G.FP8, ids=[c[0] for c in G.FP8])

@@ -1,10 +1,16 @@
-"""fpsim on torch tensors.
+"""fpsim on torch tensors: the training layer on top, the torch backend below it.
 
 * Training (:mod:`fpsim.torch.nn`): :class:`Linear` (a drop-in ``nn.Linear`` whose GEMMs run an emulated
   recipe), :func:`convert`, :func:`set_recipe`, :func:`step`, :func:`set_step`, :func:`step_with`, :func:`summary`;
   :func:`monitor` (:mod:`fpsim.torch.monitoring`: per layer and role statistics of every quantized copy).
-* The torch backend (:mod:`fpsim.torch.backend`, Triton kernels in :mod:`fpsim.torch.kernels`), a peer of the
-  Numba reference under :mod:`fpsim.backends`.
+* The backend, a peer of the Numba reference under :mod:`fpsim.backends`; modules, lowest first:
+  :mod:`~fpsim.torch.runtime` (the lazy torch import, Triton switches), :mod:`~fpsim.torch.codecs` (element
+  codecs, the Philox stream), :mod:`~fpsim.torch.container` (:class:`~fpsim.torch.container.TorchQuantized` and
+  its decoders), :mod:`~fpsim.torch.quantize` (the fused Triton launchers and the eager quantizer, both reading a
+  :class:`~fpsim.plan.Plan`), :mod:`~fpsim.torch.rht`, :mod:`~fpsim.torch.gemm`, and :mod:`~fpsim.torch.backend`
+  (what the dispatcher calls: ``unsupported`` and the entry points).  The Triton sources are
+  :mod:`~fpsim.torch.kernels` (device functions, small kernels) and :mod:`~fpsim.torch.kernels_quant` (block
+  quantizers and decoders).
 
 Importing this package imports neither torch nor the training layer: the names above load on first use, so
 the backend modules (which the dispatcher imports) never pull in the recipe layer above them.

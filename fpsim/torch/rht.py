@@ -1,0 +1,61 @@
+"""The random Hadamard transform on torch tensors: the same float32 operations, in the same order, as
+:func:`fpsim.rht` (one Triton kernel on CUDA, or torch operations)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..transforms import sign_vector
+from .codecs import bf16_round
+from .runtime import WARPS, torch_module, use_triton
+
+__all__ = ["rht"]
+
+
+def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf16_out: bool = True,
+        inverse: bool = False, impl: str = "auto"):
+    """Random Hadamard transform with the same float32 operations, in the same order, as :func:`fpsim.rht`.
+
+    Each butterfly stage computes (a + b, a − b) on the same pairs as the Numba kernel, so every output
+    element sees the identical sequence of roundings.  On CUDA (``impl="auto"``) one Triton kernel does the
+    whole transform in registers; ``impl="eager"`` runs it as torch operations (a few launches and
+    temporaries per stage).  ``signs`` as :func:`fpsim.transforms.sign_vector` takes them.
+    """
+    torch = torch_module()
+    s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
+    v = torch.movedim(x.to(torch.float32), axis, -1)
+    n = v.shape[-1]
+    if n % d:
+        raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
+    lead = v.shape[:-1]
+    d = int(d)
+    inv_sqrt = np.float32(1.0 / np.sqrt(d))
+    if use_triton(x, impl) and d <= 4096:  # one tile in registers (larger d: the eager path)
+        from . import kernels as K
+
+        v = v.contiguous()
+        out = torch.empty_like(v)
+        nt = v.numel() // d
+        bb = max(1, 2048 // d)  # tiles per program: 2048 values, like the quantizers' programs
+        if nt:
+            K.rht_kernel[(-(-nt // bb),)](
+                v, s, out, nt, float(inv_sqrt), D=d, LOG2D=d.bit_length() - 1, BB=bb, BF16_IN=bf16_in,
+                BF16_OUT=bf16_out, INVERSE=inverse, IDX64=v.numel() >= (1 << 31) - 4096, num_warps=WARPS)
+        return torch.movedim(out, -1, axis)
+    t = v.reshape(-1, n // d, d)
+    if bf16_in:
+        t = bf16_round(t)
+    if not inverse:
+        t = t * s
+    h = 1
+    while h < d:
+        t4 = t.reshape(t.shape[0], t.shape[1], d // (2 * h), 2, h)
+        a, b = t4[..., 0, :], t4[..., 1, :]
+        t = torch.stack([a + b, a - b], dim=-2).reshape(t.shape[0], t.shape[1], d)
+        h *= 2
+    t = t * float(inv_sqrt)  # an exact float32 multiplier: one rounding, no host-to-device copy
+    if inverse:
+        t = t * s
+    if bf16_out:
+        t = bf16_round(t)
+    return torch.movedim(t.reshape(*lead, n), -1, axis)
