@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Lowest first.  The torch modules are a backend: a peer of the Numba reference below the dispatcher.
 LAYERS: list[tuple[str, ...]] = [
     ("fpsim._jit", "fpsim._arrays", "fpsim._simd", "fpsim._kernels", "fpsim.formats", "fpsim.random",
-     "fpsim.packing", "fpsim.validate"),
+     "fpsim.packing", "fpsim.validate", "fpsim._analysis_kernels"),
     ("fpsim.codecs",),
     ("fpsim.schemes", "fpsim.plan", "fpsim.tensor", "fpsim._scaling_kernels", "fpsim._row_kernels"),
     ("fpsim.scaling",),
@@ -158,4 +158,22 @@ def test_reference_modules_import_no_backend():
                  "fpsim.transforms", "fpsim.gemm")
     bad = [f"{m} imports {t}" for m in reference for t, _ in EDGES[m]
            if t.startswith(("fpsim.torch", "fpsim.backends", "fpsim.dispatch"))]
+    assert not bad, "\n".join(bad)
+
+
+#: Library files stay readable: issue 15 asks for no file above ~600 lines and no function above ~120.
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 120
+
+
+def test_no_library_file_or_function_is_too_long():
+    bad = []
+    for path in MODULES.values():
+        text = path.read_text()
+        if text.count("\n") > MAX_FILE_LINES:
+            bad.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
     assert not bad, "\n".join(bad)
