@@ -2,9 +2,12 @@
 
 Byte-level decoder (RMSNorm, RoPE, causal attention, GELU MLP, untied LM head) trained on Python's
 standard-library sources with AdamW and a warmup-stable-decay (WSD) schedule.  Every linear layer of
-the transformer blocks runs its three GEMMs through :class:`QLinearFn` (a ``torch.autograd.Function``):
-each operand copy is fake-quantized on the torch backend exactly as SPEC §8 assigns it (Fprop X 1×16,
-W 16×16; Dgrad dY with SR, Wᵀ; Wgrad dYᵀ with RHT16 + SR, Xᵀ with RHT16), then multiplied in FP32.
+the transformer blocks is a :class:`fpsim.torch.Linear`: its six operand copies are quantized exactly as
+docs/spec.md §8 assigns them (Fprop X 1×16, W 16×16; Dgrad dY with SR, Wᵀ; Wgrad dYᵀ with RHT16 + SR, Xᵀ with
+RHT16), SR bits and RHT signs from (seed, layer, step, role) as in :func:`fpsim.linear`, and multiplied by
+``--gemm`` (``blas``: exact BF16/FP32 values on tensor cores; ``fp32``: the bit-defined model).  The runs
+committed in studies/data/training/ were made before this API, by an autograd function of this script with
+its own seed derivation (same copies, FP32 products of the dequantized values).
 Embedding, attention products, norms, LM head and optimizer stay in FP32.  The recipe's BF16 layer set
 is scaled to this depth (the paper: first 2 + last 8 of 62 blocks ≈ 16 %; here the last block of 6).
 
@@ -17,7 +20,6 @@ Writes ``<out>/<run>.csv`` (step, tokens, lr, train_loss, val_loss) per run and 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -26,10 +28,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import fpsim.torch as ft
+from fpsim.io import atomic_write, dumps
 from fpsim.recipe import LayerPolicy, get_recipe
-from fpsim.torch import backend as tb
-from fpsim.transforms import derive_seed
 from studies.capture_example import corpus
+
+GEMM = "blas"  # set from --gemm before the model is built
 
 RUNS = {
     "bf16": ("bf16", ()),
@@ -43,57 +47,12 @@ RUNS = {
 }
 
 
-def fq(t: torch.Tensor, policy, seed: int, rht_seeds=(0, 0)) -> torch.Tensor:
-    """One operand copy (2-D, K last) under an OperandPolicy: RHT along K, then block fake-quantization.
-
-    ``rht_seeds`` = (per-layer, per-call) sign seeds; both operands of a GEMM get the same one.
-    """
-    if policy.scheme is None:
-        return t
-    if policy.rht:
-        signs = {"per_layer": rht_seeds[0], "per_call": rht_seeds[1]}.get(policy.rht_signs, policy.rht_signs)
-        t = tb.rht(t, policy.rht, signs)
-    sch = policy.resolved()
-    if sch.rounding.value == "sr":
-        return tb.fake_quantize(t, sch, seed=seed)
-    return tb.fake_quantize(t, sch)
-
-
-class QLinearFn(torch.autograd.Function):
-    """Y = X·Wᵀ with the recipe's six quantized copies (SPEC §8); GEMMs in FP32 on exact dequantized values."""
-
-    @staticmethod
-    def forward(ctx, x, w, recipe, seed, rht_seeds):
-        ctx.save_for_backward(x, w)
-        ctx.recipe, ctx.seed, ctx.rht_seeds = recipe, seed, rht_seeds
-        return fq(x, recipe.fprop_x, 0) @ fq(w, recipe.fprop_w, 0).T
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        r, s = ctx.recipe, ctx.seed
-        dx = fq(dy, r.dgrad_dy, s + 1) @ fq(w.T.contiguous(), r.dgrad_w, 0).T
-        rs = ctx.rht_seeds
-        dw = fq(dy.T.contiguous(), r.wgrad_dy, s + 2, rs) @ fq(x.T.contiguous(), r.wgrad_x, 0, rs).T
-        return dx, dw, None, None, None
-
-
-class QLinear(torch.nn.Module):
-    def __init__(self, d_in, d_out, name):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(d_out, d_in) / math.sqrt(d_in))
-        self.name, self.recipe, self.step = name, None, 0
-
-    def forward(self, x):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if self.recipe is None:
-            y = x2 @ self.weight.T
-        else:
-            seed = derive_seed(1234, self.name, self.step) & 0x7FFFFFFF
-            rht_seeds = (derive_seed(1234, "rht", self.name), derive_seed(1234, "rht", self.name, self.step))
-            y = QLinearFn.apply(x2, self.weight, self.recipe, seed, rht_seeds)
-        return y.reshape(*shape[:-1], -1)
+def QLinear(d_in: int, d_out: int, name: str) -> ft.Linear:
+    """A block linear: :class:`fpsim.torch.Linear` (no bias), N(0, 1/d_in) weights; its recipe is set per run."""
+    lin = ft.Linear(d_in, d_out, bias=False, recipe=None, name=name, seed=1234, gemm=GEMM)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(d_out, d_in) / math.sqrt(d_in))
+    return lin
 
 
 def rope(x, base=10000.0):
@@ -154,7 +113,7 @@ def train(run, args, data, val, device):
     recipe = get_recipe(recipe_name).without(*without) if without else get_recipe(recipe_name)
     torch.manual_seed(args.seed)
     model = GPT(args.layers, args.d, args.heads).to(device)
-    qlin = [m for m in model.modules() if isinstance(m, QLinear)]
+    qlin = [m for m in model.modules() if isinstance(m, ft.Linear)]
     names = [f"blocks.{i}" for i in range(args.layers)]
     # The paper keeps the first 2 and last 8 of its 12B model's 62 blocks in BF16 (16 %); scaled to this depth
     # that is the last ~16 % of the blocks (1 of 6).  "bf16_layers" ablated: every block quantized.
@@ -173,8 +132,7 @@ def train(run, args, data, val, device):
         idx = torch.randint(0, data.numel() - args.seq - 1, (args.batch,), generator=g)
         xb = torch.stack([data[i : i + args.seq] for i in idx]).to(device)
         yb = torch.stack([data[i + 1 : i + args.seq + 1] for i in idx]).to(device)
-        for m in qlin:
-            m.step = step
+        ft.set_step(model, step)
         loss = F.cross_entropy(model(xb).reshape(-1, 256), yb.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -214,8 +172,11 @@ def main(argv=None):
     ap.add_argument("--eval-tokens", type=int, default=65536)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: 2 layers, d 64, seq 32, batch 4")
+    ap.add_argument("--gemm", choices=ft.GEMMS, default="blas", help="fpsim.torch.Linear's GEMM path")
     ap.add_argument("--out", type=Path, default=Path("reports/training"))
     args = ap.parse_args(argv)
+    global GEMM
+    GEMM = args.gemm
     if args.tiny:
         args.layers, args.d, args.heads, args.seq, args.batch = 2, 64, 2, 32, 4
         args.eval_every, args.eval_tokens = 1, 512
@@ -229,10 +190,10 @@ def main(argv=None):
         rows, secs = train(run, args, data, val, device)
         import pandas as pd
 
-        pd.DataFrame(rows).to_csv(args.out / f"{run}.csv", index=False, float_format="%.6g")
+        atomic_write(args.out / f"{run}.csv", pd.DataFrame(rows).to_csv(index=False, float_format="%.6g"))
         meta["runs"][run] = {"seconds": round(secs, 1), "recipe": RUNS[run][0], "without": list(RUNS[run][1]),
                              "final_val_loss": rows[-1].get("val_loss")}
-        (args.out / "runs.json").write_text(json.dumps(meta, indent=1))
+        atomic_write(args.out / "runs.json", dumps(meta))
 
 
 if __name__ == "__main__":

@@ -170,3 +170,15 @@ def test_linear_on_cuda_fp32_equals_fpsim_linear(name):
     assert _same(y.detach().cpu().numpy().reshape(TOK, DOUT), ref.y)
     assert _same(xt.grad.cpu().numpy().reshape(TOK, DIN), ref.dx)
     assert _same(layer.weight.grad.cpu().numpy(), ref.dw)
+
+
+def test_train_lm_smoke_runs_on_the_public_api(tmp_path):
+    """studies/train_lm.py (study 8's trainer) builds its block linears as fpsim.torch.Linear and trains."""
+    import json
+
+    from studies import train_lm
+
+    train_lm.main(["--tiny", "--runs", "nvfp4", "--steps", "2", "--out", str(tmp_path)])
+    meta = json.loads((tmp_path / "runs.json").read_text())
+    assert np.isfinite(meta["runs"]["nvfp4"]["final_val_loss"])
+    assert (tmp_path / "nvfp4.csv").read_text().startswith("step,tokens,lr,train_loss")
