@@ -139,7 +139,7 @@ def train(run, args, data, val, device):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         row = {"step": step + 1, "tokens": (step + 1) * args.batch * args.seq, "lr": pg["lr"],
-               "train_loss": float(loss)}
+               "train_loss": float(loss.detach())}
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             model.eval()
             with torch.no_grad():
@@ -152,7 +152,7 @@ def train(run, args, data, val, device):
                     vl.append(float(F.cross_entropy(model(xv).reshape(-1, 256), yv.reshape(-1))))
             row["val_loss"] = float(np.mean(vl))
             model.train()
-            print(f"[{run}] step {step + 1} train {float(loss):.4f} val {row['val_loss']:.4f} "
+            print(f"[{run}] step {step + 1} train {float(loss.detach()):.4f} val {row['val_loss']:.4f} "
                   f"({time.time() - t0:.0f} s)", flush=True)
         rows.append(row)
     return rows, time.time() - t0
