@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from ..codecs import Rounding, encode_lut
+from ..codecs import Rounding, default_saturate, encode_lut
 from ..formats import FormatSpec, get_format
 from ..plan import is_e2m1
 from ..random import seed_key, stream_width
@@ -188,9 +188,12 @@ def _encode_wide(u, spec: FormatSpec, mode: int, sat: bool):
     return torch.where(a > 0x7F800000, tr.nan_code, res)
 
 
-def encode(x, fmt: str | FormatSpec, rounding: str | Rounding = "rne", saturate: bool = True, *,
+def encode(x, fmt: str | FormatSpec, rounding: str | Rounding = "rne", saturate: bool | None = None, *,
            seed: int | None = None, rbits=None, k: int | None = None, counter: int = 0):
     """Codes of a float32 tensor (same bits as :func:`fpsim.encode`, SR included); int64 tensor of the same shape.
+
+    ``saturate=None`` is the format's default (:func:`fpsim.codecs.default_saturate`: satfinite ≤ 8 bits, IEEE
+    BF16/FP16); stochastic rounding is satfinite.
 
     Stochastic rounding takes exactly one of ``rbits`` (integers of x's shape) or ``seed`` (the flat stream
     from ``counter``); ``k`` random bits (default the format's ``sr_bits``).
@@ -199,6 +202,8 @@ def encode(x, fmt: str | FormatSpec, rounding: str | Rounding = "rne", saturate:
     spec = get_format(fmt)
     mode = Rounding.parse(rounding)
     x = x.to(torch.float32)
+    if saturate is None:
+        saturate = True if mode is Rounding.SR else default_saturate(spec)
     if mode is Rounding.SR:
         if not saturate:
             raise ValueError("stochastic rounding is satfinite only (cvt.rs.satfinite)")
