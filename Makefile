@@ -1,10 +1,6 @@
 # fpsim developer targets.  `make test` is what .ci/run and the README run.
 PYTHON ?= python
 
-# Numba's cache misses edits to modules that kernels inline from (fpsim/_simd.py): key it on fpsim's sources.
-NUMBA_CACHE_DIR ?= $(shell $(PYTHON) -c "from studies.benchlib import numba_cache_dir; print(numba_cache_dir())")
-export NUMBA_CACHE_DIR
-
 .PHONY: test test-slow bench bench-gpu reports golden lint
 
 test:

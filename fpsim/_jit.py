@@ -12,6 +12,12 @@ writable HOME, a read-only ``NUMBA_CACHE_DIR``), kernels are compiled uncached i
 machine code, compiled once per process — and one ``RuntimeWarning`` says so (Numba itself would
 raise ``RuntimeError: cannot cache function …`` at import and make every command fail).
 
+The cache directory (unless ``NUMBA_CACHE_DIR`` is set, or numba was imported before fpsim) is
+:func:`numba_cache_dir`, keyed on the text of every fpsim source file, and the same for the CLI, the tests,
+``make`` and the benchmarks, so a new user compiles once.  Why keyed: Numba's disk cache checks only the
+source file of each jitted function, not the modules whose code it inlines (the vector intrinsics of
+``fpsim._simd``, the helpers of ``fpsim._kernels``), so after an edit there it would run stale machine code.
+
 ``parallel`` kernels use Numba's threading layer; their thread count follows
 :func:`numba.set_num_threads` (``NUMBA_NUM_THREADS`` in the environment).
 """
@@ -21,6 +27,10 @@ from __future__ import annotations
 import warnings
 
 import numba
+
+from ._cache import numba_cache_dir
+
+__all__ = ["njit", "pjit", "prange", "numba_cache_dir", "set_num_threads", "get_num_threads"]
 
 _OPTIONS = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
 _uncached = False

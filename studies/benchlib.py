@@ -3,8 +3,6 @@ Numba cache directory that `make` and the tests use."""
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -82,22 +80,8 @@ def write_report(text: str, out: Path | None) -> None:
         atomic_write(out, text)
 
 
-def numba_cache_dir(root: Path | None = None) -> str:
-    """A Numba cache directory keyed on the text of every fpsim/*.py (``make`` and tests/conftest.py set
-    ``NUMBA_CACHE_DIR`` to it); caches of older sources are removed.
+def numba_cache_dir() -> str:
+    """The Numba cache directory fpsim uses (:func:`fpsim._jit.numba_cache_dir`)."""
+    from fpsim._jit import numba_cache_dir as keyed
 
-    Why: Numba's disk cache checks only the source file of each jitted function, not the modules whose code
-    it inlines (the vector intrinsics of fpsim._simd, the helpers of fpsim._kernels), so after an edit there
-    a test or a benchmark could run stale machine code.
-    """
-    root = Path(__file__).resolve().parents[1] if root is None else root
-    h = hashlib.sha256()
-    for p in sorted((root / "fpsim").rglob("*.py")):
-        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
-    base = root / ".pytest_cache" / "numba"
-    key = h.hexdigest()[:16]
-    if base.is_dir():
-        for old in base.iterdir():
-            if old.name != key:
-                shutil.rmtree(old, ignore_errors=True)
-    return str(base / key)
+    return keyed()

@@ -4,12 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from studies.benchlib import numba_cache_dir
-
-# Before fpsim (and so numba) is imported: Numba reads the variable once, at import.  Keyed on the library's
-# sources (see numba_cache_dir): an edit to a module that kernels inline from must not leave stale code.
-os.environ.setdefault("NUMBA_CACHE_DIR", numba_cache_dir())
-
+# fpsim sets Numba's cache directory (keyed on its sources, shared with the CLI) when it is imported, before
+# numba is: see fpsim._jit.numba_cache_dir.
 import fpsim  # noqa: E402
 
 # Without a CUDA GPU the Triton kernels run under Triton's interpreter (on CPU tensors).  The switch is
