@@ -29,6 +29,7 @@ import fnmatch
 import io
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -138,6 +139,10 @@ def render(rows: list[dict], fmt: str, summary: dict) -> str:
     keep = set(summary["keep_bf16"])
     if fmt == "json":
         recs = [dict({c: r.get(c) for c in METRIC_COLUMNS}, notes=r.get("notes", {})) for r in rows]
+        for rec in recs:
+            it = iteration_of(rec["tensor"])
+            if it is not None:
+                rec["iteration"] = it
         return dumps({"rows": recs, "summary": summary})
     if fmt == "csv":
         buf = io.StringIO()
@@ -228,6 +233,14 @@ def _ranking_lines(summary: dict) -> list[str]:
     lines += [f"  {i + 1:>3}. {e['tensor']}  {_fmt(e['rel_error'])}{'  [keep BF16]' if e['keep_bf16'] else ''}"
               for i, e in enumerate(summary["ranking"])]
     lines += [f"  not ranked: {e['tensor']}: {e['reason']}" for e in summary["unranked"]]
+    if summary.get("iterations"):
+        err = {e["tensor"]: e["rel_error"] for e in summary["ranking"]}
+        lines.append(f"by iteration (Transformer Engine DumpTensors files; mean relative error under "
+                     f"{summary['ranking_scheme']} over the ranked tensors of each):")
+        for it, tensors in summary["iterations"].items():
+            vals = [err[t] for t in tensors if t in err]
+            mean = _fmt(sum(vals) / len(vals)) if vals else "–"
+            lines.append(f"  iter {it}: {len(tensors)} tensors, mean {mean}")
     return lines
 
 
@@ -277,7 +290,24 @@ def _summarize(rows: list[dict], keep_frac: float) -> dict:
     keep = [t for t, _ in ranked[: math.ceil(keep_frac * len(ranked))]]
     summary["keep_bf16"] = keep
     summary["ranking"] = [{"tensor": t, "rel_error": e, "keep_bf16": t in keep} for t, e in ranked]
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        it = iteration_of(r["tensor"])
+        if it is not None and r["scheme"] == first:
+            groups.setdefault(str(it), []).append(r["tensor"])
+    if groups:
+        summary["iterations"] = {k: groups[k] for k in sorted(groups, key=int)}
     return summary
+
+
+#: Transformer Engine's DumpTensors files: <layer>_<tensor>_iter_<NNNNNN>.pt (one file per layer, tensor, step).
+_TE_DUMP = re.compile(r"_iter_(\d+)\.pt(?::|$)")
+
+
+def iteration_of(label: str) -> int | None:
+    """The training iteration of a row from a Transformer Engine DumpTensors file, else None."""
+    m = _TE_DUMP.search(label)
+    return int(m.group(1)) if m else None
 
 
 _OUTPUT_FORMATS = ("table", "csv", "json", "markdown")
