@@ -102,8 +102,8 @@ def main(argv=None) -> int:
         logits = model(ids)
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab), ids[:, 1:].reshape(-1))
         loss.backward()
-    _write_wgrad(model, full / "smollm2_wgrad.safetensors", float(loss))
-    print(f"captured {full} (loss {float(loss):.4f}, {time.perf_counter() - t0:.0f} s)")
+    _write_wgrad(model, full / "smollm2_wgrad.safetensors", float(loss.detach()))
+    print(f"captured {full} (loss {float(loss.detach()):.4f}, {time.perf_counter() - t0:.0f} s)")
     return 0
 
 
