@@ -14,7 +14,8 @@ and the first ``--max-tokens`` token rows (the first two sequences by default, s
 rows 0 and 256) of its input and output gradient (BF16), module names ``layers.<i>.self_attn.{q,k,v,o}_proj`` and
 ``layers.<i>.mlp.{gate,up,down}_proj`` — and ``smollm2_wgrad.safetensors`` (each linear's ``<module>.weight_grad``
 over all tokens, BF16; so it is not dYᵀX of the stored rows).  ``max_tokens`` keeps ``fpsim analyze --recipe
-nvfp4_paper --rht 16`` on the capture under a minute on 2 cores.  Deterministic on one machine (fixed text, no random numbers, 2 torch threads).
+nvfp4_paper --rht 16`` on the capture under a minute on 2 cores.  Deterministic on one machine (fixed text, no
+random numbers, 2 torch threads).
 
 Exit status: 0 done, 1 the GGUF file could not be loaded (one ``error:`` line), 2 usage error.
 """

@@ -23,7 +23,7 @@ Experiments, per linear, on X (tokens × in) and dY (tokens × out), BF16 values
   dropped: the 16-token Hadamard tile that holds the sink, so the token count stays a multiple of 16).
 * ``tokens``: the Wgrad copies of X and dY (NVFP4 1×16 along tokens, RNE), with and without RHT16 along tokens:
   relative error of the sink token rows, of the other 15 rows of the sink tiles (its neighbours, which share
-  their block scales with it) and of the other tiles.
+  their block scales with it) and of the other tiles, and each part's share of the squared error and of ‖x‖².
 * ``sr``: magnitude bias mean(sign(g)·(ĝ − g)) / mean|g| of dY's Wgrad copy (NVFP4 along tokens) under RNE and
   under SR (4 seeds; ``sr_ci95`` the 95 % half-width).
 """
@@ -125,8 +125,11 @@ def measure_linear(layer: int, lin: str, x: np.ndarray, dy: np.ndarray, w: np.nd
         a64 = a.astype(np.float64)
         for rht in (False, True):
             q = along_tokens(a, rht)
-            rows += _rows(layer, lin, "tokens", "rht16" if rht else "none",
-                          {f"{tname}_rel_error_{k}": rel(q[m], a64[m]) for k, m in parts.items()})
+            e2, x2 = float(((q - a64) ** 2).sum()), float((a64**2).sum())
+            m = {f"{tname}_rel_error_{k}": rel(q[r], a64[r]) for k, r in parts.items()}
+            m |= {f"{tname}_err_share_{k}": float(((q[r] - a64[r]) ** 2).sum()) / e2 for k, r in parts.items()}
+            m |= {f"{tname}_energy_share_{k}": float((a64[r] ** 2).sum()) / x2 for k, r in parts.items()}
+            rows += _rows(layer, lin, "tokens", "rht16" if rht else "none", m)
     g = np.ascontiguousarray(dy.T)
     g64, sgn = g.astype(np.float64), np.sign(g.astype(np.float64))
     mag = float(np.abs(g64).mean())

@@ -100,54 +100,73 @@ def rht_numbers(df):
     change = {m: full[m] / norht[m] - 1 for m in full}
     tok = {}
     for t in ("input", "grad_output"):
-        for part in ("sink_token", "sink_neighbours", "other_tiles"):
-            m = f"{t}_rel_error_{part}"
-            tok[(t, part)] = (pivot(df, "tokens", "none", m).to_numpy(), pivot(df, "tokens", "rht16", m).to_numpy())
+        for metric in ("rel_error", "err_share", "energy_share"):
+            for part in ("sink_token", "sink_neighbours", "other_tiles"):
+                m = f"{t}_{metric}_{part}"
+                tok[(t, metric, part)] = {v: float(np.nanmean(pivot(df, "tokens", v, m).to_numpy()))
+                                          for v in ("none", "rht16")}
     return full, norht, change, tok
+
+
+def _tok_text(tok) -> str:
+    out = []
+    for t, nm in (("input", "X"), ("grad_output", "dY")):
+        en, er = tok[(t, "energy_share", "sink_token")], tok[(t, "err_share", "sink_token")]
+        nb, ot = tok[(t, "rel_error", "sink_neighbours")], tok[(t, "rel_error", "other_tiles")]
+        out.append(f"{nm}: the 2 sink-token rows (of 512) hold {en['none']:.1%} of ‖{nm}‖² and {er['none']:.1%} "
+                   f"of its squared error without RHT, {er['rht16']:.1%} with; relative error of their 15 "
+                   f"neighbours {nb['none']:.3f} → {nb['rht16']:.3f}, of the other tiles {ot['none']:.3f} → "
+                   f"{ot['rht16']:.3f}")
+    return "; ".join(out)
 
 
 def rht_text(df, massive_blocks):
     full, norht, change, tok = rht_numbers(df)
-    none, with_ = {k: v[0] for k, v in tok.items()}, {k: v[1] for k, v in tok.items()}
     c = change["wgrad_rel_error"]
     by_role = c.mean(axis=0)
     early = [i for i in c.index if i not in massive_blocks]
     helped = int((c.to_numpy() < 0).sum())
-    sink_share = (norht["wgrad_rel_error"] / norht["wgrad_rel_error_no_sink_tiles"] - 1)
+    drop = norht["wgrad_rel_error_no_sink_tiles"] / norht["wgrad_rel_error"] - 1
+    mean_drop, by_role_drop = float(np.mean(drop.to_numpy())), drop.mean(axis=0)
+    c_mass, c_early = float(np.mean(c.loc[massive_blocks].to_numpy())), float(np.mean(c.loc[early].to_numpy()))
     measured = (
         f"Wgrad under nvfp4_paper (RHT16 along tokens on dY and X, SR on dY) against the same recipe without RHT, "
         f"per linear: {_pct(np.mean(c.to_numpy()))} on average ({_pct(np.min(c.to_numpy()))} to "
         f"{_pct(np.max(c.to_numpy()))}); RHT lowers the error in {helped} of {c.size} linears. By role: "
         + ", ".join(f"{r} {_pct(by_role[r])}" for r in ROLES)
-        + f". Blocks with the massive first-token residual ({_block_span(massive_blocks)}): "
-        f"{_pct(np.mean(c.loc[massive_blocks].to_numpy()))}; the other blocks: "
-        f"{_pct(np.mean(c.loc[early].to_numpy()))}. Separating the massive channels (the 1 % of input channels with "
-        f"the largest max|X|, whose dW columns are measured apart): RHT changes their dW error by "
+        + f". Blocks with the massive first-token residual ({_block_span(massive_blocks)}): {_pct(c_mass)}; the "
+        f"other blocks: {_pct(c_early)}. Massive channels (the 1 % of input channels with the largest max|X|; their "
+        f"dW columns measured apart): RHT changes their dW error by "
         f"{_pct(np.nanmean(change['wgrad_rel_error_massive_cols'].to_numpy()))} and the other columns' by "
-        f"{_pct(np.nanmean(change['wgrad_rel_error_other_cols'].to_numpy()))} on average. Separating the "
-        f"attention-sink token: without RHT, dropping each sequence's first 16-token tile lowers the Wgrad error by "
-        f"{_pct(-np.mean(1 - 1 / (1 + sink_share.to_numpy())))} on average (the sink tile is "
-        f"{16 / 256:.1%} of the tokens); on the tokens without it RHT changes the Wgrad error by "
-        f"{_pct(np.mean(change['wgrad_rel_error_no_sink_tiles'].to_numpy()))}. Round trip of the Wgrad copies "
-        f"along tokens (NVFP4, RNE), relative error without → with RHT16, mean over linears: "
-        + "; ".join(f"{'X' if t == 'input' else 'dY'} {p.replace('_', ' ')} {np.nanmean(none[(t, p)]):.3f} → "
-                    f"{np.nanmean(with_[(t, p)]):.3f}" for t, p in tok) + ".")
+        f"{_pct(np.nanmean(change['wgrad_rel_error_other_cols'].to_numpy()))} on average. Attention-sink token: "
+        f"without RHT, leaving out each sequence's first 16-token tile (the Hadamard tile holding the sink; "
+        f"{16 / 256:.1%} of the tokens) changes the Wgrad error by {_pct(mean_drop)} on average (by role: "
+        + ", ".join(f"{r} {_pct(by_role_drop[r])}" for r in ROLES)
+        + f"); on the tokens without it RHT changes the Wgrad error by "
+        f"{_pct(np.mean(change['wgrad_rel_error_no_sink_tiles'].to_numpy()))}. The Wgrad copies quantized along "
+        f"tokens (NVFP4, RNE), without → with RHT16, means over linears: {_tok_text(tok)}.")
     mean_c = float(np.mean(c.to_numpy()))
     if mean_c > 0.01:
         verdict = (f"Does not agree at the level of one GEMM, on a real LLM either: RHT16 on Wgrad raises SmolLM2's "
-                   f"Wgrad error by {_pct(mean_c)} on average (the tiny model: +14.5 %), in the blocks with massive "
-                   "activations as elsewhere. The reason found on the tiny model holds here: the 16-point Hadamard "
-                   "tile is the 16-element quantization block, so it spreads a large value over its block instead "
-                   "of moving it out, and costs the near-FP8 precision NVFP4 gives each block maximum. The outliers "
-                   "that matter most are the attention-sink tiles, which carry a large share of the Wgrad error "
-                   "with or without RHT. What a single captured step cannot test is the paper's evidence: "
-                   "loss curves of long 12B runs.")
+                   f"Wgrad error by {_pct(mean_c)} on average (the tiny model: +14.5 %), {_pct(c_mass)} in the "
+                   f"blocks with massive activations and {_pct(c_early)} in the others, and for the massive "
+                   "channels' dW columns as for the rest. The reason found on the tiny model holds here: the "
+                   "16-point Hadamard tile is the 16-token quantization block, so rotation spreads a large value "
+                   "over its block instead of moving it out, and costs the near-FP8 precision NVFP4 gives each "
+                   "block maximum. ")
     elif mean_c < -0.01:
         verdict = (f"Agrees on SmolLM2: RHT16 on Wgrad lowers its error by {_pct(-mean_c)} on average, unlike on the "
-                   "tiny model (+14.5 %): real massive activations are where rotation pays.")
+                   "tiny model (+14.5 %). ")
     else:
-        verdict = (f"Neutral: RHT16 changes SmolLM2's Wgrad error by {_pct(mean_c)} on average (the tiny model: "
-                   "+14.5 %); single-GEMM error neither supports nor refutes the paper's loss-curve evidence.")
+        verdict = f"Neutral: RHT16 changes SmolLM2's Wgrad error by {_pct(mean_c)} on average (tiny model +14.5 %). "
+    verdict += ("The attention-sink tiles are not where the Wgrad error comes from: leaving them out changes it by "
+                f"{_pct(mean_drop)} on average. " if abs(mean_drop) < 0.05 else
+                f"The attention-sink tiles matter: leaving them out changes the Wgrad error by {_pct(mean_drop)}. ")
+    worst = by_role_drop.abs().idxmax()
+    if abs(by_role_drop[worst]) >= 0.1:
+        verdict += (f"Except in {worst}_proj ({_pct(by_role_drop[worst])} without the sink tiles): there the sink "
+                    "token's tile carries a good part of the Wgrad error. ")
+    verdict += "A single captured step cannot test the paper's evidence, loss curves of long 12B runs."
     return measured, verdict, c
 
 
@@ -196,7 +215,8 @@ def sens_text(df):
     counts = pd.Series(top_lin_blocks).value_counts().sort_index()
     measured = (f"Wgrad error under nvfp4_paper, RMS over each block's 7 linears: {_rng(blk.to_numpy(), '{:.3f}')} "
                 f"across the 30 blocks (max/min {blk.max() / blk.min():.2f}×; correlation with depth "
-                f"{np.corrcoef(blk.index, blk.to_numpy())[0, 1]:.2f}). A per-block Wgrad-error rule keeping "
+                f"{np.corrcoef(blk.index, blk.to_numpy())[0, 1]:.2f}; the largest, {blk.max():.3f}, in block "
+                f"{int(blk.idxmax())}). A per-block Wgrad-error rule keeping "
                 f"{len(rule)} blocks in BF16 picks blocks {', '.join(map(str, top))}; the paper's rule scaled to 30 "
                 f"blocks (first {SCALED_RULE.first}, last {SCALED_RULE.last}: {', '.join(map(str, rule))}) shares "
                 f"{len(overlap)} of them ({', '.join(map(str, overlap)) or 'none'}) and covers {cover(rule):.0%} of "
