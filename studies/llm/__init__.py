@@ -1,0 +1,1 @@
+"""SmolLM2-135M (a real pretrained Llama-style LLM) for the tensor studies: loader, model, capture (``[llm]`` extra)."""
