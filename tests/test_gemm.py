@@ -94,6 +94,7 @@ def test_unquantized_operands_give_the_plain_gemm():
         ("mxfp4", "mxfp4"),
         ("mxfp8_e4m3", "mxfp8_e4m3"),
         ("nvfp4", "mxfp8_e4m3"),
+        ("nvfp4", "mxfp4"),  # mixing is meant (chunk = gcd of the block widths, alpha from the two-level side)
         ("fp8_e4m3", "fp8_e5m2"),
         ("fp8_block128", "fp8_block128"),
         ("bf16", "nvfp4"),
