@@ -29,7 +29,6 @@ import fnmatch
 import io
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -139,8 +138,10 @@ def render(rows: list[dict], fmt: str, summary: dict) -> str:
     keep = set(summary["keep_bf16"])
     if fmt == "json":
         recs = [dict({c: r.get(c) for c in METRIC_COLUMNS}, notes=r.get("notes", {})) for r in rows]
+        from fpsim.io import dump_iteration
+
         for rec in recs:
-            it = iteration_of(rec["tensor"])
+            it = dump_iteration(rec["tensor"])
             if it is not None:
                 rec["iteration"] = it
         return dumps({"rows": recs, "summary": summary})
@@ -290,6 +291,8 @@ def _summarize(rows: list[dict], keep_frac: float) -> dict:
     keep = [t for t, _ in ranked[: math.ceil(keep_frac * len(ranked))]]
     summary["keep_bf16"] = keep
     summary["ranking"] = [{"tensor": t, "rel_error": e, "keep_bf16": t in keep} for t, e in ranked]
+    from fpsim.io import dump_iteration as iteration_of
+
     groups: dict[str, list[str]] = {}
     for r in rows:
         it = iteration_of(r["tensor"])
@@ -299,15 +302,6 @@ def _summarize(rows: list[dict], keep_frac: float) -> dict:
         summary["iterations"] = {k: groups[k] for k in sorted(groups, key=int)}
     return summary
 
-
-#: Transformer Engine's DumpTensors files: <layer>_<tensor>_iter_<NNNNNN>.pt (one file per layer, tensor, step).
-_TE_DUMP = re.compile(r"_iter_(\d+)\.pt(?::|$)")
-
-
-def iteration_of(label: str) -> int | None:
-    """The training iteration of a row from a Transformer Engine DumpTensors file, else None."""
-    m = _TE_DUMP.search(label)
-    return int(m.group(1)) if m else None
 
 
 _OUTPUT_FORMATS = ("table", "csv", "json", "markdown")

@@ -5,10 +5,11 @@ npz (:mod:`.npz`), torch files (:mod:`.torchfile`), quantized tensors (:mod:`.qu
 from .errors import InputError
 from .files import OutputError, atomic_write, check_writable, dumps, to_json
 from .quantized import load_quantized, save_quantized
-from .readers import SUFFIXES, RowSource, TensorRef, open_file, open_tensors, unique_labels
+from .readers import SUFFIXES, RowSource, TensorRef, dump_iteration, open_file, open_tensors, unique_labels
 from .safetensors import SAFETENSORS_DTYPES, write_safetensors
 
 __all__ = [
+    "dump_iteration",
     "InputError",
     "OutputError",
     "RowSource",

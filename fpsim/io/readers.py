@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from .safetensors import SAFETENSORS_DTYPES, read_entry, read_header, write_safe
 from .torchfile import torch_members
 
 __all__ = ["InputError", "TensorRef", "RowSource", "open_tensors", "open_file", "unique_labels",
-           "SAFETENSORS_DTYPES", "write_safetensors", "SUFFIXES"]
+           "SAFETENSORS_DTYPES", "write_safetensors", "SUFFIXES", "dump_iteration"]
 
 #: File suffixes fpsim reads, each with its reader.
 SUFFIXES = (".safetensors", ".npz", ".pt", ".pth")
@@ -274,3 +275,13 @@ def unique_labels(sources: Iterable[str]) -> dict[str, str]:
             return label
         for s in grow:
             depth[s] += 1
+
+
+#: Transformer Engine's DumpTensors files: <layer>_<tensor>_iter_<NNNNNN>.pt (one file per layer, tensor, step).
+_TE_DUMP = re.compile(r"_iter_(\d+)\.pt(?::|$)")
+
+
+def dump_iteration(label: str) -> int | None:
+    """The training iteration in a tensor label from a Transformer Engine DumpTensors file, else None."""
+    m = _TE_DUMP.search(label)
+    return int(m.group(1)) if m else None
