@@ -25,7 +25,7 @@ import numpy as np
 
 from ..schemes import BlockScheme
 from ..tensor import QuantizedTensor
-from .errors import InputError
+from .errors import InputError, json_object
 from .files import atomic_write
 from .npz import npz_members
 from .rows import ArrayStorage
@@ -60,20 +60,7 @@ def save_quantized(qt: QuantizedTensor, path: str | os.PathLike) -> None:
 
 
 def _parse_meta(raw: bytes, path) -> dict:
-    def refuse(c):
-        raise ValueError(f"JSON constant {c}")
-
-    try:
-        meta = json.loads(raw.decode("utf-8"), parse_constant=refuse)
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: corrupt metadata (not UTF-8)") from None
-    except RecursionError:
-        raise ValueError(f"{path}: corrupt metadata (JSON nested too deeply)") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: corrupt metadata (not JSON: {str(e).splitlines()[0][:60]})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: corrupt metadata (not a JSON object)")
-    return meta
+    return json_object(raw, f"{path}: corrupt metadata")
 
 
 def _build(meta: dict, arrays: dict, path) -> QuantizedTensor:

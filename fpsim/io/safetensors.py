@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, json_object
 from .files import atomic_write
 
 __all__ = ["SAFETENSORS_DTYPES", "Entry", "parse_header", "read_header", "read_entry", "write_safetensors",
@@ -76,10 +76,6 @@ class Entry:
     error: str | None = None
 
 
-def _refuse_constant(c):
-    raise ValueError(f"JSON constant {c} is not allowed")
-
-
 def _int(v, what: str) -> int:
     if type(v) is not int:  # bool and float (1e400 parses as inf) are not sizes
         raise ValueError(f"{what} is not an integer ({json.dumps(v)[:40] if _dumpable(v) else type(v).__name__})")
@@ -126,16 +122,7 @@ def _entry(path, name: str, info, base: int, size: int) -> Entry:
 
 def parse_header(raw: bytes, path, size: int) -> tuple[list[Entry], dict]:
     """Entries and ``__metadata__`` of a header ``raw`` (the JSON bytes) of a file of ``size`` bytes."""
-    try:
-        header = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: corrupt safetensors header (not UTF-8)") from None
-    except RecursionError:
-        raise InputError(f"{path}: corrupt safetensors header (JSON nested too deeply)") from None
-    except ValueError as e:
-        raise InputError(f"{path}: corrupt safetensors header ({str(e).splitlines()[0][:80]})") from None
-    if not isinstance(header, dict):
-        raise InputError(f"{path}: corrupt safetensors header (not a JSON object)")
+    header = json_object(raw, f"{path}: corrupt safetensors header", InputError)
     meta = header.pop("__metadata__", {}) or {}
     if not isinstance(meta, dict):
         raise InputError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
