@@ -1,0 +1,67 @@
+"""Paired-seed statistics of the campaign: each arm against BF16 on the same seeds (issue 20's protocol).
+
+A seed fixes the initial weights and the data order, so arm and baseline differ only by the recipe; the
+reported number is the mean over seeds of the per-seed difference (arm − BF16 validation loss, nats) with a
+95 % t-interval over the seeds.  :func:`verdict` turns the interval into the study's wording.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["PairedGap", "paired_gap", "verdict"]
+
+
+@dataclass(frozen=True)
+class PairedGap:
+    """Mean paired difference, its 95 % t-interval (NaN bounds with fewer than two seeds), and the seeds used."""
+
+    mean: float
+    lo: float
+    hi: float
+    seeds: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+
+def paired_gap(arm: Mapping[int, float], base: Mapping[int, float]) -> PairedGap:
+    """The paired gap over the seeds both arms ran (seed → final loss).  Identical differences give an interval
+    of exactly zero width (the differences are taken about the first one)."""
+    seeds = tuple(sorted(set(arm) & set(base)))
+    if not seeds:
+        raise ValueError("no seed in common between the arm and its baseline")
+    d = np.array([arm[s] - base[s] for s in seeds], np.float64)
+    if not np.isfinite(d).all():
+        raise ValueError("a loss is not finite: the gap of a diverged run is not a number to average")
+    shift = d - d[0]
+    mean = float(d[0] + shift.mean()) if shift.any() else float(d[0])
+    if d.size < 2:
+        return PairedGap(mean, math.nan, math.nan, seeds)
+    dev = shift - shift.mean() if shift.any() else shift
+    half = float(stats.t.ppf(0.975, d.size - 1)) * math.sqrt(float(dev @ dev) / (d.size - 1)) / math.sqrt(d.size)
+    return PairedGap(mean, mean - half, mean + half, seeds)
+
+
+def verdict(gap: PairedGap, claim: str) -> str:
+    """The study's verdict on a component from ``gap = paired_gap(arm without it, arm with it)``.
+
+    ``claim="helps"`` (the paper says the component lowers the loss, so removing it should raise it: gap > 0):
+    ``"resolved"`` when the 95 % interval lies above 0, ``"contradicted"`` when it lies below 0, else
+    ``"not resolved at this scale"``.  ``claim="harmless"`` (the paper says it costs nothing, e.g. BF16 late in
+    training): ``"consistent"`` when the interval contains 0, else ``"contradicted"``.
+    """
+    if gap.n < 2 or math.isnan(gap.lo):
+        return "not resolved at this scale (fewer than two seeds)"
+    above, below = gap.lo > 0, gap.hi < 0
+    if claim == "helps":
+        return "resolved" if above else ("contradicted" if below else "not resolved at this scale")
+    if claim == "harmless":
+        return "consistent" if not (above or below) else "contradicted"
+    raise ValueError("claim must be 'helps' or 'harmless'")
