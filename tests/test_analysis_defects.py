@@ -1,34 +1,21 @@
 """Issue 16, items 1–5: what `fpsim analyze` prints measures what its label says (one test per defect)."""
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
 import fpsim
 from fpsim import analysis, recipe
 from fpsim.analysis import METRIC_COLUMNS, analyze_tensor
-from fpsim_cli.main import main
+from tests.cliutil import run, strict_json
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "studies" / "data" / "tinylm_capture.safetensors"
 
 
-def run(*args):
-    r = CliRunner().invoke(main, ["analyze", *map(str, args)])
-    assert "Traceback" not in r.output, r.output
-    return r
-
-
-def strict_json(text):
-    def bad(c):
-        raise ValueError(f"invalid JSON constant {c}")
-
-    return json.loads(text, parse_constant=bad)
 
 
 def row_of(rows, scheme):

@@ -1,6 +1,5 @@
 """`fpsim analyze`: the bundled example, output formats, every bad-input class, parallel and Dask paths."""
 
-import json
 import math
 import os
 import subprocess
@@ -11,27 +10,15 @@ import ml_dtypes
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
 from fpsim.analysis import analyze_tensor, guess_role
 from fpsim.io import InputError, open_tensors, write_safetensors
-from fpsim_cli.main import main
+from tests.cliutil import run, strict_json
 
 EXAMPLE = Path(__file__).parents[1] / "studies" / "data" / "tinylm_capture.safetensors"
 FAST = ["--formats", "nvfp4,mxfp8_e4m3", "--seeds", "2"]
 
 
-def run(*args):
-    r = CliRunner().invoke(main, ["analyze", *map(str, args)])
-    assert "Traceback" not in r.output, r.output
-    return r
-
-
-def strict_json(text):
-    def bad(c):
-        raise ValueError(f"invalid JSON constant {c}")
-
-    return json.loads(text, parse_constant=bad)
 
 
 @pytest.fixture
