@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fpsim.io import write_safetensors
+from studies.benchlib import write_report
 
 
 def tree_rss(pid: int) -> int:
@@ -85,13 +86,7 @@ def main() -> None:
         "|---:|---:|---:|---:|---:|",
     ]
     lines += [f"| {w} | {t:.1f} | {p / 1e9:.2f} | {size / t / 1e6:.0f} | {rc} |" for w, t, p, rc in rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        from fpsim.io import atomic_write
-
-        atomic_write(args.out, text)
-
+    write_report("\n".join(lines) + "\n", args.out)
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fpsim.io import atomic_write, write_safetensors
+from fpsim.io import write_safetensors
+from studies.benchlib import write_report
 
 # A small launcher process starts the run and reports its ru_maxrss: Linux carries the high-water RSS of
 # the process that forks (or vforks) across exec, so measured from this process (which held the inputs
@@ -154,11 +155,7 @@ def main() -> None:
         "kernels on one thread. The many-tensor rows include the start-up (under 1 s; importing torch adds a few "
         "seconds to the .pt rows).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        atomic_write(args.out, text)
-
+    write_report("\n".join(lines) + "\n", args.out)
 
 if __name__ == "__main__":
     main()

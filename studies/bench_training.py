@@ -23,13 +23,14 @@ import argparse
 import datetime
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import fpsim.torch as ft
-from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
+from studies.benchlib import write_report
 
 
 class Block(torch.nn.Module):
@@ -157,11 +158,7 @@ def main(argv=None) -> None:
     for name, t, r, peak, pr, loss, n in rows:
         lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {peak:.2f} | {pr:.2f} | {n} "
                      f"| {loss:.3f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        atomic_write(a.out, text)
-
+    write_report("\n".join(lines) + "\n", Path(a.out) if a.out else None)
 
 if __name__ == "__main__":
     main()
