@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .codecs import Rounding
-from .formats import FormatSpec, Traits, get_format
+from .formats import FormatSpec, get_format
 from .random import stream_width
 from .schemes import BlockScheme, Kind, ScaleRule, get_scheme
 from .validate import block_arg
@@ -162,10 +162,6 @@ class Plan:
     @property
     def is_sr(self) -> bool:
         return self.rounding is Rounding.SR
-
-    @property
-    def elem(self) -> Traits:
-        return self.element.traits
 
     @property
     def encode_mode(self) -> Rounding:
