@@ -21,10 +21,11 @@ _E4M3 = get_format("float8_e4m3fn").traits
 
 
 def bf16_exact(plan: Plan) -> bool:
-    """NVFP4-like operands: E2M1 elements × E4M3 block scales along 1×16 blocks with a per-tensor second level,
-    so that e · s_b (at most 5 significant bits) is exact in BF16 (read off the traits, not the names)."""
+    """NVFP4-like operands: E2M1 elements × E4M3 block scales (1-D blocks or 2-D tiles, whose scales are stored
+    per row) with a per-tensor second level, so that e · s_b (at most 6 significant bits) is exact in BF16 (read
+    off the traits, not the names)."""
     return (plan.kind is Kind.TWO_LEVEL and plan.element.traits == _E2M1 and plan.scale.traits == _E4M3
-            and plan.block == (1, 16) and plan.two_level.tensor_scale and not plan.two_level.per_row)
+            and plan.block is not None and plan.two_level.tensor_scale and not plan.two_level.per_row)
 
 
 def second_level_alpha(a_amax, b_amax, num_a: float, num_b: float):

@@ -328,7 +328,8 @@ def absmax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, I
     acc = tl.zeros([BLOCK], tl.int32)
     for i in tl.static_range(ITERS):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        a = tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        # float32 or BF16 input: a BF16 value widens exactly, so its amax is the float32 copy's
+        a = tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
         if IGNORE_NAN:
             a = tl.where(a > 0x7F800000, 0, a)
         acc = tl.maximum(acc, a)
@@ -347,7 +348,8 @@ def tile_absmax_kernel(x_ptr, out_ptr, R, C, NB, TR: tl.constexpr, BW: tl.conste
     for i in tl.static_range(TR):
         row = tr * TR + i
         m = (col < C) & (col * 0 + row < R)
-        a = tl.load(x_ptr + row.to(tl.int64) * C + col, mask=m, other=0).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        a = tl.load(x_ptr + row.to(tl.int64) * C + col, mask=m, other=0).to(tl.float32).to(tl.int32, bitcast=True)
+        a = a & 0x7FFFFFFF
         if IGNORE_NAN:
             a = tl.where(a > 0x7F800000, 0, a)
         acc = tl.maximum(acc, a)
@@ -396,7 +398,7 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
     j = tl.arange(0, D)
     offs = t[:, None] * D + j[None, :]
     m = (t < NT)[:, None] & (j[None, :] < D)
-    v = tl.load(x_ptr + offs, mask=m, other=0.0)
+    v = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)  # float32 or BF16 input
     sg = tl.load(s_ptr + j)[None, :]
     if BF16_IN:
         v = bf16_round(v)
@@ -411,4 +413,34 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
         v = v * sg
     if BF16_OUT:
         v = bf16_round(v)
-    tl.store(out_ptr + offs, v, mask=m)
+    tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=m)  # a BF16 output holds the rounded v exactly
+
+
+@triton.jit
+def _alpha_sdec(amax, NUM: tl.constexpr):
+    s = tl.math.div_rn(NUM, amax)
+    s = tl.where(s > FLT_MAX, FLT_MAX, s)  # fmin_nan: a NaN amax stays NaN
+    s = tl.where((amax == 0.0) | (s == 0.0), 1.0, s)
+    return tl.math.div_rn(1.0, s)
+
+
+@triton.jit
+def _alpha_ok(amax, NUM: tl.constexpr):
+    return (tl.abs(amax) < float("inf")) & (amax > 0.0) & (tl.math.div_rn(NUM, amax) < FLT_MAX)
+
+
+@triton.jit
+def alpha_epilogue_kernel(acc_ptr, out_ptr, amax_a_ptr, amax_b_ptr, n, NUM_A: tl.constexpr, NUM_B: tl.constexpr,
+                          NUM_AB: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
+    """out = fl(acc · alpha) (float32, or rounded to BF16) with SPEC §8's alpha = fl(fl(amax_a · amax_b) / NUM_AB),
+    NUM_AB = fl(N_a · N_b), or fl(S_dec_a · S_dec_b) where that formula fails (fpsim.torch.gemm.second_level_alpha's
+    operations, computed per program from the two amax values: no host work, no extra launch)."""
+    aa = tl.load(amax_a_ptr)
+    ab = tl.load(amax_b_ptr)
+    alpha = tl.math.div_rn(aa * ab, NUM_AB)
+    good = _alpha_ok(aa, NUM_A) & _alpha_ok(ab, NUM_B) & (tl.abs(alpha) < float("inf")) & (alpha > 0.0)
+    alpha = tl.where(good, alpha, _alpha_sdec(aa, NUM_A) * _alpha_sdec(ab, NUM_B))
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(acc_ptr + offs, mask=m, other=0.0) * alpha
+    store_f32_or_bf16(out_ptr + offs, v, m, OUT_BF16, HW_CVT)

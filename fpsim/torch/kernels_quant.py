@@ -121,15 +121,18 @@ def two_level_quant_kernel(
     E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr,
     SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, FOS: tl.constexpr = 0,
-    INV_T46: tl.constexpr = 0.25,
+    INV_T46: tl.constexpr = 0.25, APPLY_SDEC: tl.constexpr = True, OUT_BF16: tl.constexpr = False,
+    HW_CVT: tl.constexpr = True,
 ):
     """Two-level (NVFP4-style) quantization of BB blocks of W (SPEC §4): block scale by :func:`_block_scale`,
     code = e(fl(x · enc_b)).  TILE: the block amax comes from ``tmax`` (TR-row tiles).  FAKE: write the decoded
     float32 values ``fl((e · s_b) · S_dec)`` to ``f_ptr`` instead of codes and scales.  SR: stochastic rounding
     with K-bit values of the CPU quantizer's Philox stream.  FOS (four-over-six, 1-row blocks): also the
-    candidate INV_T46 (vmax → 4), kept where its :func:`_fos_error` is lower (ties keep vmax → 6)."""
+    candidate INV_T46 (vmax → 4), kept where its :func:`_fos_error` is lower (ties keep vmax → 6).
+    ``x`` may be BF16 (widened exactly).  FAKE with APPLY_SDEC=False writes the exact e · s_b instead, and
+    OUT_BF16 writes the values as BF16 bits into an int16 view (exact for e · s_b of E2M1 × E4M3)."""
     g, gm, offs, m = block_offsets(tl.program_id(0), NB, C, NBLK, BB, W, EVEN, IDX64)
-    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
     vmax = block_vmax(x, g, gm, tmax_ptr, NB, TR, TILE, IGNORE_NAN)
     s_enc, s_dec = second_level(amax_ptr, g, gm, NB, NUM, BB, TENSOR_SCALE, PER_ROW)
     sb, sv, enc = _block_scale(vmax, s_enc, s_dec, BB, INV_T, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE, S_NAN_CODE)
@@ -155,11 +158,12 @@ def two_level_quant_kernel(
         code = tl.where(four[:, None], code4, code)
     if FAKE:
         v = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
-        if PER_ROW:
-            v = v * s_dec[:, None]
-        else:
-            v = v * s_dec
-        tl.store(f_ptr + offs, canonical_nan(v), mask=m)
+        if APPLY_SDEC:
+            if PER_ROW:
+                v = v * s_dec[:, None]
+            else:
+                v = v * s_dec
+        store_f32_or_bf16(f_ptr + offs, canonical_nan(v), m, OUT_BF16, HW_CVT)
     else:
         _store_codes(q_ptr, g, gm, code, BB, W, PACK4)
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
@@ -167,17 +171,19 @@ def two_level_quant_kernel(
 
 @triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def two_level_quant_2d_kernel(
-    x_ptr, q_ptr, s_ptr, amax_ptr, R, C, NB, k0, k1, counter0,
+    x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, amax_ptr, R, C, NB, k0, k1, counter0,
     BT: tl.constexpr, W: tl.constexpr, IGNORE_NAN: tl.constexpr,
     NUM: tl.constexpr, INV_T: tl.constexpr, BOUND: tl.constexpr, TENSOR_SCALE: tl.constexpr,
     S_MBITS: tl.constexpr, S_EMIN_B: tl.constexpr, S_Q: tl.constexpr, S_MAX_CODE: tl.constexpr,
     S_NAN_CODE: tl.constexpr,
     E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr,
-    SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8,
+    SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, FAKE: tl.constexpr = False,
+    APPLY_SDEC: tl.constexpr = True, OUT_BF16: tl.constexpr = False, HW_CVT: tl.constexpr = True,
 ):
     """Two-level quantization with W×W tiles in one pass: a program holds W rows × BT tiles, takes each tile's
-    amax in registers, and writes every row's codes and the tile's scale on each of its W rows (SPEC §4)."""
+    amax in registers, and writes every row's codes and the tile's scale on each of its W rows (SPEC §4).
+    FAKE / APPLY_SDEC / OUT_BF16 as in :func:`two_level_quant_kernel` (decoded values to ``f_ptr``)."""
     tr = tl.program_id(0)
     t0 = tl.program_id(1) * BT
     i = tl.arange(0, W * BT)
@@ -187,7 +193,8 @@ def two_level_quant_2d_kernel(
     j = tl.arange(0, W)
     col = bt[:, None] * W + j[None, :]
     m = (row < R)[:, None] & (col < C) & (bt < NB)[:, None]
-    x = tl.load(x_ptr + row.to(tl.int64)[:, None] * C + col, mask=m, other=0.0)
+    offs = row.to(tl.int64)[:, None] * C + col
+    x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
     a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     if IGNORE_NAN:
         a = tl.where(a > 0x7F800000, 0, a)
@@ -204,8 +211,14 @@ def two_level_quant_2d_kernel(
         code = tl.where(m, encode_sr(x * enc[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT), 0)
     else:
         code = tl.where(m, encode_elem(x * enc[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT), 0)
-    _store_codes(q_ptr, g, gm, code, W * BT, W, PACK4)
-    tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
+    if FAKE:
+        v = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
+        if APPLY_SDEC:
+            v = v * s_dec
+        store_f32_or_bf16(f_ptr + offs, canonical_nan(v), m, OUT_BF16, HW_CVT)
+    else:
+        _store_codes(q_ptr, g, gm, code, W * BT, W, PACK4)
+        tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
 
 
 @triton.jit
@@ -239,16 +252,17 @@ def mx_quant_kernel(
     E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
     EVEN: tl.constexpr, IDX64: tl.constexpr, k0=0, k1=0, counter0=0, SR: tl.constexpr = False,
-    K: tl.constexpr = 8, WIDTH: tl.constexpr = 8,
+    K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, OUT_BF16: tl.constexpr = False, HW_CVT: tl.constexpr = True,
 ):
     """MX (E8M0 scales, blocks of W): scale byte by RULE, elements fl(x · 2^(127−b)) RNE satfinite
     (SR: stochastically rounded with the CPU quantizer's Philox stream).
 
     A NaN block (byte 0xFF) takes the element NaN code; padding past C is code 0.
-    FAKE: write ``fl(e · 2^(b−127))`` (``dec`` = the element decode table) to ``f_ptr``.
+    FAKE: write ``fl(e · 2^(b−127))`` (``dec`` = the element decode table) to ``f_ptr`` (as BF16 bits into an
+    int16 view with OUT_BF16).  ``x`` may be BF16.
     """
     g, gm, offs, m = block_offsets(tl.program_id(0), NB, C, NBLK, BB, W, EVEN, IDX64)
-    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
     vmax = block_vmax(x, g, gm, tmax_ptr, NB, TR, TILE, IGNORE_NAN)
     sb = e8m0_byte(vmax, inv_max, RULE, EMAX, MBITS)
     ex = 127 - sb  # 2^ex, exact float32 (2^-127 is subnormal)
@@ -265,7 +279,7 @@ def mx_quant_kernel(
         back = tl.where(sb >= 1, sb << 23, 0x00400000).to(tl.float32, bitcast=True)
         back = tl.where(sb == 255, float("nan"), back)
         v = canonical_nan(tl.load(dec_ptr + code) * back[:, None])
-        tl.store(f_ptr + offs, v, mask=m)
+        store_f32_or_bf16(f_ptr + offs, v, m, OUT_BF16, HW_CVT)
     else:
         _store_codes(q_ptr, g, gm, code, BB, W, PACK4)
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)

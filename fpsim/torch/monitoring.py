@@ -135,6 +135,22 @@ class Monitor:
         with torch.no_grad():
             self._emit({"step": step, "layer": layer, "role": role, **copy_stats(x, q)})
 
+    def due(self, step: int) -> bool:
+        """Whether this step is recorded (the training layer then makes full copies with codes and scales)."""
+        return step % self.every == 0
+
+    def note(self, layer: str, role: str, step: int, x: torch.Tensor, copy) -> None:
+        """A copy of a step that is not recorded: only its "all finite" flag, kept on the device.  A copy with a
+        NaN-propagating tensor amax gives the flag for free (amax < inf)."""
+        if self.first_nonfinite is not None:
+            return
+        plan = getattr(copy, "plan", None)
+        if getattr(copy, "amax", None) is not None and plan is not None and not plan.ignore_nan:
+            flag = copy.amax < float("inf")
+        else:
+            flag = torch.isfinite(x).all()
+        self._pending.append((step, layer, role, flag))
+
     def _resolve(self) -> None:
         pend, self._pending = self._pending, []
         if self.first_nonfinite is not None or not pend:

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ..plan import lower
 from ..recipe import LayerPolicy, Recipe, get_recipe, operand_steps
 from . import backend as tb
+from . import fastpath as fp
 
 __all__ = ["Linear", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS"]
 
@@ -121,6 +123,75 @@ class _QLinearFn(torch.autograd.Function):
         return dx, dw, None
 
 
+def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str) -> fp.Copy:
+    """:func:`_copy` on the fast path: the same steps, written as a :class:`fpsim.torch.fastpath.Copy`."""
+    st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
+    x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
+    x = x.contiguous()
+    if st.rht:  # BF16 in, BF16-rounded out (the reference's RHT), stored as BF16: exact, half the bytes
+        x = tb.rht(x, st.rht, st.signs, out_dtype=torch.bfloat16)
+    if st.scheme is None:
+        c = fp.Copy(x.to(torch.float32), "f32")
+    else:
+        c = fp.make_copy(x, lower(st.scheme), st.seed)
+    for ob in OBSERVERS:  # steps an observer records take the full path (see Linear.forward)
+        note = getattr(ob, "note", None)
+        if note is not None:
+            note(layer, role, step, x, c)
+    return c
+
+
+def _reuse_fprop_w(rec: Recipe) -> bool:
+    """Whether Dgrad's Wᵀ copy is exactly the transpose of Fprop's W copy: the same policy with square tiles,
+    no RHT, RNE and no four-over-six (whose tile error sums run in a layout-dependent order)."""
+    a, b = rec.fprop_w, rec.dgrad_w
+    if a != b or a.rht or rec.dgrad_w_from_fprop:
+        return False
+    sch = a.resolved()
+    return (sch is not None and sch.block is not None and sch.block[0] == sch.block[1] > 1
+            and sch.rounding.value == "rne" and not getattr(sch, "four_over_six", False))
+
+
+class _FastLinearFn(torch.autograd.Function):
+    """:class:`_QLinearFn` on the fast path: the same six copies (:func:`_fast_copy`) and the ``"blas"`` GEMMs of
+    :func:`fpsim.torch.fastpath.mm`; saves X, W and the Fprop copy of W (Dgrad's where it is its transpose)."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, cfg):
+        rec, seed, name, stp, out_dtype = cfg
+        kw = {"seed": seed, "layer": name, "step": stp}
+        qw = _fast_copy(weight, rec.fprop_w, role="fprop_w", **kw)
+        y = fp.mm(_fast_copy(x2d, rec.fprop_x, role="fprop_x", **kw), qw, out_dtype)
+        ctx.save_for_backward(x2d, weight)
+        ctx.cfg = cfg
+        ctx.qw = fp.transposed(qw) if _reuse_fprop_w(rec) else None
+        ctx.w_fprop = fp.values(qw) if rec.dgrad_w_from_fprop else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, weight = ctx.saved_tensors
+        rec, seed, name, stp, _ = ctx.cfg
+        kw = {"seed": seed, "layer": name, "step": stp}
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            if ctx.qw is not None:
+                qwt = ctx.qw
+            else:
+                w = ctx.w_fprop if ctx.w_fprop is not None else weight
+                qwt = _fast_copy(w.t(), rec.dgrad_w, role="dgrad_w", **kw)
+            dx = fp.mm(_fast_copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw), qwt, x2d.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = fp.mm(_fast_copy(dy.t(), rec.wgrad_dy, role="wgrad_dy", **kw),
+                       _fast_copy(x2d.t(), rec.wgrad_x, role="wgrad_x", **kw), weight.dtype)
+        return dx, dw, None
+
+
+def _recording(step: int) -> bool:
+    """Whether an observer records this step (it then needs the full copies with codes and scales)."""
+    return any(getattr(ob, "due", lambda s: True)(step) for ob in OBSERVERS)
+
+
 def _rht_size(rec: Recipe) -> int:
     return max(rec.wgrad_dy.rht, rec.wgrad_x.rht)
 
@@ -178,7 +249,12 @@ class Linear(torch.nn.Linear):
                 f"{tuple(x.shape)}) is not a multiple of the Wgrad RHT size {d} of recipe {self.recipe.name}; "
                 f"pad the token dimension to a multiple of {d}, or keep this layer in BF16")
         with torch.autocast(dev, enabled=False):
-            y = _QLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, self.gemm))
+            if self.gemm == "blas" and fp.enabled(x2d) and not (OBSERVERS and _recording(self.step)):
+                # The GEMM writes the output dtype itself unless a bias is added in float32 first.
+                ydt = torch.float32 if self.bias is not None else out_dtype
+                y = _FastLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, ydt))
+            else:
+                y = _QLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, self.gemm))
             if self.bias is not None:
                 y = y + self.bias.to(torch.float32)
         return y.to(out_dtype).reshape(*x.shape[:-1], self.out_features)

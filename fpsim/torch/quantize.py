@@ -17,7 +17,7 @@ from ..plan import ElemPath, Plan
 from ..schemes import Kind, ScaleRule
 from .codecs import block_random_bits, code_table, elem_consts, encode, f32_bits, pow2_table
 from .container import second_level_scales, triton_block_width
-from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, layout, torch_module
+from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, hw_cvt, layout, torch_module
 
 __all__ = ["triton_unsupported", "eager_unsupported", "absmax", "amax_bits", "tile_absmax", "quantize_fused",
            "quantize_eager", "pack_codes", "e8m0_bytes"]
@@ -94,7 +94,9 @@ def absmax(x, ignore_nan: bool = False):
     from . import kernels as K
 
     torch = torch_module()
-    x = x.to(torch.float32).contiguous()
+    if x.dtype not in (torch.float32, torch.bfloat16):  # BF16 widens exactly inside the kernel: no float32 copy
+        x = x.to(torch.float32)
+    x = x.contiguous()
     out = torch.zeros(1, dtype=torch.int32, device=x.device)
     n = x.numel()
     if n:
@@ -146,17 +148,36 @@ def _two_level_kw(plan: Plan) -> dict:
             "S_MAX_CODE": plan.scale.traits.max_code, "S_NAN_CODE": sa.nan_code, **_elem_kw(plan)}
 
 
-def _outputs(X, plan: Plan, fake: bool, w: int):
+def _outputs(X, plan: Plan, fake: bool, w: int, out_dtype=None):
     torch = torch_module()
     R, C = X.shape
     nb = -(-C // w)
     if fake:
-        return torch.empty((R, C), dtype=torch.float32, device=X.device), None
+        return torch.empty((R, C), dtype=out_dtype or torch.float32, device=X.device), None
     q = torch.empty((R, nb * w // 2 if plan.packed else nb * w), dtype=torch.uint8, device=X.device)
     return q, torch.empty((R, nb), dtype=torch.uint8, device=X.device)
 
 
-def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int):
+def _fake_kw(fake: bool, out, apply_s_dec: bool) -> dict:
+    """The FAKE-output switches: S_dec applied or not (the exact e · s_b), float32 or BF16 bits."""
+    if not fake:
+        return {}
+    torch = torch_module()
+    return {"APPLY_SDEC": bool(apply_s_dec), "OUT_BF16": out.dtype == torch.bfloat16, "HW_CVT": hw_cvt()}
+
+
+def _fake_view(out):
+    """The fake output as the kernels write it: float32, or BF16 as its int16 bits."""
+    torch = torch_module()
+    if out.dtype == torch.bfloat16:
+        return out.view(torch.int16)
+    if out.dtype != torch.float32:
+        raise ValueError(f"fake quantization writes float32 or bfloat16, not {out.dtype}")
+    return out
+
+
+def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_s_dec: bool = True,
+                     out_dtype=None):
     from . import kernels_quant as KQ
 
     torch = torch_module()
@@ -167,15 +188,24 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int):
     nblk = R * nb
     dev = str(X.device)
     amax = amax.reshape(-1).to(torch.float32).contiguous()
-    out, s = _outputs(X, plan, fake, w)
+    out, s = _outputs(X, plan, fake, w, out_dtype)
     if not nblk:
         return out if fake else (out, s)
     kw = _two_level_kw(plan)
-    if br == 16 == w and not fake:  # one pass: the tile amax is taken inside the program
+    fk = _fake_kw(fake, out, apply_s_dec)
+    if br == 16 == w:  # one pass: the tile amax is taken inside the program
         bt = 8
-        KQ.two_level_quant_2d_kernel[(-(-R // 16), -(-nb // bt))](
-            X, out.view(torch.int32), s, amax, R, C, nb, BT=bt, W=w, IGNORE_NAN=plan.ignore_nan,
-            **_sr_kw(plan, seed, counter), **kw, num_warps=WARPS)
+        d8 = dummy(dev, "int32")
+        grid = (-(-R // 16), -(-nb // bt))
+        sr = _sr_kw(plan, seed, counter)
+        if fake:
+            dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
+            KQ.two_level_quant_2d_kernel[grid](X, d8, d8, _fake_view(out), dec, amax, R, C, nb, BT=bt, W=w,
+                                               IGNORE_NAN=plan.ignore_nan, FAKE=True, **fk, **sr, **kw,
+                                               num_warps=WARPS)
+            return out
+        KQ.two_level_quant_2d_kernel[grid](X, out.view(torch.int32), s, d8, d8, amax, R, C, nb, BT=bt, W=w,
+                                           IGNORE_NAN=plan.ignore_nan, **sr, **kw, num_warps=WARPS)
         return out, s
     tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else dummy(dev, "int32")
     bb = max(2048 // w, 1)
@@ -186,14 +216,15 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int):
     grid = (-(-nblk // bb),)
     d8 = dummy(dev, "int32")
     if fake:
-        KQ.two_level_quant_kernel[grid](X, d8, d8, out, dec, tmax, amax, R, C, nb, nblk, FAKE=True, **args)
+        KQ.two_level_quant_kernel[grid](X, d8, d8, _fake_view(out), dec, tmax, amax, R, C, nb, nblk, FAKE=True,
+                                        **fk, **args)
         return out
     KQ.two_level_quant_kernel[grid](X, out.view(torch.int32), s, X, dec, tmax, amax, R, C, nb, nblk, FAKE=False,
                                     **args)
     return out, s
 
 
-def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int):
+def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
     from . import kernels_quant as KQ
 
     torch = torch_module()
@@ -203,7 +234,7 @@ def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int):
     nb = -(-C // w)
     nblk = R * nb
     dev = str(X.device)
-    out, s = _outputs(X, plan, fake, w)
+    out, s = _outputs(X, plan, fake, w, out_dtype)
     if not nblk:
         return out if fake else (out, s)
     p2 = plan.pow2
@@ -216,7 +247,10 @@ def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int):
     d8 = dummy(dev, "int32")
     inv_max = float(p2.inv_max)
     if fake:
-        KQ.mx_quant_kernel[grid](X, d8, d8, out, dec, tmax, inv_max, R, C, nb, nblk, FAKE=True, **kw)
+        fk = _fake_kw(True, out, True)
+        del fk["APPLY_SDEC"]
+        KQ.mx_quant_kernel[grid](X, d8, d8, _fake_view(out), dec, tmax, inv_max, R, C, nb, nblk, FAKE=True, **fk,
+                                 **kw)
         return out
     KQ.mx_quant_kernel[grid](X, out.view(torch.int32), s, X, dec, tmax, inv_max, R, C, nb, nblk, FAKE=False, **kw)
     return out, s
@@ -266,14 +300,20 @@ def _fp32_fused(X, plan: Plan, amax, fake: bool):
     return q, s
 
 
-def quantize_fused(X, plan: Plan, amax=None, *, fake: bool = False, seed=None, counter: int = 0):
-    """Quantize the 2-D float32 ``X`` by the Triton kernels: (codes, scales), or the fake-quantized float32
-    values with ``fake``.  ``amax``: the tensor amax (0-d) or the per-row amax (R,) for two-level plans with a
-    second-level scale, the tensor amax for per-tensor FP32 scales; unused otherwise."""
+def quantize_fused(X, plan: Plan, amax=None, *, fake: bool = False, seed=None, counter: int = 0,
+                   apply_s_dec: bool = True, out_dtype=None):
+    """Quantize the 2-D contiguous float32 (or, for block plans, BF16) ``X`` by the Triton kernels: (codes,
+    scales), or the fake-quantized values with ``fake``.  ``amax``: the tensor amax (0-d) or the per-row amax (R,)
+    for two-level plans with a second-level scale, the tensor amax for per-tensor FP32 scales; unused otherwise.
+
+    Fake outputs of block plans can skip the two-level S_dec (``apply_s_dec=False``: the exact e · s_b) and be
+    written as ``out_dtype=torch.bfloat16``, which rounds each value to BF16 (exact where the values are)."""
     if plan.kind is Kind.TWO_LEVEL:
-        return _two_level_fused(X, plan, amax, fake, seed, counter)
-    if plan.kind is Kind.POW2:
-        return _mx_fused(X, plan, fake, seed, counter)
+        return _two_level_fused(X, plan, amax, fake, seed, counter, apply_s_dec, out_dtype)
+    if plan.kind is Kind.POW2:  # no second level: apply_s_dec changes nothing
+        return _mx_fused(X, plan, fake, seed, counter, out_dtype)
+    if not apply_s_dec or out_dtype is not None:
+        raise ValueError("apply_s_dec=False and out_dtype are for two-level and MX plans")
     return _fp32_fused(X, plan, amax, fake)
 
 

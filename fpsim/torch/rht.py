@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..transforms import sign_vector
@@ -12,29 +14,46 @@ from .runtime import WARPS, torch_module, use_triton
 __all__ = ["rht"]
 
 
+@functools.lru_cache(maxsize=256)
+def _sign_tensor(d: int, signs, device: str):
+    """The ±1 sign vector on ``device``, cached: a fresh host-to-device copy per call would synchronise the host
+    with the GPU on every Wgrad copy."""
+    torch = torch_module()
+    return torch.from_numpy(sign_vector(d, signs)).to(device)
+
+
 def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf16_out: bool = True,
-        inverse: bool = False, impl: str = "auto"):
+        inverse: bool = False, impl: str = "auto", out_dtype=None):
     """Random Hadamard transform with the same float32 operations, in the same order, as :func:`fpsim.rht`.
 
     Each butterfly stage computes (a + b, a − b) on the same pairs as the Numba kernel, so every output
     element sees the identical sequence of roundings.  On CUDA (``impl="auto"``) one Triton kernel does the
     whole transform in registers; ``impl="eager"`` runs it as torch operations (a few launches and
     temporaries per stage).  ``signs`` as :func:`fpsim.transforms.sign_vector` takes them.
+    ``out_dtype=torch.bfloat16`` (with ``bf16_out``) returns the BF16-rounded values in BF16 storage, exactly;
+    the Triton kernel reads a BF16 ``x`` as it is (widening is exact).
     """
     torch = torch_module()
-    s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
-    v = torch.movedim(x.to(torch.float32), axis, -1)
+    if out_dtype not in (None, torch.float32, torch.bfloat16) or (out_dtype == torch.bfloat16 and not bf16_out):
+        raise ValueError("out_dtype is float32, or bfloat16 with bf16_out=True (the values are then exact)")
+    if isinstance(signs, (str, int, np.integer)):  # named or seeded signs: cached per device
+        s = _sign_tensor(int(d), signs if isinstance(signs, str) else int(signs), str(x.device))
+    else:  # an explicit sign vector
+        s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
+    fused = use_triton(x, impl) and d <= 4096  # one tile in registers (larger d: the eager path)
+    keep = fused and x.dtype == torch.bfloat16
+    v = torch.movedim(x if keep else x.to(torch.float32), axis, -1)
     n = v.shape[-1]
     if n % d:
         raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
     lead = v.shape[:-1]
     d = int(d)
     inv_sqrt = np.float32(1.0 / np.sqrt(d))
-    if use_triton(x, impl) and d <= 4096:  # one tile in registers (larger d: the eager path)
+    if fused:
         from . import kernels as K
 
         v = v.contiguous()
-        out = torch.empty_like(v)
+        out = torch.empty(v.shape, dtype=out_dtype or torch.float32, device=v.device)
         nt = v.numel() // d
         bb = max(1, 2048 // d)  # tiles per program: 2048 values, like the quantizers' programs
         if nt:
@@ -58,4 +77,5 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
         t = t * s
     if bf16_out:
         t = bf16_round(t)
+    t = t if out_dtype is None else t.to(out_dtype)
     return torch.movedim(t.reshape(*lead, n), -1, axis)

@@ -1,0 +1,155 @@
+"""Operand copies and GEMMs of the training layer's fast ``gemm="blas"`` path (:mod:`fpsim.torch.nn`).
+
+A :class:`Copy` holds what a GEMM consumes of one quantized operand, written by one fused Triton pass after the
+amax pass, with no packed codes and no separate decode:
+
+* ``"scaled"``: the exact products e · s_b in BF16 of a two-level plan with a per-tensor second level (E2M1 × E4M3
+  has at most 6 significant bits), with the tensor amax; the GEMM applies SPEC §8's alpha to its FP32
+  accumulator in a fused epilogue (:func:`mm`);
+* ``"exact"``: BF16 values equal to the dequantized copy (MX plans whose products are exact in BF16, two-level
+  plans without a second level, BF16 casts);
+* ``"f32"``: the dequantized copy in float32 (every other plan: :func:`fpsim.torch.backend.fake_quantize`).
+
+Every copy decodes to the reference's values bit for bit (:func:`values`); only the GEMMs' summation order is
+the hardware's, as the ``"blas"`` model says.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..plan import Plan
+from ..schemes import Kind
+from .container import second_level_scales
+from .quantize import absmax, quantize_fused, triton_unsupported
+from .runtime import hw_cvt, torch_module, use_triton
+
+__all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "alpha_epilogue", "enabled", "IMPL"]
+
+#: ``impl`` of the fast path's kernels: "auto" (CUDA tensors only) or "triton" (any device: the interpreter, tests).
+IMPL = "auto"
+
+_BF16_PRECISION = 8  # significant bits of BFloat16
+_BF16_MIN_EXP = -133  # exponent of its smallest subnormal
+
+
+class Copy(NamedTuple):
+    """One operand copy as a GEMM reads it (rows × K, K last); see the module docstring for ``kind``."""
+
+    values: object
+    kind: str
+    amax: object = None
+    num: float = 0.0
+    plan: Plan | None = None
+
+
+def enabled(x) -> bool:
+    """Whether the fast path runs on tensors like ``x`` (the fused kernels: CUDA, or ``IMPL="triton"``)."""
+    return use_triton(x, IMPL)
+
+
+def _quantum_exp(tr) -> int:
+    """log2 of a format's smallest step (its subnormal quantum, or its smallest normal step without subnormals)."""
+    return (tr.emin_b - 127) - tr.mbits
+
+
+def _products_exact(el, sc_mbits: int, sc_quantum_exp: int) -> bool:
+    """Every element value × scale value is a BF16 number: the significands fit its 8 bits and the smallest
+    step is on its grid (larger products overflow to inf in float32 and BF16 alike)."""
+    return el.mbits + 1 + sc_mbits + 1 <= _BF16_PRECISION and _quantum_exp(el) + sc_quantum_exp >= _BF16_MIN_EXP
+
+
+def copy_kind(plan: Plan) -> str:
+    """``"scaled"``, ``"exact"``, ``"cast"`` (a BF16 cast) or ``"f32"``: how :func:`make_copy` writes the plan."""
+    if plan.kind is Kind.CAST:
+        return "cast" if plan.element.name == "bfloat16" and plan.rounding.value == "rne" else "f32"
+    if triton_unsupported(plan) is not None:
+        return "f32"
+    el = plan.element.traits
+    if plan.kind is Kind.TWO_LEVEL:
+        tl_ = plan.two_level
+        sc = plan.scale.traits
+        if tl_.per_row or not _products_exact(el, sc.mbits, _quantum_exp(sc)):
+            return "f32"
+        return "scaled" if tl_.tensor_scale else "exact"
+    if plan.kind is Kind.POW2 and _products_exact(el, plan.scale.traits.mbits, _quantum_exp(plan.scale.traits)):
+        return "exact"
+    return "f32"
+
+
+def make_copy(x, plan: Plan, seed: int | None = None) -> Copy:
+    """The copy of the 2-D ``x`` (float32 or BF16, contiguous, quantized along its last axis) under ``plan``."""
+    torch = torch_module()
+    kind = copy_kind(plan)
+    if kind == "cast":
+        return Copy(x.to(torch.bfloat16), "exact")
+    if kind == "f32":
+        from .backend import fake_quantize
+
+        kw = {} if seed is None else {"seed": seed}
+        return Copy(fake_quantize(x.to(torch.float32), plan, **kw), "f32")
+    kw = {} if seed is None else {"seed": seed}
+    if plan.kind is Kind.TWO_LEVEL and plan.two_level.tensor_scale:
+        amax = absmax(x, plan.ignore_nan)
+        v = quantize_fused(x, plan, amax, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, **kw)
+        return Copy(v, "scaled", amax, float(plan.two_level.num), plan)
+    nan = torch.full((), float("nan"), dtype=torch.float32, device=x.device)
+    return Copy(quantize_fused(x, plan, nan, fake=True, out_dtype=torch.bfloat16, **kw), "exact", plan=plan)
+
+
+def transposed(c: Copy) -> Copy:
+    """The copy of the transposed tensor, where its blocks are square tiles (the same tiles, the same values)."""
+    return c._replace(values=c.values.t())
+
+
+def values(c: Copy):
+    """The float32 values the copy stands for (the reference's dequantized copy, bit for bit)."""
+    torch = torch_module()
+    v = c.values.to(torch.float32)
+    if c.kind != "scaled":
+        return v
+    _, s_dec = second_level_scales(c.plan, c.amax.reshape(1))
+    return v * s_dec  # fl((e · s_b) · S_dec), the reference's decode
+
+
+def alpha_epilogue(acc, a: Copy, b: Copy, out_dtype):
+    """fl(acc · alpha) of two scaled copies in ``out_dtype`` (float32 or BF16), one fused kernel."""
+    from . import kernels as K
+
+    torch = torch_module()
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        return alpha_epilogue(acc, a, b, torch.float32).to(out_dtype)
+    out = acc if out_dtype == torch.float32 else torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
+    n = acc.numel()
+    if n:
+        block = 2048
+        num_ab = float(np.float32(a.num) * np.float32(b.num))
+        K.alpha_epilogue_kernel[(-(-n // block),)](
+            acc, out.view(torch.int16) if out.dtype == torch.bfloat16 else out, a.amax, b.amax, n,
+            NUM_A=float(np.float32(a.num)), NUM_B=float(np.float32(b.num)), NUM_AB=num_ab, BLOCK=block,
+            OUT_BF16=out.dtype == torch.bfloat16, HW_CVT=hw_cvt(), num_warps=4)
+    return out
+
+
+def _mm_f32_out(a, b_t):
+    """a · b_tᵀ of two BF16 tensors with FP32 accumulation and FP32 output (tensor cores on CUDA; exact float32
+    products elsewhere)."""
+    torch = torch_module()
+    if a.is_cuda:
+        return torch.mm(a, b_t.t(), out_dtype=torch.float32)
+    return a.to(torch.float32) @ b_t.to(torch.float32).t()
+
+
+def mm(a: Copy, b: Copy, out_dtype):
+    """``A · Bᵀ`` of two copies in ``out_dtype``: BF16 tensor cores with FP32 accumulation for scaled × scaled
+    (then × alpha) and exact × exact; a float32 GEMM of the dequantized values otherwise."""
+    torch = torch_module()
+    if a.kind == b.kind == "scaled":
+        return alpha_epilogue(_mm_f32_out(a.values, b.values), a, b, out_dtype)
+    if a.kind == b.kind == "exact":
+        if a.values.is_cuda and out_dtype == torch.bfloat16:
+            return torch.mm(a.values, b.values.t())  # FP32 accumulation, rounded to BF16 once
+        return _mm_f32_out(a.values, b.values).to(out_dtype)
+    return (values(a) @ values(b).t()).to(out_dtype)
