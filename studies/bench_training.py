@@ -107,6 +107,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of two steps of the every-block arm")
+    ap.add_argument("--skip-fp32", action="store_true", help="leave out the (slow) bit-defined gemm=fp32 arm")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = (dict(vocab=256, d=64, layers=12, heads=4, seq=64, batch=2) if a.tiny
@@ -134,6 +135,8 @@ def main(argv=None) -> None:
         ("nvfp4_paper, every block, gemm=fp32",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, 1),
     ]
+    if a.skip_fp32:
+        arms = [arm for arm in arms if "fp32" not in arm[0]]
     rows = []
     base = None
     for name, conv, mon, steps in arms:

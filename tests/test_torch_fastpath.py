@@ -191,3 +191,17 @@ def test_fast_path_bf16_inputs_and_bias_give_the_slow_paths_result():
     assert outs[0][0].dtype == outs[1][0].dtype
     for a, b in zip(*outs):
         assert torch.allclose(a, b, rtol=2e-2, atol=1e-3)  # BF16 outputs: one rounding apart at most
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches run on CUDA (the device machine)")
+def test_direct_launches_after_the_first_give_the_jits_bits():
+    """The cached launcher (fpsim.torch.launch) passes every call's own runtime arguments: repeated SR copies with
+    new seeds and new inputs still equal the reference."""
+    from fpsim.torch.launch import direct_enabled
+
+    plan = lower("nvfp4", rounding="sr")
+    for seed in (1, 2, 3, 2**40 + 5):
+        x = _data((48, 64), seed)
+        c = fp.make_copy(torch.from_numpy(x).cuda(), plan, seed)
+        assert np.array_equal(_bits(fp.values(c).cpu().numpy()), _bits(fpsim.fake_quantize(x, plan, seed=seed)))
+    assert direct_enabled()

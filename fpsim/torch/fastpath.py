@@ -16,6 +16,7 @@ the hardware's, as the ``"blas"`` model says.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from ..plan import Plan
 from ..schemes import Kind
 from .container import second_level_scales
+from .launch import launch
 from .quantize import absmax, quantize_fused, triton_unsupported
 from .runtime import hw_cvt, torch_module, use_triton
 
@@ -61,6 +63,7 @@ def _products_exact(el, sc_mbits: int, sc_quantum_exp: int) -> bool:
     return el.mbits + 1 + sc_mbits + 1 <= _BF16_PRECISION and _quantum_exp(el) + sc_quantum_exp >= _BF16_MIN_EXP
 
 
+@functools.lru_cache(maxsize=512)
 def copy_kind(plan: Plan) -> str:
     """``"scaled"``, ``"exact"``, ``"cast"`` (a BF16 cast) or ``"f32"``: how :func:`make_copy` writes the plan."""
     if plan.kind is Kind.CAST:
@@ -126,10 +129,10 @@ def alpha_epilogue(acc, a: Copy, b: Copy, out_dtype):
     if n:
         block = 2048
         num_ab = float(np.float32(a.num) * np.float32(b.num))
-        K.alpha_epilogue_kernel[(-(-n // block),)](
-            acc, out.view(torch.int16) if out.dtype == torch.bfloat16 else out, a.amax, b.amax, n,
-            NUM_A=float(np.float32(a.num)), NUM_B=float(np.float32(b.num)), NUM_AB=num_ab, BLOCK=block,
-            OUT_BF16=out.dtype == torch.bfloat16, HW_CVT=hw_cvt(), num_warps=4)
+        launch(K.alpha_epilogue_kernel, (-(-n // block),),
+               (acc, out.view(torch.int16) if out.dtype == torch.bfloat16 else out, a.amax, b.amax, n),
+               {"NUM_A": float(np.float32(a.num)), "NUM_B": float(np.float32(b.num)), "NUM_AB": num_ab,
+                "BLOCK": block, "OUT_BF16": out.dtype == torch.bfloat16, "HW_CVT": hw_cvt(), "num_warps": 4})
     return out
 
 

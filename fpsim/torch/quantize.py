@@ -10,6 +10,8 @@ with the quantized axis last (the entry points move the axis).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..codecs import Rounding
@@ -17,6 +19,7 @@ from ..plan import ElemPath, Plan
 from ..schemes import Kind, ScaleRule
 from .codecs import block_random_bits, code_table, elem_consts, encode, f32_bits, pow2_table
 from .container import second_level_scales, triton_block_width
+from .launch import launch
 from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, hw_cvt, layout, torch_module
 
 __all__ = ["triton_unsupported", "eager_unsupported", "absmax", "amax_bits", "tile_absmax", "quantize_fused",
@@ -101,7 +104,8 @@ def absmax(x, ignore_nan: bool = False):
     n = x.numel()
     if n:
         block, iters = 1024, 16
-        K.absmax_kernel[(-(-n // (block * iters)),)](x, out, n, BLOCK=block, ITERS=iters, IGNORE_NAN=bool(ignore_nan))
+        launch(K.absmax_kernel, (-(-n // (block * iters)),), (x, out, n),
+               {"BLOCK": block, "ITERS": iters, "IGNORE_NAN": bool(ignore_nan)})
     return out.view(torch.float32).reshape(())
 
 
@@ -140,6 +144,7 @@ def _elem_kw(plan: Plan) -> dict:
     return kw
 
 
+@functools.lru_cache(maxsize=512)
 def _two_level_kw(plan: Plan) -> dict:
     tl_ = plan.two_level
     sa = tl_.scale_arith
@@ -200,9 +205,9 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
         sr = _sr_kw(plan, seed, counter)
         if fake:
             dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
-            KQ.two_level_quant_2d_kernel[grid](X, d8, d8, _fake_view(out), dec, amax, R, C, nb, BT=bt, W=w,
-                                               IGNORE_NAN=plan.ignore_nan, FAKE=True, **fk, **sr, **kw,
-                                               num_warps=WARPS)
+            launch(KQ.two_level_quant_2d_kernel, grid, (X, d8, d8, _fake_view(out), dec, amax, R, C, nb),
+                   {"BT": bt, "W": w, "IGNORE_NAN": plan.ignore_nan, "FAKE": True, **fk, **sr, **kw,
+                    "num_warps": WARPS})
             return out
         KQ.two_level_quant_2d_kernel[grid](X, out.view(torch.int32), s, d8, d8, amax, R, C, nb, BT=bt, W=w,
                                            IGNORE_NAN=plan.ignore_nan, **sr, **kw, num_warps=WARPS)
@@ -216,8 +221,8 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
     grid = (-(-nblk // bb),)
     d8 = dummy(dev, "int32")
     if fake:
-        KQ.two_level_quant_kernel[grid](X, d8, d8, _fake_view(out), dec, tmax, amax, R, C, nb, nblk, FAKE=True,
-                                        **fk, **args)
+        launch(KQ.two_level_quant_kernel, grid, (X, d8, d8, _fake_view(out), dec, tmax, amax, R, C, nb, nblk),
+               {"FAKE": True, **fk, **args})
         return out
     KQ.two_level_quant_kernel[grid](X, out.view(torch.int32), s, X, dec, tmax, amax, R, C, nb, nblk, FAKE=False,
                                     **args)
@@ -249,8 +254,8 @@ def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
     if fake:
         fk = _fake_kw(True, out, True)
         del fk["APPLY_SDEC"]
-        KQ.mx_quant_kernel[grid](X, d8, d8, _fake_view(out), dec, tmax, inv_max, R, C, nb, nblk, FAKE=True, **fk,
-                                 **kw)
+        launch(KQ.mx_quant_kernel, grid, (X, d8, d8, _fake_view(out), dec, tmax, inv_max, R, C, nb, nblk),
+               {"FAKE": True, **fk, **kw})
         return out
     KQ.mx_quant_kernel[grid](X, out.view(torch.int32), s, X, dec, tmax, inv_max, R, C, nb, nblk, FAKE=False, **kw)
     return out, s

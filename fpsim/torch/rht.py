@@ -9,6 +9,7 @@ import numpy as np
 
 from ..transforms import sign_vector
 from .codecs import bf16_round
+from .launch import launch
 from .runtime import WARPS, torch_module, use_triton
 
 __all__ = ["rht"]
@@ -57,9 +58,9 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
         nt = v.numel() // d
         bb = max(1, 2048 // d)  # tiles per program: 2048 values, like the quantizers' programs
         if nt:
-            K.rht_kernel[(-(-nt // bb),)](
-                v, s, out, nt, float(inv_sqrt), D=d, LOG2D=d.bit_length() - 1, BB=bb, BF16_IN=bf16_in,
-                BF16_OUT=bf16_out, INVERSE=inverse, IDX64=v.numel() >= (1 << 31) - 4096, num_warps=WARPS)
+            launch(K.rht_kernel, (-(-nt // bb),), (v, s, out, nt, float(inv_sqrt)),
+                   {"D": d, "LOG2D": d.bit_length() - 1, "BB": bb, "BF16_IN": bool(bf16_in), "BF16_OUT": bool(bf16_out),
+                    "INVERSE": bool(inverse), "IDX64": v.numel() >= (1 << 31) - 4096, "num_warps": WARPS})
         return torch.movedim(out, -1, axis)
     t = v.reshape(-1, n // d, d)
     if bf16_in:

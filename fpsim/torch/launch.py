@@ -1,0 +1,90 @@
+"""Triton launches with the JIT's dispatch done once per configuration (the training layer's hot kernels).
+
+``kernel[grid](...)`` binds every argument, builds a specialisation key and looks the compiled kernel up on
+every call: 40–90 µs of host time per launch on the H200 machine, the largest cost of a training step that
+issues hundreds of launches.  :func:`launch` does that once per (kernel, constexpr values, argument
+specialisation) and afterwards calls the compiled kernel's launcher with the same argument list the JIT would
+pass.  The compiled kernel is the JIT's own, so the bits cannot differ; where the launcher's interface is not
+the expected one (another Triton version) the first failure switches this off for the process, and
+``FPSIM_TRITON_DIRECT=0`` turns it off.  Under ``TRITON_INTERPRET=1`` every launch goes through the JIT.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+
+from .runtime import hw_cvt, torch_module
+
+__all__ = ["launch", "direct_enabled"]
+
+log = logging.getLogger("fpsim.torch")
+
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+_state = {"broken": os.environ.get("FPSIM_TRITON_DIRECT", "1") == "0"}
+_cache: dict = {}
+_meta: dict = {}
+
+
+def direct_enabled() -> bool:
+    """Whether launches bypass the JIT's per-call dispatch (after each configuration's first launch)."""
+    return not _state["broken"] and hw_cvt()
+
+
+def _spec(a):
+    """What the JIT specialises a runtime argument on: a tensor's dtype and 16-byte alignment, an integer's
+    divisibility by 16, being 1 and its width."""
+    torch = torch_module()
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if isinstance(a, bool):
+        return ("b", a)
+    if isinstance(a, int):
+        return ("i", a % 16 == 0, a == 1, -(1 << 31) <= a < (1 << 31), a >= (1 << 63))
+    return (type(a).__name__,)
+
+
+def _kernel_meta(fn):
+    m = _meta.get(fn)
+    if m is None:
+        names = list(inspect.signature(fn.fn).parameters)
+        const = frozenset(p.name for p in fn.params if p.is_constexpr)
+        m = _meta[fn] = (names, const)
+    return m
+
+
+def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
+    """``fn[grid](*args, **kwargs)`` with the JIT's dispatch cached (see the module docstring)."""
+    if not direct_enabled() or not getattr(args[0], "is_cuda", False):
+        fn[grid](*args, **kwargs)
+        return
+    names, const = _kernel_meta(fn)
+    rt_kw = tuple(k for k in kwargs if k not in const and k not in _LAUNCH_OPTIONS)
+    key = (fn, len(args), tuple((k, v) for k, v in kwargs.items() if k not in rt_kw),
+           tuple(_spec(a) for a in args), tuple(_spec(kwargs[k]) for k in rt_kw))
+    hit = _cache.get(key)
+    if hit is None:
+        kernel = fn[grid](*args, **kwargs)  # compiles (or finds) and launches through the JIT
+        params = {k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS}
+        bound = inspect.signature(fn.fn).bind(*args, **params)
+        bound.apply_defaults()
+        template = list(bound.arguments.values())
+        slots = tuple((names.index(k), k) for k in rt_kw)
+        if kernel is not None and hasattr(kernel, "run"):
+            _cache[key] = (kernel, template, slots)
+        return
+    kernel, template, slots = hit
+    vals = list(template)
+    vals[: len(args)] = args
+    for i, k in slots:
+        vals[i] = kwargs[k]
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    torch = torch_module()
+    stream = torch.cuda.current_stream(args[0].device).cuda_stream
+    try:
+        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None, *vals)
+    except Exception as e:  # another Triton's launcher: use the JIT from now on
+        _state["broken"] = True
+        log.warning("fpsim.torch: direct Triton launches disabled (%s: %s)", type(e).__name__, e)
+        fn[grid](*args, **kwargs)
