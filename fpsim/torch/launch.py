@@ -81,7 +81,7 @@ def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
         vals[i] = kwargs[k]
     g = tuple(grid) + (1,) * (3 - len(grid))
     torch = torch_module()
-    stream = torch.cuda.current_stream(args[0].device).cuda_stream
+    stream = torch._C._cuda_getCurrentRawStream(args[0].device.index)  # what the JIT itself reads
     try:
         kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None, *vals)
     except Exception as e:  # another Triton's launcher: use the JIT from now on
