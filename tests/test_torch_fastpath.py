@@ -205,3 +205,20 @@ def test_direct_launches_after_the_first_give_the_jits_bits():
         c = fp.make_copy(torch.from_numpy(x).cuda(), plan, seed)
         assert np.array_equal(_bits(fp.values(c).cpu().numpy()), _bits(fpsim.fake_quantize(x, plan, seed=seed)))
     assert direct_enabled()
+
+
+def test_monitor_finds_the_first_nonfinite_copy_on_the_fast_path():
+    """Steps the monitor does not record run the fast path and still flag the first NaN (from the copies' amax)."""
+    import fpsim.torch as ft
+
+    layer = fnn.Linear(32, 16, bias=False, recipe="nvfp4_paper", name="blocks.0.fc1", gemm="blas").to(DEV)
+    x = torch.randn(32, 32, device=DEV)
+    with ft.monitor(every=100) as mon:
+        for s in range(3):
+            xs = x.clone()
+            if s == 2:
+                xs[3, 4] = float("nan")
+            layer(xs).sum().backward()
+            ft.step(layer)
+    assert mon.first_nonfinite == (2, "blocks.0.fc1", "fprop_x")
+    assert {r["step"] for r in mon.rows if "event" not in r} == {0}  # only step 0 is recorded

@@ -83,10 +83,11 @@ def copy_kind(plan: Plan) -> str:
 
 
 def make_copy(x, plan: Plan, seed: int | None = None) -> Copy:
-    """The copy of the 2-D ``x`` (float32 or BF16, contiguous, quantized along its last axis) under ``plan``."""
+    """The copy of the 2-D ``x`` (float32 or BF16, quantized along its last axis; contiguous unless the plan is a
+    BF16 cast) under ``plan``."""
     torch = torch_module()
     kind = copy_kind(plan)
-    if kind == "cast":
+    if kind == "cast":  # RNE with IEEE overflow: torch's conversion is the reference cast (any strides)
         return Copy(x.to(torch.bfloat16), "exact")
     if kind == "f32":
         from .backend import fake_quantize

@@ -146,7 +146,7 @@ class Monitor:
             return
         plan = getattr(copy, "plan", None)
         if getattr(copy, "amax", None) is not None and plan is not None and not plan.ignore_nan:
-            flag = copy.amax < float("inf")
+            flag = copy.amax  # kept as it is (no launch): finite exactly when the source is; compared at _resolve
         else:
             flag = torch.isfinite(x).all()
         self._pending.append((step, layer, role, flag))
@@ -155,7 +155,9 @@ class Monitor:
         pend, self._pending = self._pending, []
         if self.first_nonfinite is not None or not pend:
             return
-        ok = torch.stack([p[3] for p in pend]).cpu()
+        # a flag is a bool, or an amax that propagates NaN and inf (finite exactly when its source is)
+        ok = torch.stack([torch.isfinite(p[3]).reshape(()) if p[3].is_floating_point() else p[3].reshape(())
+                          for p in pend]).cpu()
         if not bool(ok.all()):
             step, layer, role, _ = pend[int((~ok).nonzero()[0, 0])]
             self.first_nonfinite = (step, layer, role)

@@ -127,13 +127,15 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
     """:func:`_copy` on the fast path: the same steps, written as a :class:`fpsim.torch.fastpath.Copy`."""
     st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
     x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
-    x = x.contiguous()
+    plan = None if st.scheme is None else lower(st.scheme)
+    if st.rht or plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
+        x = x.contiguous()
     if st.rht:  # BF16 in, BF16-rounded out (the reference's RHT), stored as BF16: exact, half the bytes
         x = tb.rht(x, st.rht, st.signs, out_dtype=torch.bfloat16)
-    if st.scheme is None:
+    if plan is None:
         c = fp.Copy(x.to(torch.float32), "f32")
     else:
-        c = fp.make_copy(x, lower(st.scheme), st.seed)
+        c = fp.make_copy(x, plan, st.seed)
     for ob in OBSERVERS:  # steps an observer records take the full path (see Linear.forward)
         note = getattr(ob, "note", None)
         if note is not None:
@@ -142,14 +144,18 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
 
 
 def _reuse_fprop_w(rec: Recipe) -> bool:
-    """Whether Dgrad's Wᵀ copy is exactly the transpose of Fprop's W copy: the same policy with square tiles,
-    no RHT, RNE and no four-over-six (whose tile error sums run in a layout-dependent order)."""
+    """Whether Dgrad's Wᵀ copy is exactly the transpose of Fprop's W copy: the same policy under RNE without RHT,
+    and either an elementwise cast or square tiles without four-over-six (whose tile error sums run in a
+    layout-dependent order)."""
     a, b = rec.fprop_w, rec.dgrad_w
     if a != b or a.rht or rec.dgrad_w_from_fprop:
         return False
     sch = a.resolved()
-    return (sch is not None and sch.block is not None and sch.block[0] == sch.block[1] > 1
-            and sch.rounding.value == "rne" and not getattr(sch, "four_over_six", False))
+    if sch is None or sch.rounding.value != "rne":
+        return False
+    if sch.kind.value == "cast":
+        return True
+    return sch.block is not None and sch.block[0] == sch.block[1] > 1 and not sch.four_over_six
 
 
 class _FastLinearFn(torch.autograd.Function):
