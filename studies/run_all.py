@@ -98,7 +98,12 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     names = [s for s in STUDIES if args.only is None or s in args.only]
     sections, missing = [], []
-    for name in names:
+    for name in STUDIES:
+        if name not in names:  # --only: the other studies keep their last section in the index
+            old = args.out / name / "section.md"
+            if old.exists():
+                sections.append(old.read_text())
+            continue
         try:
             mod = importlib.import_module(MODULES.get(name, f"studies.{name}"))
         except ModuleNotFoundError:

@@ -95,14 +95,17 @@ def main(argv=None):
         "2D weights each needed) are not resolved here — removing SR even ended lower than the recipe. Longer runs "
         "and more seeds on the GPU are the next step."
     )
+    from studies.campaign.report import render
+
+    camp_blocks, camp_figs = render(ROOT / "studies" / "data" / "campaign", args.dir, md_table)
     write_section(
         args, "8. Training: a small LM under the emulated recipes",
         "Pretraining with NVFP4 (the full recipe, with the last blocks in BF16) tracks the BF16 loss closely; removing "
         "SR, RHT or 2D weight scaling, quantizing every layer, or using MXFP4 widens the gap (paper Fig. 2, 4, 6).",
-        measured, verdict, ["loss_curves.png", "loss_gap.png"],
+        measured, verdict, ["loss_curves.png", "loss_gap.png", *camp_figs],
         ["Final validation loss (nats per byte):\n\n" + md_table(table, ".4f"),
          f"Command: `{meta['command']}` (GEMMs in FP32 on exactly fake-quantized operands; quantization by "
-         "`fpsim.torch.backend`, bit-identical to the CPU reference)."],
+         "`fpsim.torch.backend`, bit-identical to the CPU reference).", *camp_blocks],
     )
     return args.dir
 

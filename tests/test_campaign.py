@@ -58,3 +58,121 @@ def test_identical_differences_give_an_exactly_zero_width_interval_and_verdicts(
         paired_gap({0: float("nan")}, {0: 1.0})
     with pytest.raises(ValueError, match="no seed in common"):
         paired_gap({0: 1.0}, {1: 1.0})
+
+
+# ---------------------------------------------------------------------------
+# The runner: data order, schedule, determinism, resume (tiny model on CPU)
+
+torch = pytest.importorskip("torch")
+
+from studies.campaign import run as crun  # noqa: E402
+from studies.campaign.arms import ARMS, COMPONENTS, bf16_tail  # noqa: E402
+from studies.campaign.data import Corpus  # noqa: E402
+
+
+def _corpus(n_train=40_000, n_val=9_000):
+    rng = np.random.default_rng(0)
+    text = np.frombuffer(b"def f(x):\n    return x * 2 + 1\n" * 2000, np.uint8)
+    train = text[:n_train].copy()
+    train[rng.integers(0, train.size, 500)] = rng.integers(32, 127, 500)
+    return Corpus(train, text[:n_val].copy(), 1, 1, ("held",), ("synthetic",))
+
+
+def test_batches_are_seeded_permutations_of_whole_windows_and_resume_where_they_stopped():
+    stream = np.arange(1000)  # positions as values (the corpus is uint8; any integer stream works)
+    gen = crun.batches(stream, 9, 4, seed=3)
+    first = [next(gen)[1] for _ in range(30)]
+    per_epoch = ((1000 - 1) // 9) // 4
+    starts = {int(b[0]) for bt in first[:per_epoch] for b in bt}  # window starts within one epoch never repeat
+    assert len(starts) == 4 * per_epoch and all(s % 9 == 0 for s in starts)
+    assert all(bt.shape == (4, 10) for bt in first)
+    again = crun.batches(stream, 9, 4, seed=3, start_step=17)
+    assert np.array_equal(next(again)[1], first[17])  # a resumed run continues the same order
+    assert not np.array_equal(next(crun.batches(stream, 9, 4, seed=4))[1], first[0])
+
+
+def test_lr_schedule_warms_up_then_decays_to_a_tenth():
+    lrs = [crun.lr_at(s, 1000, 1e-3) for s in range(1000)]
+    assert lrs[0] == pytest.approx(1e-3 / 20) and lrs[19] == pytest.approx(1e-3)
+    assert lrs[-1] == pytest.approx(1e-4, rel=1e-3) and all(a >= b for a, b in zip(lrs[20:], lrs[21:]))
+
+
+def test_arms_cover_the_protocol_and_components_compare_existing_arms():
+    for name in ("bf16", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d", "nvfp4_all", "nvfp4_fwd",
+                 "nvfp4_bwd", "mxfp4", "fp8_blockwise", "nvfp4_46", "nvfp4_late_bf16"):
+        assert ARMS[name].build() is not None
+    assert all(a in ARMS and b in ARMS and c in ("helps", "harmless") for _, a, b, c in COMPONENTS)
+    assert (bf16_tail(6), bf16_tail(10), bf16_tail(62)) == (1, 2, 9)
+    assert ARMS["nvfp4_no_sr"].build().dgrad_dy.rounding == "rne"
+
+
+def _train(tmp_path, arm, **kw):
+    args = dict(batch=4, val_tokens=64 * 64, corpus=_corpus(), device="cpu", log_every=2)
+    args.update(kw)
+    return crun.train(arm, 1, "tiny", 4 * 64 * 8, 3e-3, tmp_path, **args)
+
+
+def test_a_run_writes_its_curve_and_record_and_is_deterministic(tmp_path):
+    rec = _train(tmp_path / "a", "nvfp4")
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "a" / f"{rec['run']}.csv")
+    assert list(df.columns) == list(crun.CSV_COLUMNS) and df["step"].iloc[-1] == 8
+    assert df["val_loss"].notna().sum() >= 4 and np.isfinite(df["train_loss"]).all()
+    assert rec["status"] == "done" and rec["tokens_done"] == 8 * 4 * 64 and rec["corpus"]["train"]["sha256"]
+    assert any(r[1] == "bf16" for r in rec["layers"]) and any(r[1] == "nvfp4_paper" for r in rec["layers"])
+    again = _train(tmp_path / "b", "nvfp4")
+    a, b = (pd.read_csv(tmp_path / d / f"{rec['run']}.csv") for d in ("a", "b"))
+    assert a[["train_loss", "val_loss"]].equals(b[["train_loss", "val_loss"]])  # same seed, same bits
+    del again
+
+
+def test_a_partial_run_resumes_to_the_uninterrupted_runs_curve(tmp_path):
+    import pandas as pd
+
+    full = _train(tmp_path / "full", "nvfp4_late_bf16")
+    part = _train(tmp_path / "cut", "nvfp4_late_bf16", max_seconds=0.0)
+    assert part["status"] == "partial" and part["tokens_done"] < full["tokens_done"]
+    assert (tmp_path / "cut" / "ckpt" / part["run"] / "state.safetensors").exists()
+    done = _train(tmp_path / "cut", "nvfp4_late_bf16")
+    assert done["status"] == "done"
+    a, b = (pd.read_csv(tmp_path / d / f"{full['run']}.csv") for d in ("full", "cut"))
+    assert a[["step", "train_loss", "val_loss"]].equals(b[["step", "train_loss", "val_loss"]])
+
+
+def test_too_small_a_validation_stream_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="held-out packages held hold"):
+        _train(tmp_path, "bf16", corpus=_corpus(n_val=500))
+
+
+def _fake_run(d, arm, seed, final, status="done"):
+    """A run's CSV and JSON as the runner writes them (synthetic losses: the renderer's input, not a result)."""
+    from fpsim.io import dumps
+
+    rid = crun.run_id(arm, seed, "s10m", 265_000_000)
+    rows = [",".join(crun.CSV_COLUMNS)]
+    for k, tok in enumerate((1e8, 2e8, 2.65e8)):
+        rows.append(f"{k + 1},{int(tok)},0.001,1.0,{final + 0.1 * (2 - k):.6f},250000.0")
+    (d / f"{rid}.csv").write_text("\n".join(rows) + "\n")
+    (d / f"{rid}.json").write_text(dumps({"run": rid, "arm": arm, "seed": seed, "size": "s10m",
+                                          "tokens_budget": 265_000_000, "status": status, "seconds_total": 600}))
+
+
+def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
+    from studies.campaign.report import render
+    from studies.common import md_table
+
+    blocks, figs = render(tmp_path / "none", tmp_path, md_table)
+    assert not figs and "No campaign run is committed yet" in blocks[0]
+    d = tmp_path / "main"
+    d.mkdir()
+    for s, (b, n, nsr) in enumerate(((1.00, 1.010, 1.030), (1.02, 1.031, 1.049), (0.99, 1.001, 1.022))):
+        _fake_run(d, "bf16", s, b)
+        _fake_run(d, "nvfp4", s, n)
+        _fake_run(d, "nvfp4_no_sr", s, nsr)
+    _fake_run(d, "mxfp4", 0, 2.0, status="partial")
+    blocks, figs = render(tmp_path, tmp_path, md_table)
+    text = "\n".join(blocks)
+    assert "| NVFP4 recipe | 3 | 0.0107 |" in text  # mean of 0.010, 0.011, 0.011
+    assert "stochastic rounding of gradients | helps | 0.0197 |" in text and "| resolved |" in text
+    assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]

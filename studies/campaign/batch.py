@@ -1,0 +1,117 @@
+"""Run a batch of campaign runs side by side on one GPU and keep the manifest of what is done (issue 20).
+
+    python -m studies.campaign.batch --plan main --runs 0:4 --work /tmp/campaign --out $OUT/campaign \\
+        --max-seconds 540 --parallel 4
+
+Each run is its own process (``studies.campaign.run``) with ``--max-seconds``; runs that stop early checkpoint
+under ``--work`` (on the device machine's disk, which persists between the commands of one session) and resume
+when the batch is run again.  Finished CSVs and JSONs are copied to ``--out``; commit them to
+``studies/data/campaign/`` and :func:`update_manifest` records each run's status there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from fpsim.io import atomic_write, dumps
+from studies.campaign.arms import ARMS
+from studies.campaign.run import run_id
+
+__all__ = ["PLANS", "plan_runs", "update_manifest", "main"]
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "campaign"
+
+#: The learning rate of every arm, chosen by the ``lr_sweep`` plan (BF16, seed 0); None until that sweep ran.
+LR = None
+SEEDS = (0, 1, 2)
+#: Tokens: 25 per non-embedding parameter at each size (10.6 M and 32.1 M), and 100 per parameter at the main size.
+TOKENS = {"s10m": 265_000_000, "s30m": 803_000_000}
+HORIZON = 1_062_000_000
+
+
+def plan_runs(plan: str, lr: float | None = None) -> list[dict]:
+    """The runs of a plan, in a fixed order (arm, seed, size, tokens, lr)."""
+    lr = lr if lr is not None else LR
+    if plan == "lr_sweep":
+        return [{"arm": "bf16", "seed": 0, "size": "s10m", "tokens": 40_000_000, "lr": v}
+                for v in (1e-3, 2e-3, 4e-3, 8e-3)]
+    if lr is None:
+        raise ValueError("the learning rate is not chosen yet: run the lr_sweep plan first (or pass --lr)")
+    if plan == "main":
+        return [{"arm": a, "seed": s, "size": "s10m", "tokens": TOKENS["s10m"], "lr": lr}
+                for s in SEEDS for a in ARMS]
+    if plan == "horizon":
+        return [{"arm": a, "seed": s, "size": "s10m", "tokens": HORIZON, "lr": lr}
+                for s in SEEDS for a in ("bf16", "nvfp4", "nvfp4_no_sr")]
+    if plan == "size":
+        return [{"arm": a, "seed": s, "size": "s30m", "tokens": TOKENS["s30m"], "lr": lr}
+                for s in SEEDS for a in ("bf16", "nvfp4", "nvfp4_no_sr")]
+    raise ValueError(f"unknown plan {plan!r}; plans: {', '.join(PLANS)}")
+
+
+PLANS = ("lr_sweep", "main", "horizon", "size")
+
+
+def _dir(plan: str, r: dict) -> str:
+    return f"lr_sweep/lr{r['lr']:g}" if plan == "lr_sweep" else plan
+
+
+def update_manifest(results: Path, manifest: Path = DATA / "manifest.json") -> dict:
+    """Record every run JSON under ``results`` in the manifest (run id → arm, seed, size, budget, status, tokens
+    done, GPU seconds); returns the manifest."""
+    man = json.loads(manifest.read_text()) if manifest.exists() else {}
+    for p in sorted(Path(results).rglob("*.json")):
+        rec = json.loads(p.read_text())
+        if "run" not in rec:
+            continue
+        key = f"{p.parent.relative_to(results).as_posix()}/{rec['run']}"
+        man[key] = {k: rec[k] for k in ("arm", "seed", "size", "tokens_budget", "tokens_done", "status", "lr",
+                                        "seconds_total", "device")}
+    atomic_write(manifest, dumps(dict(sorted(man.items()))))
+    return man
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", required=True, choices=PLANS)
+    ap.add_argument("--runs", default=None, help="a slice start:stop of the plan's runs (default: all)")
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--max-seconds", type=float, default=540)
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--holdout", default=None)
+    a = ap.parse_args(argv)
+    runs = plan_runs(a.plan, a.lr)
+    if a.runs:
+        lo, hi = (int(v) if v else None for v in a.runs.split(":"))
+        runs = runs[lo:hi]
+    procs, pending = [], list(runs)
+    while pending or procs:
+        while pending and len(procs) < a.parallel:
+            r = pending.pop(0)
+            cmd = [sys.executable, "-m", "studies.campaign.run", "--arm", r["arm"], "--seed", str(r["seed"]),
+                   "--size", r["size"], "--tokens", str(r["tokens"]), "--lr", str(r["lr"]),
+                   "--max-seconds", str(a.max_seconds), "--out", str(a.work / _dir(a.plan, r))]
+            if a.holdout:
+                cmd += ["--holdout", a.holdout]
+            procs.append((r, subprocess.Popen(cmd)))
+        r, p = procs.pop(0)
+        p.wait()
+        d = a.work / _dir(a.plan, r)
+        rid = run_id(r["arm"], r["seed"], r["size"], r["tokens"])
+        dest = a.out / _dir(a.plan, r)
+        dest.mkdir(parents=True, exist_ok=True)
+        for ext in (".csv", ".json"):
+            if (d / f"{rid}{ext}").exists():
+                shutil.copy2(d / f"{rid}{ext}", dest / f"{rid}{ext}")
+        print(f"{rid}: exit {p.returncode}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Study 8's campaign section, rendered from the committed run CSVs and JSONs (no GPU; issue 20).
+
+For each size and budget: the final validation loss of every arm and seed, the paired gap to BF16 (mean over
+seeds of arm − BF16, nats per byte) with its 95 % t-interval, each recipe component's gap with the paper's claim
+and the verdict of :func:`studies.campaign.stats.verdict`, loss curves with the seed band, the gap against tokens,
+throughput per arm and the GPU time spent.  Runs that are not ``"done"`` are listed and left out of the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from studies.campaign.arms import ARMS, COMPONENTS
+from studies.campaign.batch import plan_runs
+from studies.campaign.stats import paired_gap, verdict
+from studies.common import save_fig
+
+__all__ = ["load_runs", "render"]
+
+
+def load_runs(data: Path) -> tuple[pd.DataFrame, list[dict]]:
+    """(validation rows of every run: run, arm, seed, size, budget, tokens, val_loss, tokens_per_s; the run
+    records), from ``data/**/<run>.csv`` and ``.json``."""
+    frames, recs = [], []
+    for js in sorted(Path(data).rglob("*.json")):
+        rec = json.loads(js.read_text())
+        if "run" not in rec or "lr_sweep" in js.parts:
+            continue
+        recs.append(rec)
+        csv = js.with_suffix(".csv")
+        if rec["status"] != "done" or not csv.exists():
+            continue
+        df = pd.read_csv(csv)
+        df = df.assign(run=rec["run"], arm=rec["arm"], seed=rec["seed"], size=rec["size"],
+                       budget=rec["tokens_budget"])
+        frames.append(df)
+    cols = ["run", "arm", "seed", "size", "budget", "step", "tokens", "val_loss", "tokens_per_s"]
+    return (pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)), recs
+
+
+def _plan_text() -> str:
+    counts = {p: len(plan_runs(p, lr=1.0)) for p in ("main", "horizon", "size")}
+    return (f"Planned (`python -m studies.campaign.batch`): a BF16 learning-rate sweep (4 runs of 40 M tokens), "
+            f"then {counts['main']} main runs ({len(ARMS)} arms × 3 seeds, 10.6 M non-embedding parameters, 265 M "
+            f"tokens = 25 per parameter), {counts['horizon']} runs at 100 tokens per parameter (BF16, the recipe, "
+            f"the recipe without SR) and {counts['size']} at 32.1 M parameters.")
+
+
+def _gap_rows(final: pd.DataFrame) -> list[dict]:
+    rows = []
+    base = final[final.arm == "bf16"].set_index("seed").val_loss.to_dict()
+    for arm, g in final.groupby("arm", sort=False):
+        if arm == "bf16" or not base:
+            continue
+        gap = paired_gap(g.set_index("seed").val_loss.to_dict(), base)
+        rows.append({"arm": ARMS[arm].label, "seeds": gap.n, "gap vs BF16 (nats/byte)": gap.mean,
+                     "95 % CI low": gap.lo, "95 % CI high": gap.hi})
+    return rows
+
+
+def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
+    """(Markdown blocks, figure file names written to ``out_dir``) of the campaign section."""
+    val, recs = load_runs(data)
+    val = val.dropna(subset=["val_loss"])
+    not_done = [r["run"] for r in recs if r["status"] != "done"]
+    if val.empty:
+        return [("**Paired-seed campaign (issue 20).** No campaign run is committed yet: the numbers above are the "
+                 "earlier small-model runs. " + _plan_text())], []
+    blocks, figs = [], []
+    gpu_h = sum(r.get("seconds_total", 0) for r in recs) / 3600
+    for (size, budget), sub in val.groupby(["size", "budget"]):
+        final = sub[sub.step == sub.groupby("run").step.transform("max")]
+        rows = _gap_rows(final)
+        if rows:
+            blocks.append(f"Paired gaps to BF16, {size}, {budget / 1e6:.0f} M tokens:\n\n"
+                          + md_table(pd.DataFrame(rows), ".4f"))
+        comp = []
+        per_arm = final.groupby("arm")
+        for name, without, with_, claim in COMPONENTS:
+            if without in per_arm.groups and with_ in per_arm.groups:
+                gap = paired_gap(per_arm.get_group(without).set_index("seed").val_loss.to_dict(),
+                                 per_arm.get_group(with_).set_index("seed").val_loss.to_dict())
+                comp.append({"component": name, "claim": claim, "gap (nats/byte)": gap.mean, "CI low": gap.lo,
+                             "CI high": gap.hi, "verdict": verdict(gap, claim)})
+        if comp:
+            blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
+                          + md_table(pd.DataFrame(comp), ".4f"))
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        for arm, g in sub.groupby("arm", sort=False):
+            band = g.pivot_table(index="tokens", columns="seed", values="val_loss")
+            ax.plot(band.index / 1e6, band.mean(axis=1), label=ARMS[arm].label, lw=1.2)
+            ax.fill_between(band.index / 1e6, band.min(axis=1), band.max(axis=1), alpha=0.2)
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_ylabel("validation loss (nats per byte)")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
+        name = f"campaign_{size}_{budget // 1_000_000}m.png"
+        save_fig(fig, out_dir / name)
+        figs.append(name)
+    tput = val.groupby("arm").tokens_per_s.median().rename(index=lambda a: ARMS[a].label).reset_index()
+    blocks.append("Median training throughput (tokens/s, one run of several sharing the GPU):\n\n"
+                  + md_table(tput, ".0f"))
+    blocks.append(f"GPU time of the committed runs: {gpu_h:.2f} h." + (f" Not finished: {', '.join(not_done)}."
+                                                                         if not_done else ""))
+    return blocks, figs
