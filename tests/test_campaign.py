@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -176,3 +177,28 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     assert "| NVFP4 recipe | 3 | 0.0107 |" in text  # mean of 0.010, 0.011, 0.011
     assert "stochastic rounding of gradients | helps | 0.0197 |" in text and "| resolved |" in text
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
+
+
+def test_plans_need_the_swept_learning_rate_and_the_manifest_records_runs(tmp_path):
+    from studies.campaign.batch import plan_runs, update_manifest
+
+    assert len(plan_runs("lr_sweep")) == 4
+    with pytest.raises(ValueError, match="lr_sweep plan first"):
+        plan_runs("main")
+    main = plan_runs("main", lr=2e-3)
+    assert len(main) == 36 and len({(r["arm"], r["seed"]) for r in main}) == 36
+    d = tmp_path / "main"
+    d.mkdir()
+    _fake_run(d, "bf16", 0, 1.0)
+    _fake_run(d, "nvfp4", 0, 1.0, status="partial")
+    rec = json.loads((d / "s10m-bf16-s0-t265m.json").read_text())
+    rec.update(tokens_done=265_000_000, lr=2e-3, device="NVIDIA H200")
+    (d / "s10m-bf16-s0-t265m.json").write_text(json.dumps(rec))
+    for p in d.glob("*nvfp4*.json"):
+        r = json.loads(p.read_text())
+        r.update(tokens_done=1, lr=2e-3, device="x")
+        p.write_text(json.dumps(r))
+    man = update_manifest(tmp_path, tmp_path / "manifest.json")
+    assert man["main/s10m-bf16-s0-t265m"]["status"] == "done"
+    assert man["main/s10m-nvfp4-s0-t265m"]["status"] == "partial"
+    assert json.loads((tmp_path / "manifest.json").read_text()) == man

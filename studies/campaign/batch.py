@@ -32,6 +32,9 @@ SEEDS = (0, 1, 2)
 #: Tokens: 25 per non-embedding parameter at each size (10.6 M and 32.1 M), and 100 per parameter at the main size.
 TOKENS = {"s10m": 265_000_000, "s30m": 803_000_000}
 HORIZON = 1_062_000_000
+#: Sequences of 512 bytes per step (32 k tokens): 8,088 steps for the main budget; the host cost of a step is
+#: per layer, not per token, so larger batches keep the emulated recipes off the host's critical path.
+BATCH = 64
 
 
 def plan_runs(plan: str, lr: float | None = None) -> list[dict]:
@@ -96,7 +99,7 @@ def main(argv=None) -> None:
         while pending and len(procs) < a.parallel:
             r = pending.pop(0)
             cmd = [sys.executable, "-m", "studies.campaign.run", "--arm", r["arm"], "--seed", str(r["seed"]),
-                   "--size", r["size"], "--tokens", str(r["tokens"]), "--lr", str(r["lr"]),
+                   "--size", r["size"], "--tokens", str(r["tokens"]), "--lr", str(r["lr"]), "--batch", str(BATCH),
                    "--max-seconds", str(a.max_seconds), "--out", str(a.work / _dir(a.plan, r))]
             if a.holdout:
                 cmd += ["--holdout", a.holdout]
