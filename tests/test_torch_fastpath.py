@@ -4,15 +4,8 @@ reference's y, dX, dW up to FP32 summation order.  The kernels run under Triton'
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton")
 
 import fpsim  # noqa: E402
 from fpsim.plan import lower  # noqa: E402
@@ -21,16 +14,9 @@ from fpsim.torch import backend as tb  # noqa: E402
 from fpsim.torch import fastpath as fp  # noqa: E402
 from fpsim.torch import nn as fnn  # noqa: E402
 from fpsim.torch.gemm import bf16_exact, scaled_values_bf16, second_level_alpha  # noqa: E402
-from fpsim.torch.runtime import triton_available  # noqa: E402
+from tests.tritonenv import DEV, INTERPRETER_WARNINGS, torch  # sets TRITON_INTERPRET first
 
-if not triton_available():
-    pytest.skip("Triton cannot run here", allow_module_level=True)
-
-pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")]
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = INTERPRETER_WARNINGS
 
 
 @pytest.fixture(autouse=True)

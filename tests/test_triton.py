@@ -5,35 +5,20 @@ set here before Triton is imported), which executes the same kernel source on CP
 on the device machine they compile for the GPU.  Skipped where torch or Triton is missing.
 """
 
-import os
-
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]')")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton", reason="Triton not installed")
 
 import fpsim  # noqa: E402
 from fpsim.torch import backend as tb  # noqa: E402
 from fpsim.torch import codecs as tc  # noqa: E402
 from fpsim.torch import container as tcont  # noqa: E402
 from fpsim.torch import quantize as tq  # noqa: E402
-from fpsim.torch.runtime import triton_available  # noqa: E402
 from tests import scaling_golden as G  # noqa: E402
 from tests.probes import float32_probes, probes_for  # noqa: E402
+from tests.tritonenv import DEV, INTERPRETER_WARNINGS, torch  # noqa: F401 (sets TRITON_INTERPRET first)
 
-if not triton_available():
-    pytest.skip("Triton cannot run here", allow_module_level=True)
+pytestmark = INTERPRETER_WARNINGS
 
-# The interpreter evaluates float32 arithmetic with NumPy, which warns on overflow to inf and on NaN
-# operands (the IEEE results are what the kernels want).
-pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")]
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MX = {"mxfp4": "float4_e2m1fn", "mxfp6_e2m3": "float6_e2m3fn", "mxfp6_e3m2": "float6_e3m2fn",
       "mxfp8_e4m3": "float8_e4m3fn", "mxfp8_e5m2": "float8_e5m2"}
 RULES = ["floor", "ceil", "even", "rceil"]

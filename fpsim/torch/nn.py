@@ -24,6 +24,7 @@ import fnmatch
 import logging
 import re
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import torch
 
@@ -92,37 +93,6 @@ def _mm(qa, qb, gemm: str) -> torch.Tensor:
     return tb.gemm(qa, qb, gemm)
 
 
-class _QLinearFn(torch.autograd.Function):
-    """The three GEMMs of SPEC §8 with their six copies; saves the high-precision X and W for backward."""
-
-    @staticmethod
-    def forward(ctx, x2d, weight, cfg):
-        rec, seed, name, stp, gemm = cfg
-        kw = {"seed": seed, "layer": name, "step": stp}
-        qw = _copy(weight, rec.fprop_w, role="fprop_w", **kw)
-        y = _mm(_copy(x2d, rec.fprop_x, role="fprop_x", **kw), qw, gemm)
-        ctx.save_for_backward(x2d, weight)
-        ctx.cfg = cfg
-        ctx.w_fprop = _values(qw) if rec.dgrad_w_from_fprop else None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x2d, weight = ctx.saved_tensors
-        rec, seed, name, stp, gemm = ctx.cfg
-        kw = {"seed": seed, "layer": name, "step": stp}
-        dx = dw = None
-        dy = dy.to(torch.float32).contiguous()
-        if ctx.needs_input_grad[0]:
-            w = ctx.w_fprop if ctx.w_fprop is not None else weight
-            dx = _mm(_copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw),
-                     _copy(w.T, rec.dgrad_w, role="dgrad_w", **kw), gemm).to(x2d.dtype)
-        if ctx.needs_input_grad[1]:
-            dw = _mm(_copy(dy.T, rec.wgrad_dy, role="wgrad_dy", **kw),
-                     _copy(x2d.T, rec.wgrad_x, role="wgrad_x", **kw), gemm).to(weight.dtype)
-        return dx, dw, None
-
-
 def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str) -> fp.Copy:
     """:func:`_copy` on the fast path: the same steps, written as a :class:`fpsim.torch.fastpath.Copy`."""
     st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
@@ -158,38 +128,54 @@ def _reuse_fprop_w(rec: Recipe) -> bool:
     return sch.block is not None and sch.block[0] == sch.block[1] > 1 and not sch.four_over_six
 
 
-class _FastLinearFn(torch.autograd.Function):
-    """:class:`_QLinearFn` on the fast path: the same six copies (:func:`_fast_copy`) and the ``"blas"`` GEMMs of
-    :func:`fpsim.torch.fastpath.mm`; saves X, W and the Fprop copy of W (Dgrad's where it is its transpose)."""
+class _Ops(NamedTuple):
+    """One GEMM path: how a copy is made, how two copies are multiplied (``(a, b, out_dtype)``), what a copy's
+    float32 values are, and how the Fprop copy of W becomes Dgrad's (None: Dgrad quantizes Wᵀ itself)."""
+
+    copy: Callable
+    mm: Callable
+    values: Callable
+    transposed: Callable | None
+
+
+def _reference_ops(gemm: str) -> _Ops:
+    return _Ops(_copy, lambda a, b, dt: _mm(a, b, gemm).to(dt), _values, None)
+
+
+_FAST = _Ops(_fast_copy, fp.mm, fp.values, fp.transposed)
+
+
+class _QLinearFn(torch.autograd.Function):
+    """The three GEMMs of SPEC §8 with their six copies on one path (:class:`_Ops`); saves the high-precision X
+    and W for backward, and the Fprop copy of W where it is Dgrad's (transposed) or its source."""
 
     @staticmethod
     def forward(ctx, x2d, weight, cfg):
-        rec, seed, name, stp, out_dtype = cfg
+        rec, seed, name, stp, ops, out_dtype = cfg
         kw = {"seed": seed, "layer": name, "step": stp}
-        qw = _fast_copy(weight, rec.fprop_w, role="fprop_w", **kw)
-        y = fp.mm(_fast_copy(x2d, rec.fprop_x, role="fprop_x", **kw), qw, out_dtype)
+        qw = ops.copy(weight, rec.fprop_w, role="fprop_w", **kw)
+        y = ops.mm(ops.copy(x2d, rec.fprop_x, role="fprop_x", **kw), qw, out_dtype)
         ctx.save_for_backward(x2d, weight)
         ctx.cfg = cfg
-        ctx.qw = fp.transposed(qw) if _reuse_fprop_w(rec) else None
-        ctx.w_fprop = fp.values(qw) if rec.dgrad_w_from_fprop else None
+        ctx.qw = ops.transposed(qw) if ops.transposed is not None and _reuse_fprop_w(rec) else None
+        ctx.w_fprop = ops.values(qw) if rec.dgrad_w_from_fprop else None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x2d, weight = ctx.saved_tensors
-        rec, seed, name, stp, _ = ctx.cfg
+        rec, seed, name, stp, ops, _ = ctx.cfg
         kw = {"seed": seed, "layer": name, "step": stp}
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            if ctx.qw is not None:
-                qwt = ctx.qw
-            else:
+            qwt = ctx.qw
+            if qwt is None:
                 w = ctx.w_fprop if ctx.w_fprop is not None else weight
-                qwt = _fast_copy(w.t(), rec.dgrad_w, role="dgrad_w", **kw)
-            dx = fp.mm(_fast_copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw), qwt, x2d.dtype)
+                qwt = ops.copy(w.t(), rec.dgrad_w, role="dgrad_w", **kw)
+            dx = ops.mm(ops.copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw), qwt, x2d.dtype)
         if ctx.needs_input_grad[1]:
-            dw = fp.mm(_fast_copy(dy.t(), rec.wgrad_dy, role="wgrad_dy", **kw),
-                       _fast_copy(x2d.t(), rec.wgrad_x, role="wgrad_x", **kw), weight.dtype)
+            dw = ops.mm(ops.copy(dy.t(), rec.wgrad_dy, role="wgrad_dy", **kw),
+                        ops.copy(x2d.t(), rec.wgrad_x, role="wgrad_x", **kw), weight.dtype)
         return dx, dw, None
 
 
@@ -257,10 +243,10 @@ class Linear(torch.nn.Linear):
         with torch.autocast(dev, enabled=False):
             if self.gemm == "blas" and fp.enabled(x2d) and not (OBSERVERS and _recording(self.step)):
                 # The GEMM writes the output dtype itself unless a bias is added in float32 first.
-                ydt = torch.float32 if self.bias is not None else out_dtype
-                y = _FastLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, ydt))
+                ops, ydt = _FAST, torch.float32 if self.bias is not None else out_dtype
             else:
-                y = _QLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, self.gemm))
+                ops, ydt = _reference_ops(self.gemm), torch.float32
+            y = _QLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, ops, ydt))
             if self.bias is not None:
                 y = y + self.bias.to(torch.float32)
         return y.to(out_dtype).reshape(*x.shape[:-1], self.out_features)
