@@ -1,0 +1,65 @@
+"""fpsim.torch layers under torch.distributed's DistributedDataParallel (issue 18: parameters stay ordinary
+``nn.Parameter``s, so DDP works unchanged): two CPU processes over gloo give the gradients of the two shards
+averaged, bit for bit, with each rank's quantized copies the single-process layer's."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+import fpsim.torch as ft  # noqa: E402
+
+DIN, DOUT, TOK = 32, 16, 32
+
+
+def _model(seed: int = 0):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(DIN, DOUT, bias=False), torch.nn.Linear(DOUT, 8, bias=True))
+    return ft.convert(m, "nvfp4_paper", keep_bf16=[], skip=[], seed=3, gemm="fp32")
+
+
+def _shard(rank: int):
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(TOK, DIN, generator=g), torch.randn(TOK, 8, generator=g)
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_model())
+        x, t = _shard(rank)
+        ((model(x) - t) ** 2).mean().backward()
+        if rank == 0:
+            np.savez(out, **{n: p.grad.numpy() for n, p in model.module.named_parameters()})
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_gradients_are_the_shards_gradients_averaged(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "ddp.npz")
+    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    got = np.load(out)
+    grads = []
+    for rank in (0, 1):
+        m = _model()
+        x, t = _shard(rank)
+        ((m(x) - t) ** 2).mean().backward()
+        grads.append({n: p.grad.numpy() for n, p in m.named_parameters()})
+    for name in got.files:
+        want = (grads[0][name] + grads[1][name]) / np.float32(2)
+        assert np.array_equal(got[name].view(np.uint32), want.astype(np.float32).view(np.uint32)), name
