@@ -106,7 +106,7 @@ def _recipes():
     base = get_recipe("nvfp4_paper")
     return [base, base.without("sr"), base.without("rht"), base.without("2d"), base.only("forward"),
             base.only("backward"), base.variant(four_over_six=True), get_recipe("mxfp4"), get_recipe("bf16"),
-            get_recipe("fp8_blockwise")]
+            get_recipe("fp8_blockwise"), get_recipe("fp8_current")]
 
 
 class _Grab:

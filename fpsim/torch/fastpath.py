@@ -8,6 +8,8 @@ amax pass, with no packed codes and no separate decode:
   accumulator in a fused epilogue (:func:`mm`);
 * ``"exact"``: BF16 values equal to the dequantized copy (MX plans whose products are exact in BF16, two-level
   plans without a second level, BF16 casts);
+* ``"quantized"``: per-tensor-scaled FP8 on a GPU with FP8 tensor cores: the :class:`TorchQuantized` itself, whose
+  GEMM is :func:`fpsim.torch.gemm.gemm`'s ``"blas"`` path (``torch._scaled_mm``);
 * ``"f32"``: the dequantized copy in float32 (every other plan: :func:`fpsim.torch.backend.fake_quantize`).
 
 Every copy decodes to the reference's values bit for bit (:func:`values`); only the GEMMs' summation order is
@@ -89,6 +91,10 @@ def make_copy(x, plan: Plan, seed: int | None = None) -> Copy:
     kind = copy_kind(plan)
     if kind == "cast":  # RNE with IEEE overflow: torch's conversion is the reference cast (any strides)
         return Copy(x.to(torch.bfloat16), "exact")
+    if kind == "f32" and _fp8_tensor_cores(plan, x):
+        from .backend import quantize
+
+        return Copy(quantize(x.to(torch.float32), plan), "quantized", plan=plan)
     if kind == "f32":
         from .backend import fake_quantize
 
@@ -103,6 +109,13 @@ def make_copy(x, plan: Plan, seed: int | None = None) -> Copy:
     return Copy(quantize_fused(x, plan, nan, fake=True, out_dtype=torch.bfloat16, **kw), "exact", plan=plan)
 
 
+def _fp8_tensor_cores(plan: Plan, x) -> bool:
+    """Per-tensor FP8 (E4M3/E5M2 elements, one FP32 scale) on a CUDA device with FP8 tensor cores (8.9+)."""
+    torch = torch_module()
+    return (plan.kind is Kind.FP32 and plan.block is None and plan.element.name in ("float8_e4m3fn", "float8_e5m2")
+            and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9))
+
+
 def transposed(c: Copy) -> Copy:
     """The copy of the transposed tensor, where its blocks are square tiles (the same tiles, the same values)."""
     return c._replace(values=c.values.t())
@@ -111,6 +124,8 @@ def transposed(c: Copy) -> Copy:
 def values(c: Copy):
     """The float32 values the copy stands for (the reference's dequantized copy, bit for bit)."""
     torch = torch_module()
+    if c.kind == "quantized":
+        return c.values.dequantize()
     v = c.values.to(torch.float32)
     if c.kind != "scaled":
         return v
@@ -152,6 +167,11 @@ def mm(a: Copy, b: Copy, out_dtype):
     torch = torch_module()
     if a.kind == b.kind == "scaled":
         return alpha_epilogue(_mm_f32_out(a.values, b.values), a, b, out_dtype)
+    if (a.kind == b.kind == "quantized" and not a.plan.element.name == b.plan.element.name == "float8_e5m2"
+            and all(n % 16 == 0 for n in (*a.values.shape, *b.values.shape))):  # torch._scaled_mm's shapes
+        from .gemm import gemm
+
+        return gemm(a.values, b.values, "blas").to(out_dtype)  # FP8 tensor cores (cuBLAS has no E5M2 × E5M2)
     if a.kind == b.kind == "exact":
         if a.values.is_cuda and out_dtype == torch.bfloat16:
             return torch.mm(a.values, b.values.t())  # FP32 accumulation, rounded to BF16 once
