@@ -128,9 +128,13 @@ def test_a_run_writes_its_curve_and_record_and_is_deterministic(tmp_path):
     del again
 
 
-def test_a_partial_run_resumes_to_the_uninterrupted_runs_curve(tmp_path):
+@pytest.mark.parametrize("switch_at", [0.82, 0.0], ids=["cut-before-switch", "cut-after-switch"])
+def test_a_partial_run_resumes_to_the_uninterrupted_runs_curve(tmp_path, monkeypatch, switch_at):
+    import dataclasses
+
     import pandas as pd
 
+    monkeypatch.setitem(ARMS, "nvfp4_late_bf16", dataclasses.replace(ARMS["nvfp4_late_bf16"], switch_at=switch_at))
     full = _train(tmp_path / "full", "nvfp4_late_bf16")
     part = _train(tmp_path / "cut", "nvfp4_late_bf16", max_seconds=0.0)
     assert part["status"] == "partial" and part["tokens_done"] < full["tokens_done"]

@@ -147,12 +147,13 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     rows = csv_path.read_text().splitlines()[1:] if start and csv_path.exists() else []
     eval_steps = {round(steps * (k + 1) / EVALS) - 1 for k in range(EVALS)}
     t_start = time.perf_counter()
-    status, loss_acc, n_acc, t_log, tok_log = "done", None, 0, time.perf_counter(), 0
+    status, loss_acc, n_acc, t_log, tok_log, switched = "done", None, 0, time.perf_counter(), 0, False
     for step, xb in batches(corpus.train, ctx, batch, seed, start):
         if step >= steps:
             break
-        if a.switch_at is not None and step == math.ceil(a.switch_at * steps):
-            ft.set_recipe(model, "bf16")
+        if a.switch_at is not None and not switched and step >= math.ceil(a.switch_at * steps):
+            ft.set_recipe(model, "bf16")  # also when a resumed run starts past the switch
+            switched = True
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr)
         x = torch.from_numpy(xb).to(device, non_blocking=True)
