@@ -208,3 +208,27 @@ def test_monitor_finds_the_first_nonfinite_copy_on_the_fast_path():
             ft.step(layer)
     assert mon.first_nonfinite == (2, "blocks.0.fc1", "fprop_x")
     assert {r["step"] for r in mon.rows if "event" not in r} == {0}  # only step 0 is recorded
+
+
+@pytest.mark.parametrize("d,signs", [(16, "recipe"), (32, 12345), (16, None)],
+                         ids=["16-recipe", "32-seeded", "16-none"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_transposed_rht_is_the_rht_of_the_transpose_and_its_amax(d, signs, dtype, nan):
+    """Wgrad's one-pass RHT of Xᵀ (fpsim.torch.rht.rht_transposed) = rht(Xᵀ) bit for bit, amax = absmax of it."""
+    from fpsim.torch.quantize import absmax
+
+    x = torch.from_numpy(_data((64, 75), 2)).to(DEV, getattr(torch, dtype))
+    if nan:
+        x[5, 9] = float("nan")
+    want = tb.rht(x.t().contiguous(), d, signs, out_dtype=torch.bfloat16, impl="triton")
+    for ignore in (False, True):
+        got, amax = tb.rht_transposed(x, d, signs, out_dtype=torch.bfloat16, amax=True, ignore_nan=ignore,
+                                      impl="triton")
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        ref = absmax(want, ignore)
+        assert torch.equal(amax.view(torch.int32), ref.view(torch.int32)), (ignore, float(amax), float(ref))
+    eager, none = tb.rht_transposed(x, d, signs, out_dtype=torch.bfloat16, impl="eager")
+    assert none is None and torch.equal(torch.isnan(eager), torch.isnan(want))  # NaN payloads: the path's own
+    fin = ~torch.isnan(want)
+    assert torch.equal(eager.view(torch.int16)[fin], want.view(torch.int16)[fin])

@@ -84,9 +84,10 @@ def copy_kind(plan: Plan) -> str:
     return "f32"
 
 
-def make_copy(x, plan: Plan, seed: int | None = None) -> Copy:
+def make_copy(x, plan: Plan, seed: int | None = None, amax=None) -> Copy:
     """The copy of the 2-D ``x`` (float32 or BF16, quantized along its last axis; contiguous unless the plan is a
-    BF16 cast) under ``plan``."""
+    BF16 cast) under ``plan``; ``amax``: the tensor amax of ``x`` where the caller has it (the NaN policy's), else
+    measured here."""
     torch = torch_module()
     kind = copy_kind(plan)
     if kind == "cast":  # RNE with IEEE overflow: torch's conversion is the reference cast (any strides)
@@ -102,7 +103,7 @@ def make_copy(x, plan: Plan, seed: int | None = None) -> Copy:
         return Copy(fake_quantize(x.to(torch.float32), plan, **kw), "f32")
     kw = {} if seed is None else {"seed": seed}
     if plan.kind is Kind.TWO_LEVEL and plan.two_level.tensor_scale:
-        amax = absmax(x, plan.ignore_nan)
+        amax = absmax(x, plan.ignore_nan) if amax is None else amax
         v = quantize_fused(x, plan, amax, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, **kw)
         return Copy(v, "scaled", amax, float(plan.two_level.num), plan)
     nan = torch.full((), float("nan"), dtype=torch.float32, device=x.device)

@@ -417,6 +417,42 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
 
 
 @triton.jit
+def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr,
+                 BF: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr, AMAX: tl.constexpr,
+                 IGNORE_NAN: tl.constexpr):
+    """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program loads D rows × BF columns of the row-major X (R × C),
+    transforms each column's D values (the rows of Xᵀ) with rht_kernel's operations in its order, and stores them
+    into ``out`` (C × R).  AMAX: also the atomic max of the stored values' |bits| into ``amax_ptr`` (int32, zeroed;
+    NaN propagates unless IGNORE_NAN), read back from the stored dtype as :func:`absmax_kernel` would read it."""
+    b = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1) * BF + tl.arange(0, BF)
+    i = tl.arange(0, D)
+    m_in = (i[:, None] < D) & (f[None, :] < C)
+    xt = tl.load(x_ptr + (b * D + i)[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
+    v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
+    sg = tl.load(s_ptr + i)[None, :]
+    if BF16_IN:
+        v = bf16_round(v)
+    v = v * sg
+    for k in tl.static_range(LOG2D):
+        w = tl.permute(tl.reshape(v, [BF, D // (2 << k), 2, 1 << k]), [0, 1, 3, 2])
+        a, c = tl.split(w)
+        v = tl.reshape(tl.permute(tl.join(a + c, a - c), [0, 1, 3, 2]), [BF, D])
+    v = v * inv_sqrt
+    if BF16_OUT:
+        v = bf16_round(v)
+    m = (f[:, None] < C) & (i[None, :] < D)
+    st = v.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + f[:, None].to(tl.int64) * R + (b * D + i)[None, :], st, mask=m)
+    if AMAX:
+        a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if IGNORE_NAN:
+            a = tl.where(a > 0x7F800000, 0, a)
+        a = tl.where(m, a, 0)
+        tl.atomic_max(amax_ptr, tl.max(tl.max(a, axis=1), axis=0))
+
+
+@triton.jit
 def _alpha_sdec(amax, NUM: tl.constexpr):
     s = tl.math.div_rn(NUM, amax)
     s = tl.where(s > FLT_MAX, FLT_MAX, s)  # fmin_nan: a NaN amax stays NaN

@@ -98,14 +98,21 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
     st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
     x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
     plan = None if st.scheme is None else lower(st.scheme)
-    if st.rht or plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
+    amax = None
+    if st.rht and x.dim() == 2 and x.stride(0) == 1 and x.shape[1] > 1 and fp.enabled(x):
+        # Wgrad's dYᵀ and Xᵀ: one pass reads the untransposed tensor, writes the RHT'd transpose as BF16 (exact:
+        # the reference's RHT rounds its output to BF16) and takes the amax a scaled copy needs
+        need = plan is not None and fp.copy_kind(plan) == "scaled"
+        x, amax = tb.rht_transposed(x.t(), st.rht, st.signs, out_dtype=torch.bfloat16, amax=need,
+                                    ignore_nan=need and plan.ignore_nan)
+    elif st.rht:  # BF16 in, BF16-rounded out, stored as BF16: exact, half the bytes
+        x = tb.rht(x.contiguous(), st.rht, st.signs, out_dtype=torch.bfloat16)
+    elif plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
         x = x.contiguous()
-    if st.rht:  # BF16 in, BF16-rounded out (the reference's RHT), stored as BF16: exact, half the bytes
-        x = tb.rht(x, st.rht, st.signs, out_dtype=torch.bfloat16)
     if plan is None:
         c = fp.Copy(x.to(torch.float32), "f32")
     else:
-        c = fp.make_copy(x, plan, st.seed)
+        c = fp.make_copy(x, plan, st.seed, amax=amax)
     for ob in OBSERVERS:  # steps an observer records take the full path (see Linear.forward)
         note = getattr(ob, "note", None)
         if note is not None:

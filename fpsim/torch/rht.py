@@ -12,7 +12,7 @@ from .codecs import bf16_round
 from .launch import launch
 from .runtime import WARPS, torch_module, use_triton
 
-__all__ = ["rht"]
+__all__ = ["rht", "rht_transposed"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -80,3 +80,39 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
         t = bf16_round(t)
     t = t if out_dtype is None else t.to(out_dtype)
     return torch.movedim(t.reshape(*lead, n), -1, axis)
+
+
+def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool = False, ignore_nan: bool = False,
+                   impl: str = "auto"):
+    """``rht(x.T, d, signs)`` (BF16 in and out, as the recipe's Wgrad copies) of a 2-D ``x`` without writing ``x.T``
+    first, and with ``amax`` the float32 max |value| of the result (NaN-propagating unless ``ignore_nan``) from the
+    same pass: ``(out, amax or None)``.  One Triton kernel where the kernels run; else ``rht`` of the transposed
+    copy and a separate amax.  Bit-identical either way.
+    """
+    torch = torch_module()
+    R, C = x.shape
+    d = int(d)
+    if R % d:
+        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
+    if not (use_triton(x, impl) and d <= 64 and x.dtype in (torch.float32, torch.bfloat16)):
+        out = rht(x.t(), d, signs, out_dtype=out_dtype, impl=impl).contiguous()
+        if not amax:
+            return out, None
+        from .quantize import absmax
+
+        return out, absmax(out, ignore_nan)
+    from . import kernels as K
+
+    if isinstance(signs, (str, int, np.integer)):
+        s = _sign_tensor(d, signs if isinstance(signs, str) else int(signs), str(x.device))
+    else:
+        s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
+    x = x.contiguous()
+    out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
+    acc = torch.zeros(1, dtype=torch.int32, device=x.device)
+    bf = 64
+    if R and C:
+        launch(K.rht_t_kernel, (R // d, -(-C // bf)), (x, s, out, acc, R, C, float(np.float32(1.0 / np.sqrt(d)))),
+               {"D": d, "LOG2D": d.bit_length() - 1, "BF": bf, "BF16_IN": True, "BF16_OUT": True, "AMAX": bool(amax),
+                "IGNORE_NAN": bool(ignore_nan), "num_warps": WARPS})
+    return out, (acc.view(torch.float32).reshape(()) if amax else None)
