@@ -1,6 +1,6 @@
-"""fpsim.torch layers under torch.distributed's DistributedDataParallel (issue 18: parameters stay ordinary
-``nn.Parameter``s, so DDP works unchanged): two CPU processes over gloo give the gradients of the two shards
-averaged, bit for bit, with each rank's quantized copies the single-process layer's."""
+"""fpsim.torch layers under torch.distributed's DistributedDataParallel and FSDP2's ``fully_shard`` (issue 18:
+parameters stay ordinary ``nn.Parameter``s, so both work unchanged): two CPU processes over gloo give the
+gradients of the two shards averaged, bit for bit, with each rank's quantized copies the single-process layer's."""
 
 from __future__ import annotations
 
@@ -30,14 +30,27 @@ def _shard(rank: int):
     return torch.randn(TOK, DIN, generator=g), torch.randn(TOK, 8, generator=g)
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, wrap: str) -> None:
+    import warnings
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        model = torch.nn.parallel.DistributedDataParallel(_model())
-        x, t = _shard(rank)
-        ((model(x) - t) ** 2).mean().backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. FSDP's warning about module outputs that are views
+            x, t = _shard(rank)
+            if wrap == "ddp":
+                model = torch.nn.parallel.DistributedDataParallel(_model())
+                ((model(x) - t) ** 2).mean().backward()
+                grads = {n: p.grad.numpy() for n, p in model.module.named_parameters()}
+            else:
+                from torch.distributed.fsdp import fully_shard
+
+                model = _model()
+                fully_shard(model)
+                ((model(x) - t) ** 2).mean().backward()
+                grads = {n: p.grad.full_tensor().numpy() for n, p in model.named_parameters()}
         if rank == 0:
-            np.savez(out, **{n: p.grad.numpy() for n, p in model.module.named_parameters()})
+            np.savez(out, **grads)
     finally:
         dist.destroy_process_group()
 
@@ -48,11 +61,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ddp_gradients_are_the_shards_gradients_averaged(tmp_path):
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_distributed_gradients_are_the_shards_gradients_averaged(tmp_path, wrap):
     import torch.multiprocessing as mp
 
-    out = str(tmp_path / "ddp.npz")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    if wrap == "fsdp":
+        pytest.importorskip("torch.distributed.fsdp", reason="no FSDP in this torch")
+        from torch.distributed import fsdp
+
+        if not hasattr(fsdp, "fully_shard"):
+            pytest.skip("this torch has no FSDP2 fully_shard")
+    out = str(tmp_path / f"{wrap}.npz")
+    mp.spawn(_worker, args=(2, _free_port(), out, wrap), nprocs=2, join=True)
     got = np.load(out)
     grads = []
     for rank in (0, 1):

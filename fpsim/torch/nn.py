@@ -157,21 +157,26 @@ class _QLinearFn(torch.autograd.Function):
     and W for backward, and the Fprop copy of W where it is Dgrad's (transposed) or its source."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, cfg):
+    def forward(ctx, x, weight, cfg):
         rec, seed, name, stp, ops, out_dtype = cfg
         kw = {"seed": seed, "layer": name, "step": stp}
+        x2d = x.reshape(-1, x.shape[-1])
         qw = ops.copy(weight, rec.fprop_w, role="fprop_w", **kw)
         y = ops.mm(ops.copy(x2d, rec.fprop_x, role="fprop_x", **kw), qw, out_dtype)
         ctx.save_for_backward(x2d, weight)
         ctx.cfg = cfg
         ctx.qw = ops.transposed(qw) if ops.transposed is not None and _reuse_fprop_w(rec) else None
         ctx.w_fprop = ops.values(qw) if rec.dgrad_w_from_fprop else None
-        return y
+        ctx.x_shape = x.shape
+        # the output in the input's leading shape, made inside the Function so that it is not a view of an
+        # intermediate (FSDP warns about module outputs that are views, as in-place ops on them skip its hooks)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
         x2d, weight = ctx.saved_tensors
         rec, seed, name, stp, ops, _ = ctx.cfg
+        dy = dy.reshape(-1, dy.shape[-1])
         kw = {"seed": seed, "layer": name, "step": stp}
         dx = dw = None
         if ctx.needs_input_grad[0]:
@@ -179,7 +184,7 @@ class _QLinearFn(torch.autograd.Function):
             if qwt is None:
                 w = ctx.w_fprop if ctx.w_fprop is not None else weight
                 qwt = ops.copy(w.t(), rec.dgrad_w, role="dgrad_w", **kw)
-            dx = ops.mm(ops.copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw), qwt, x2d.dtype)
+            dx = ops.mm(ops.copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw), qwt, x2d.dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             dw = ops.mm(ops.copy(dy.t(), rec.wgrad_dy, role="wgrad_dy", **kw),
                         ops.copy(x2d.t(), rec.wgrad_x, role="wgrad_x", **kw), weight.dtype)
@@ -253,10 +258,10 @@ class Linear(torch.nn.Linear):
                 ops, ydt = _FAST, torch.float32 if self.bias is not None else out_dtype
             else:
                 ops, ydt = _reference_ops(self.gemm), torch.float32
-            y = _QLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, ops, ydt))
+            y = _QLinearFn.apply(x, self.weight, (self.recipe, self.seed, self.name, self.step, ops, ydt))
             if self.bias is not None:
                 y = y + self.bias.to(torch.float32)
-        return y.to(out_dtype).reshape(*x.shape[:-1], self.out_features)
+        return y.to(out_dtype)
 
 
 def _block_index(name: str) -> int | None:
