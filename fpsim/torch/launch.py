@@ -69,8 +69,11 @@ def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
         params = {k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS}
         bound = inspect.signature(fn.fn).bind(*args, **params)
         bound.apply_defaults()
-        template = list(bound.arguments.values())
         slots = tuple((names.index(k), k) for k in rt_kw)
+        runtime = set(range(len(args))) | {i for i, _ in slots}
+        # the template keeps the constexpr values and defaults only: holding the first call's tensors would keep
+        # them alive for the life of the process
+        template = [None if i in runtime else v for i, v in enumerate(bound.arguments.values())]
         if kernel is not None and hasattr(kernel, "run"):
             _cache[key] = (kernel, template, slots)
         return
