@@ -168,7 +168,7 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     from studies.common import md_table
 
     blocks, figs = render(tmp_path / "none", tmp_path, md_table)
-    assert not figs and "No campaign run is committed yet" in blocks[0]
+    assert not figs and "protocol" in blocks[0] and "No campaign run is committed yet" in blocks[1]
     d = tmp_path / "main"
     d.mkdir()
     for s, (b, n, nsr) in enumerate(((1.00, 1.010, 1.030), (1.02, 1.031, 1.049), (0.99, 1.001, 1.022))):
