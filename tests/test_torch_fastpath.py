@@ -157,26 +157,35 @@ def test_fast_linear_copies_are_the_references_and_the_gemms_agree(rec):
         assert np.abs(g - want).max() <= 1e-5 * scale, rec.name  # FP32 summation order only
 
 
-def test_fast_path_bf16_inputs_and_bias_give_the_slow_paths_result():
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fast_path_takes_any_float_input_and_bias_and_gives_the_slow_paths_result(dtype, bias):
+    """Leading shape, BF16/FP16/FP32 inputs and a bias: the same output dtype and values (up to the GEMMs' FP32
+    order and one output rounding) as the reference path."""
     tok, din, dout = 32, 32, 16
+    dt = getattr(torch, dtype)
     torch.manual_seed(0)
-    x = torch.randn(2, tok // 2, din).to(DEV, torch.bfloat16)
+    x = torch.randn(2, tok // 2, din).to(DEV, dt)
+    g = torch.randn(2, tok // 2, dout).to(DEV)
     outs = []
     for impl in ("triton", "eager"):
         fp.IMPL = impl
-        layer = fnn.Linear(din, dout, bias=True, recipe="nvfp4_paper", name="L", seed=1, gemm="blas").to(DEV)
+        layer = fnn.Linear(din, dout, bias=bias, recipe="nvfp4_paper", name="L", seed=1, gemm="blas").to(DEV)
         torch.manual_seed(1)
         with torch.no_grad():
             layer.weight.copy_(torch.randn(dout, din) / 4)
-            layer.bias.copy_(torch.randn(dout))
+            if bias:
+                layer.bias.copy_(torch.randn(dout))
         xt = x.clone().requires_grad_(True)
         y = layer(xt)
-        y.float().sum().backward()
-        outs.append((y.detach().float(), xt.grad.float(), layer.weight.grad, layer.bias.grad))
+        assert y.dtype == dt and y.shape == (2, tok // 2, dout) and xt.grad is None
+        (y.float() * g).sum().backward()  # a dense output gradient (the Wgrad RHT's one-pass path)
+        assert xt.grad.dtype == dt
+        outs.append([y.detach().float(), xt.grad.float(), layer.weight.grad] + ([layer.bias.grad] if bias else []))
     fp.IMPL = "triton"
-    assert outs[0][0].dtype == outs[1][0].dtype
+    tol = {"bfloat16": 2e-2, "float16": 2e-3, "float32": 1e-5}[dtype]
     for a, b in zip(*outs):
-        assert torch.allclose(a, b, rtol=2e-2, atol=1e-3)  # BF16 outputs: one rounding apart at most
+        assert torch.allclose(a, b, rtol=tol, atol=tol * 0.1), (a - b).abs().max()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="direct launches run on CUDA (the device machine)")
