@@ -254,13 +254,14 @@ def test_triton_kernels_return_the_reference_bytes_on_sampled_plans():
 
 def test_route_and_unsupported_name_the_hand_off():
     """What no torch path runs is computed by the reference, and fpsim.backends says why."""
-    p46 = lower(fpsim.get_scheme("nvfp4").replace(four_over_six=True, block=(16, 16)))
+    p46 = lower(fpsim.get_scheme("nvfp4").replace(four_over_six=True, block=(32, 32)))
     assert "four-over-six" in triton_unsupported(p46)
+    assert triton_unsupported(lower(fpsim.get_scheme("nvfp4").replace(four_over_six=True, block=(16, 16)))) is None
     assert backends.unsupported("torch-cpu", "quantize", p46) is None  # the eager path runs it
-    assert tb.route(p46, torch.zeros(4, 16)) == "eager"
+    assert tb.route(p46, torch.zeros(4, 32)) == "eager"
     if triton_available():
         with pytest.raises(ValueError, match="four-over-six"):
-            tb.quantize(torch.zeros(4, 16), p46, impl="triton")
+            tb.quantize(torch.zeros(4, 32), p46, impl="triton")
     name, why = backends.route("quantize", lower("nvfp4"), "torch-cpu", rbits=True)
     assert name == "numba-cpu" and "rbits" in why
 

@@ -274,3 +274,25 @@ def test_rht_kernel_equals_the_reference(d, signs, bf16):
     ref = fpsim.rht(want, d, signs, bf16_in=False, bf16_out=False, inverse=True)
     nan = np.isnan(ref)
     assert np.array_equal(np.isnan(back), nan) and same_f32(back[~nan], ref[~nan])
+
+
+@pytest.mark.parametrize("metric", ["mse", "mae"])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+@pytest.mark.parametrize("shape", [(48, 64), (40, 75)], ids=["whole", "ragged"])
+def test_four_over_six_on_16x16_tiles_is_the_references(metric, rounding, shape):
+    """Four-over-six on 16×16 weight tiles in the one-pass 2-D kernel: each tile's error summed over its rows then
+    columns in float64, as the reference sums it, so the same candidate wins in every tile (codes, scales, fake)."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_t(3, shape) * np.exp2(rng.integers(-6, 6, shape))).astype(np.float32)
+    x[0, :5] = 0.0
+    x[17, 3] = 3e4
+    sch = fpsim.get_scheme("nvfp4").replace(four_over_six=True, four_over_six_metric=metric)
+    plan = fpsim.plan.lower(sch, block=(16, 16), rounding=rounding)
+    kw = {"seed": 9} if rounding == "sr" else {}
+    assert tb.route(plan, T(x), "triton") == "triton"
+    ref = fpsim.quantize(x, plan, **kw)
+    got = tb.quantize(T(x), plan, impl="triton", **kw)
+    assert np.array_equal(N(got.data), ref.data) and np.array_equal(N(got.scales), ref.scales)
+    assert same_f32(N(tb.fake_quantize(T(x), plan, impl="triton", **kw)), fpsim.fake_quantize(x, plan, **kw))
+    four = fpsim.quantize(x, plan.scheme.replace(four_over_six=False), block=(16, 16), rounding=rounding, **kw)
+    assert not np.array_equal(four.scales, ref.scales)  # some tiles did take the other candidate

@@ -169,6 +169,30 @@ def two_level_quant_kernel(
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
 
 
+@triton.jit
+def _tile_fos_error(x, code, sv, s_dec, m, dec_ptr, E2M1: tl.constexpr, FOS: tl.constexpr, BT: tl.constexpr,
+                    W: tl.constexpr):
+    """Four-over-six's error of one candidate for each of the BT W×W tiles of a [W·BT, W] program (row i holds row
+    i // BT of tile i % BT): Σ|x − x̂| (FOS 1) or Σ(x − x̂)² (FOS 2) in float64, summed over the tile's rows and then
+    its columns one element at a time, the reference's order.  Each row and element is taken out by a masked sum,
+    which is exact: every other term is +0."""
+    xh = (_elem_values(code, dec_ptr, E2M1) * sv[:, None]) * s_dec
+    d = x.to(tl.float64) - xh.to(tl.float64)
+    if FOS == 1:
+        t = tl.abs(d)
+    else:
+        t = d * d
+    t3 = tl.reshape(tl.where(m, t, 0.0), [W, BT, W])
+    r_idx = tl.arange(0, W)[:, None, None]
+    j = tl.arange(0, W)[None, :]
+    acc = tl.zeros([BT], tl.float64)
+    for r in tl.static_range(W):
+        row = tl.sum(tl.where(r_idx == r, t3, 0.0), axis=0)  # [BT, W]: row r of every tile
+        for c in tl.static_range(W):
+            acc = acc + tl.sum(tl.where(j == c, row, 0.0), axis=1)
+    return acc
+
+
 @triton.jit(do_not_specialize=["k0", "k1", "counter0"])
 def two_level_quant_2d_kernel(
     x_ptr, q_ptr, s_ptr, f_ptr, dec_ptr, amax_ptr, R, C, NB, k0, k1, counter0,
@@ -180,10 +204,12 @@ def two_level_quant_2d_kernel(
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr,
     SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, FAKE: tl.constexpr = False,
     APPLY_SDEC: tl.constexpr = True, OUT_BF16: tl.constexpr = False, HW_CVT: tl.constexpr = True,
+    FOS: tl.constexpr = 0, INV_T46: tl.constexpr = 0.25,
 ):
     """Two-level quantization with W×W tiles in one pass: a program holds W rows × BT tiles, takes each tile's
     amax in registers, and writes every row's codes and the tile's scale on each of its W rows (SPEC §4).
-    FAKE / APPLY_SDEC / OUT_BF16 as in :func:`two_level_quant_kernel` (decoded values to ``f_ptr``)."""
+    FAKE / APPLY_SDEC / OUT_BF16 as in :func:`two_level_quant_kernel` (decoded values to ``f_ptr``).  FOS: also the
+    four-over-six candidate INV_T46, kept for a tile where its :func:`_tile_fos_error` is lower (ties keep 6)."""
     tr = tl.program_id(0)
     t0 = tl.program_id(1) * BT
     i = tl.arange(0, W * BT)
@@ -211,6 +237,20 @@ def two_level_quant_2d_kernel(
         code = tl.where(m, encode_sr(x * enc[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT), 0)
     else:
         code = tl.where(m, encode_elem(x * enc[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT), 0)
+    if FOS > 0:
+        sb4, sv4, enc4 = _block_scale(vmax, s_enc, s_dec, W * BT, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
+                                      S_NAN_CODE)
+        if SR:
+            code4 = encode_sr(x * enc4[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+        else:
+            code4 = encode_elem(x * enc4[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+        code4 = tl.where(m, code4, 0)
+        four_t = (_tile_fos_error(x, code4, sv4, s_dec, m, dec_ptr, E2M1, FOS, BT, W)
+                  < _tile_fos_error(x, code, sv, s_dec, m, dec_ptr, E2M1, FOS, BT, W))
+        four = tl.reshape(tl.broadcast_to(four_t[None, :], [W, BT]), [W * BT])
+        sb = tl.where(four, sb4, sb)
+        sv = tl.where(four, sv4, sv)
+        code = tl.where(four[:, None], code4, code)
     if FAKE:
         v = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
         if APPLY_SDEC:

@@ -57,8 +57,8 @@ def triton_unsupported(plan: Plan) -> str | None:
     if triton_block_width(plan) is None:
         return f"{plan.block} blocks have no Triton kernel ((1, W) or (W, W) with W = 16, 32, 64, 128 do)"
     if plan.kind is Kind.TWO_LEVEL:
-        if plan.two_level.four_over_six and plan.block[0] > 1:
-            return "four-over-six on 2-D tiles sums each tile's error over its rows; no Triton kernel"
+        if plan.two_level.four_over_six and plan.block[0] > 1 and plan.block != (16, 16):
+            return "four-over-six on 2-D tiles other than 16×16 has no Triton kernel"
         if plan.two_level.scale_arith.mbits == 0:
             return f"scale format {plan.scale.name} has no arithmetic encoder (ScaleArith)"
     return None
@@ -203,14 +203,15 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
         d8 = dummy(dev, "int32")
         grid = (-(-R // 16), -(-nb // bt))
         sr = _sr_kw(plan, seed, counter)
+        fos = {"FOS": int(plan.two_level.four_over_six), "INV_T46": float(plan.two_level.inv_t46)}
+        dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
         if fake:
-            dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
             launch(KQ.two_level_quant_2d_kernel, grid, (X, d8, d8, _fake_view(out), dec, amax, R, C, nb),
-                   {"BT": bt, "W": w, "IGNORE_NAN": plan.ignore_nan, "FAKE": True, **fk, **sr, **kw,
+                   {"BT": bt, "W": w, "IGNORE_NAN": plan.ignore_nan, "FAKE": True, **fk, **sr, **kw, **fos,
                     "num_warps": WARPS})
             return out
-        KQ.two_level_quant_2d_kernel[grid](X, out.view(torch.int32), s, d8, d8, amax, R, C, nb, BT=bt, W=w,
-                                           IGNORE_NAN=plan.ignore_nan, **sr, **kw, num_warps=WARPS)
+        KQ.two_level_quant_2d_kernel[grid](X, out.view(torch.int32), s, d8, dec, amax, R, C, nb, BT=bt, W=w,
+                                           IGNORE_NAN=plan.ignore_nan, **sr, **kw, **fos, num_warps=WARPS)
         return out, s
     tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else dummy(dev, "int32")
     bb = max(2048 // w, 1)
