@@ -51,6 +51,7 @@ class _Fake:
 
 class _CudaLike(torch.Tensor):
     is_cuda = True
+    device = type("Dev", (), {"index": 0})()
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
         return
     names, const = _kernel_meta(fn)
     rt_kw = tuple(k for k in kwargs if k not in const and k not in _LAUNCH_OPTIONS)
-    key = (fn, len(args), tuple((k, v) for k, v in kwargs.items() if k not in rt_kw),
+    key = (fn, args[0].device.index, len(args), tuple((k, v) for k, v in kwargs.items() if k not in rt_kw),
            tuple(_spec(a) for a in args), tuple(_spec(kwargs[k]) for k in rt_kw))
     hit = _cache.get(key)
     if hit is None:
