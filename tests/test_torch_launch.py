@@ -29,15 +29,15 @@ class _Kernel:
 
 
 class _Fake:
-    """A JIT function ``k(x_ptr, n, k0=0, BLOCK: constexpr, SR: constexpr = False)``."""
+    """A JIT function ``k(x_ptr, n, k0=0, k1=0, BLOCK: constexpr, SR: constexpr = False)``."""
 
     def __init__(self):
-        def k(x_ptr, n, k0=0, BLOCK=None, SR=False):
+        def k(x_ptr, n, k0=0, k1=0, BLOCK=None, SR=False):
             pass
 
         self.fn = k
-        self.params = [_Param("x_ptr", False), _Param("n", False), _Param("k0", False), _Param("BLOCK", True),
-                       _Param("SR", True)]
+        self.params = [_Param("x_ptr", False), _Param("n", False), _Param("k0", False), _Param("k1", False),
+                       _Param("BLOCK", True), _Param("SR", True)]
         self.log = []
         self.kernel = _Kernel(self.log)
 
@@ -60,6 +60,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(L, "_state", {"broken": False})
     monkeypatch.setattr(L, "_cache", {})
     monkeypatch.setattr(L, "_meta", {})
+    monkeypatch.setattr(L, "_kwmeta", {})
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda idx: 7, raising=False)
     return _Fake()
 
@@ -76,7 +77,10 @@ def test_the_first_launch_goes_through_the_jit_and_the_next_ones_pass_their_own_
     assert fake.log[0][0] == "jit"
     kind, grid, vals = fake.log[1]
     assert kind == "direct" and grid == (2, 1, 1)
-    assert vals[0] is b and vals[1:] == (48, 9, 128, True)  # this call's tensor, n and k0; the constexprs
+    assert vals[0] is b and vals[1:] == (48, 9, 0, 128, True)  # this call's tensor, n and k0; k1's default
+    L.launch(fake, (1,), (a, 32), {"k1": 3, "k0": 7, "BLOCK": 128})  # two runtime keywords, another order
+    L.launch(fake, (1,), (b, 16), {"k1": 4, "k0": 8, "BLOCK": 128})
+    assert fake.log[-2][0] == "jit" and fake.log[-1][2] == (b, 16, 8, 4, 128, False)
 
 
 def test_a_new_specialisation_goes_through_the_jit_again(fake):

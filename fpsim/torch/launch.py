@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import operator
 import os
 
 from .runtime import hw_cvt, torch_module
@@ -25,6 +26,7 @@ _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
 _state = {"broken": os.environ.get("FPSIM_TRITON_DIRECT", "1") == "0"}
 _cache: dict = {}
 _meta: dict = {}
+_kwmeta: dict = {}
 
 
 def direct_enabled() -> bool:
@@ -32,11 +34,15 @@ def direct_enabled() -> bool:
     return not _state["broken"] and hw_cvt()
 
 
+_TENSOR: list = []  # torch.Tensor, looked up once (this module imports no torch at import time)
+
+
 def _spec(a):
     """What the JIT specialises a runtime argument on: a tensor's dtype and 16-byte alignment, an integer's
     divisibility by 16, being 1 and its width."""
-    torch = torch_module()
-    if isinstance(a, torch.Tensor):
+    if not _TENSOR:
+        _TENSOR.append(torch_module().Tensor)
+    if isinstance(a, _TENSOR[0]):
         return (a.dtype, a.data_ptr() % 16 == 0)
     if isinstance(a, bool):
         return ("b", a)
@@ -54,23 +60,40 @@ def _kernel_meta(fn):
     return m
 
 
+def _keyword_meta(fn, keys: tuple):
+    """For one kernel and one set of keyword names: the runtime keywords, and getters of the constexpr and
+    runtime values (computed once: the hot path then does no per-keyword Python work)."""
+    m = _kwmeta.get((fn, keys))
+    if m is None:
+        _, const = _kernel_meta(fn)
+        rt = tuple(k for k in keys if k not in const and k not in _LAUNCH_OPTIONS)
+        fixed = tuple(k for k in keys if k not in rt)
+        get_fixed = operator.itemgetter(*fixed) if fixed else (lambda d: ())
+        get_rt = (lambda d: ()) if not rt else (lambda d, g=operator.itemgetter(*rt): (g(d),)) if len(rt) == 1 \
+            else operator.itemgetter(*rt)
+        m = _kwmeta[(fn, keys)] = (rt, get_fixed, get_rt)
+    return m
+
+
 def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
     """``fn[grid](*args, **kwargs)`` with the JIT's dispatch cached (see the module docstring)."""
     if not direct_enabled() or not getattr(args[0], "is_cuda", False):
         fn[grid](*args, **kwargs)
         return
-    names, const = _kernel_meta(fn)
-    rt_kw = tuple(k for k in kwargs if k not in const and k not in _LAUNCH_OPTIONS)
-    key = (fn, args[0].device.index, len(args), tuple((k, v) for k, v in kwargs.items() if k not in rt_kw),
-           tuple(_spec(a) for a in args), tuple(_spec(kwargs[k]) for k in rt_kw))
+    keys = tuple(kwargs)
+    rt_kw, get_fixed, get_rt = _keyword_meta(fn, keys)
+    rt_vals = get_rt(kwargs)
+    key = (fn, keys, args[0].device.index, len(args), get_fixed(kwargs), tuple(map(_spec, args)),
+           tuple(map(_spec, rt_vals)))
     hit = _cache.get(key)
     if hit is None:
         kernel = fn[grid](*args, **kwargs)  # compiles (or finds) and launches through the JIT
+        names, _ = _kernel_meta(fn)
         params = {k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS}
         bound = inspect.signature(fn.fn).bind(*args, **params)
         bound.apply_defaults()
-        slots = tuple((names.index(k), k) for k in rt_kw)
-        runtime = set(range(len(args))) | {i for i, _ in slots}
+        slots = tuple(names.index(k) for k in rt_kw)
+        runtime = set(range(len(args))) | set(slots)
         # the template keeps the constexpr values and defaults only: holding the first call's tensors would keep
         # them alive for the life of the process
         template = [None if i in runtime else v for i, v in enumerate(bound.arguments.values())]
@@ -80,8 +103,8 @@ def launch(fn, grid: tuple, args: tuple, kwargs: dict) -> None:
     kernel, template, slots = hit
     vals = list(template)
     vals[: len(args)] = args
-    for i, k in slots:
-        vals[i] = kwargs[k]
+    for i, v in zip(slots, rt_vals):
+        vals[i] = v
     g = tuple(grid) + (1,) * (3 - len(grid))
     torch = torch_module()
     stream = torch._C._cuda_getCurrentRawStream(args[0].device.index)  # what the JIT itself reads
