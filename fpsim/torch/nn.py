@@ -104,9 +104,9 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         # the reference's RHT rounds its output to BF16) and takes the amax a scaled copy needs
         need = plan is not None and fp.copy_kind(plan) == "scaled"
         x, amax = tb.rht_transposed(x.t(), st.rht, st.signs, out_dtype=torch.bfloat16, amax=need,
-                                    ignore_nan=need and plan.ignore_nan)
+                                    ignore_nan=need and plan.ignore_nan, impl=fp.IMPL)
     elif st.rht:  # BF16 in, BF16-rounded out, stored as BF16: exact, half the bytes
-        x = tb.rht(x.contiguous(), st.rht, st.signs, out_dtype=torch.bfloat16)
+        x = tb.rht(x.contiguous(), st.rht, st.signs, out_dtype=torch.bfloat16, impl=fp.IMPL)
     elif plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
         x = x.contiguous()
     if plan is None:
