@@ -33,6 +33,7 @@ def _shard(rank: int):
 def _worker(rank: int, world: int, port: int, out: str, wrap: str) -> None:
     import warnings
 
+    torch.set_num_threads(1)  # two ranks on a 2-core CI machine: no oversubscribed intra-op pools
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         with warnings.catch_warnings():
@@ -51,6 +52,7 @@ def _worker(rank: int, world: int, port: int, out: str, wrap: str) -> None:
                 grads = {n: p.grad.full_tensor().numpy() for n, p in model.named_parameters()}
         if rank == 0:
             np.savez(out, **grads)
+        dist.barrier()  # neither rank tears the group down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
