@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,3 +207,38 @@ def test_plans_need_the_swept_learning_rate_and_the_manifest_records_runs(tmp_pa
     assert man["main/s10m-bf16-s0-t265m"]["status"] == "done"
     assert man["main/s10m-nvfp4-s0-t265m"]["status"] == "partial"
     assert json.loads((tmp_path / "manifest.json").read_text()) == man
+
+
+def test_the_batch_driver_keeps_its_parallel_runs_going_and_collects_their_results(tmp_path, monkeypatch):
+    """Runs start as earlier ones end (not in lock step), each with the plan's arguments; results are copied."""
+    from studies.campaign import batch
+
+    started, live = [], []
+
+    class FakeRun:
+        def __init__(self, cmd):
+            args = dict(zip(cmd[3::2], cmd[4::2]))
+            started.append(args)
+            self.ticks = 1 if len(started) % 2 else 3  # uneven lengths
+            live.append(self)
+            rid = crun.run_id(args["--arm"], int(args["--seed"]), args["--size"], float(args["--tokens"]))
+            out = Path(args["--out"])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{rid}.json").write_text("{}")
+            (out / f"{rid}.csv").write_text("step\n")
+            self.returncode = None
+
+        def poll(self):
+            assert sum(r.returncode is None for r in live) <= 2  # never more than --parallel at once
+            self.ticks -= 1
+            if self.ticks <= 0:
+                self.returncode = 0
+            return self.returncode
+
+    monkeypatch.setattr(batch.subprocess, "Popen", FakeRun)
+    monkeypatch.setattr(batch, "POLL_S", 0.0)
+    batch.main(["--plan", "lr_sweep", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+                "--parallel", "2"])
+    assert [s["--lr"] for s in started] == ["0.001", "0.002", "0.004", "0.008"]
+    assert all(s["--batch"] == str(batch.BATCH) and float(s["--max-seconds"]) == 540 for s in started)
+    assert len(list((tmp_path / "o").rglob("*.json"))) == 4 and len(list((tmp_path / "o").rglob("*.csv"))) == 4

@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fpsim.io import atomic_write, dumps
@@ -35,6 +36,7 @@ HORIZON = 1_062_000_000
 #: Sequences of 512 bytes per step (32 k tokens): 8,088 steps for the main budget; the host cost of a step is
 #: per layer, not per token, so larger batches keep the emulated recipes off the host's critical path.
 BATCH = 64
+POLL_S = 2.0
 
 
 def plan_runs(plan: str, lr: float | None = None) -> list[dict]:
@@ -96,7 +98,7 @@ def main(argv=None) -> None:
         runs = runs[lo:hi]
     procs, pending = [], list(runs)
     while pending or procs:
-        while pending and len(procs) < a.parallel:
+        while pending and len(procs) < a.parallel:  # keep --parallel runs going: start one as soon as one ends
             r = pending.pop(0)
             cmd = [sys.executable, "-m", "studies.campaign.run", "--arm", r["arm"], "--seed", str(r["seed"]),
                    "--size", r["size"], "--tokens", str(r["tokens"]), "--lr", str(r["lr"]), "--batch", str(BATCH),
@@ -104,8 +106,12 @@ def main(argv=None) -> None:
             if a.holdout:
                 cmd += ["--holdout", a.holdout]
             procs.append((r, subprocess.Popen(cmd)))
-        r, p = procs.pop(0)
-        p.wait()
+        done = [(r, p) for r, p in procs if p.poll() is not None]
+        if not done:
+            time.sleep(POLL_S)
+            continue
+        r, p = done[0]
+        procs.remove((r, p))
         d = a.work / _dir(a.plan, r)
         rid = run_id(r["arm"], r["seed"], r["size"], r["tokens"])
         dest = a.out / _dir(a.plan, r)
