@@ -147,9 +147,14 @@ def canonical_nan(v):
 
 @triton.jit
 def tensor_scales(amax_ptr, NUM: tl.constexpr):
-    """(S_enc, S_dec) from the float32 amax at ``amax_ptr`` (SPEC §4; fpsim._scaling_kernels.encode_scale_factor):
-    S_enc = min(fl(NUM / amax), FLT_MAX), 1 where amax or S_enc is 0 (a NaN amax stays NaN)."""
-    amax = tl.load(amax_ptr)
+    """(S_enc, S_dec) from the float32 amax at ``amax_ptr`` (SPEC §4; fpsim._scaling_kernels.encode_scale_factor)."""
+    return scales_of(tl.load(amax_ptr), NUM)
+
+
+@triton.jit
+def scales_of(amax, NUM: tl.constexpr):
+    """(S_enc, S_dec) of one float32 amax: S_enc = min(fl(NUM / amax), FLT_MAX), 1 where amax or S_enc is 0 (a NaN
+    amax stays NaN); S_dec = fl(1 / S_enc)."""
     s = tl.math.div_rn(NUM, amax)
     s = tl.where(s > FLT_MAX, FLT_MAX, s)  # fmin_nan: NaN amax → NaN
     s = tl.where((amax == 0.0) | (s == 0.0), 1.0, s)
@@ -382,24 +387,13 @@ def philox_kernel(out_ptr, n, k0, k1, counter0, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr, BB: tl.constexpr,
-               BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr, INVERSE: tl.constexpr, IDX64: tl.constexpr):
-    """Random Hadamard transform of BB contiguous tiles of D values: fpsim.rht's float32 operations in its order.
-
-    Signs (before the butterflies, or after them for the inverse), log2 D butterfly stages that each map the
-    pairs (i, i + h) of every 2h-group to (a + b, a − b), h = 1, 2, 4, …, then one multiply by fl(1/√D); BF16
-    rounding of the input and output when asked.  The stages are reshapes of the [BB, D] tile, so the pairs
-    and the order of the additions are those of the Numba and eager torch kernels, bit for bit.
-    """
-    if IDX64:
-        t = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
-    else:
-        t = tl.program_id(0) * BB + tl.arange(0, BB)
-    j = tl.arange(0, D)
-    offs = t[:, None] * D + j[None, :]
-    m = (t < NT)[:, None] & (j[None, :] < D)
-    v = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)  # float32 or BF16 input
-    sg = tl.load(s_ptr + j)[None, :]
+def hadamard_rows(v, sg, inv_sqrt, BB: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr, BF16_IN: tl.constexpr,
+                  BF16_OUT: tl.constexpr, INVERSE: tl.constexpr):
+    """fpsim.rht's float32 operations on each row of the float32 [BB, D] tile ``v`` with the signs ``sg`` [1, D]:
+    signs (before the butterflies, or after them for the inverse), log2 D butterfly stages that each map the pairs
+    (i, i + h) of every 2h-group to (a + b, a − b), h = 1, 2, 4, …, then one multiply by fl(1/√D); BF16 rounding of
+    the input and output when asked.  The stages are reshapes of the tile, so the pairs and the order of the
+    additions are those of the Numba and eager torch kernels, bit for bit."""
     if BF16_IN:
         v = bf16_round(v)
     if not INVERSE:
@@ -413,6 +407,22 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
         v = v * sg
     if BF16_OUT:
         v = bf16_round(v)
+    return v
+
+
+@triton.jit
+def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr, BB: tl.constexpr,
+               BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr, INVERSE: tl.constexpr, IDX64: tl.constexpr):
+    """Random Hadamard transform of BB contiguous tiles of D values (:func:`hadamard_rows`)."""
+    if IDX64:
+        t = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    else:
+        t = tl.program_id(0) * BB + tl.arange(0, BB)
+    j = tl.arange(0, D)
+    offs = t[:, None] * D + j[None, :]
+    m = (t < NT)[:, None] & (j[None, :] < D)
+    v = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)  # float32 or BF16 input
+    v = hadamard_rows(v, tl.load(s_ptr + j)[None, :], inv_sqrt, BB, D, LOG2D, BF16_IN, BF16_OUT, INVERSE)
     tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=m)  # a BF16 output holds the rounded v exactly
 
 
@@ -421,7 +431,7 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
                  BF: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr, AMAX: tl.constexpr,
                  IGNORE_NAN: tl.constexpr):
     """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program loads D rows × BF columns of the row-major X (R × C),
-    transforms each column's D values (the rows of Xᵀ) with rht_kernel's operations in its order, and stores them
+    transforms each column's D values (the rows of Xᵀ) by :func:`hadamard_rows`, and stores them
     into ``out`` (C × R).  AMAX: also the atomic max of the stored values' |bits| into ``amax_ptr`` (int32, zeroed;
     NaN propagates unless IGNORE_NAN), read back from the stored dtype as :func:`absmax_kernel` would read it."""
     b = tl.program_id(0).to(tl.int64)
@@ -430,17 +440,7 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
     m_in = (i[:, None] < D) & (f[None, :] < C)
     xt = tl.load(x_ptr + (b * D + i)[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
     v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
-    sg = tl.load(s_ptr + i)[None, :]
-    if BF16_IN:
-        v = bf16_round(v)
-    v = v * sg
-    for k in tl.static_range(LOG2D):
-        w = tl.permute(tl.reshape(v, [BF, D // (2 << k), 2, 1 << k]), [0, 1, 3, 2])
-        a, c = tl.split(w)
-        v = tl.reshape(tl.permute(tl.join(a + c, a - c), [0, 1, 3, 2]), [BF, D])
-    v = v * inv_sqrt
-    if BF16_OUT:
-        v = bf16_round(v)
+    v = hadamard_rows(v, tl.load(s_ptr + i)[None, :], inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
     m = (f[:, None] < C) & (i[None, :] < D)
     st = v.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + f[:, None].to(tl.int64) * R + (b * D + i)[None, :], st, mask=m)
@@ -450,14 +450,6 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
             a = tl.where(a > 0x7F800000, 0, a)
         a = tl.where(m, a, 0)
         tl.atomic_max(amax_ptr, tl.max(tl.max(a, axis=1), axis=0))
-
-
-@triton.jit
-def _alpha_sdec(amax, NUM: tl.constexpr):
-    s = tl.math.div_rn(NUM, amax)
-    s = tl.where(s > FLT_MAX, FLT_MAX, s)  # fmin_nan: a NaN amax stays NaN
-    s = tl.where((amax == 0.0) | (s == 0.0), 1.0, s)
-    return tl.math.div_rn(1.0, s)
 
 
 @triton.jit
@@ -475,7 +467,9 @@ def alpha_epilogue_kernel(acc_ptr, out_ptr, amax_a_ptr, amax_b_ptr, n, NUM_A: tl
     ab = tl.load(amax_b_ptr)
     alpha = tl.math.div_rn(aa * ab, NUM_AB)
     good = _alpha_ok(aa, NUM_A) & _alpha_ok(ab, NUM_B) & (tl.abs(alpha) < float("inf")) & (alpha > 0.0)
-    alpha = tl.where(good, alpha, _alpha_sdec(aa, NUM_A) * _alpha_sdec(ab, NUM_B))
+    _, sd_a = scales_of(aa, NUM_A)
+    _, sd_b = scales_of(ab, NUM_B)
+    alpha = tl.where(good, alpha, sd_a * sd_b)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     v = tl.load(acc_ptr + offs, mask=m, other=0.0) * alpha

@@ -87,6 +87,30 @@ def _block_scale(vmax, s_enc, s_dec, BB: tl.constexpr, INV_T: tl.constexpr, BOUN
 
 
 @triton.jit
+def _encode_scaled(y, rb, SR: tl.constexpr, K: tl.constexpr, E2M1: tl.constexpr, MBITS: tl.constexpr,
+                   EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
+    """Element codes of the scaled values ``y``: stochastically rounded with the random bits ``rb`` (SR), else RNE."""
+    if SR:
+        return encode_sr(y, rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    else:
+        return encode_elem(y, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+
+
+@triton.jit
+def _fos_candidate(x, rb, m, vmax, s_enc, s_dec, N: tl.constexpr, INV_T46: tl.constexpr, BOUND: tl.constexpr,
+                   S_MBITS: tl.constexpr, S_EMIN_B: tl.constexpr, S_Q: tl.constexpr, S_MAX_CODE: tl.constexpr,
+                   S_NAN_CODE: tl.constexpr, SR: tl.constexpr, K: tl.constexpr, E2M1: tl.constexpr,
+                   MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
+                   SIGN_SHIFT: tl.constexpr):
+    """Four-over-six's second candidate for N blocks (vmax → 4 with INV_T46): (scale code, its value, element
+    codes, 0 past the tensor), with the first candidate's random bits."""
+    sb4, sv4, enc4 = _block_scale(vmax, s_enc, s_dec, N, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
+                                  S_NAN_CODE)
+    code4 = _encode_scaled(x * enc4[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    return sb4, sv4, tl.where(m, code4, 0)
+
+
+@triton.jit
 def _fos_error(x, code, sv, s_dec, m, dec_ptr, E2M1: tl.constexpr, PER_ROW: tl.constexpr, FOS: tl.constexpr,
                BB: tl.constexpr, W: tl.constexpr):
     """Four-over-six's block error of one candidate: Σ|x − x̂| (FOS 1) or Σ(x − x̂)² (FOS 2) in float64, summed
@@ -138,19 +162,15 @@ def two_level_quant_kernel(
     sb, sv, enc = _block_scale(vmax, s_enc, s_dec, BB, INV_T, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE, S_NAN_CODE)
     if SR:
         rb = sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), BB, W, K, WIDTH)
-        code = tl.where(m, encode_sr(x * enc[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT), 0)
     else:
-        code = encode_elem(x * enc[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
-        if not EVEN:  # padding past C encodes to 0 (whole blocks have none)
-            code = tl.where(m, code, 0)
+        rb = 0
+    code = _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    if SR or not EVEN:  # padding past C encodes to 0 (whole blocks have none)
+        code = tl.where(m, code, 0)
     if FOS > 0:
-        sb4, sv4, enc4 = _block_scale(vmax, s_enc, s_dec, BB, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
-                                      S_NAN_CODE)
-        if SR:
-            code4 = encode_sr(x * enc4[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
-        else:
-            code4 = encode_elem(x * enc4[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
-        code4 = tl.where(m, code4, 0)
+        sb4, sv4, code4 = _fos_candidate(x, rb, m, vmax, s_enc, s_dec, BB, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q,
+                                         S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                                         SIGN_SHIFT)
         four = (_fos_error(x, code4, sv4, s_dec, m, dec_ptr, E2M1, PER_ROW, FOS, BB, W)
                 < _fos_error(x, code, sv, s_dec, m, dec_ptr, E2M1, PER_ROW, FOS, BB, W))
         sb = tl.where(four, sb4, sb)
@@ -234,17 +254,14 @@ def two_level_quant_2d_kernel(
                                S_NAN_CODE)
     if SR:
         rb = sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), W * BT, W, K, WIDTH)
-        code = tl.where(m, encode_sr(x * enc[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT), 0)
     else:
-        code = tl.where(m, encode_elem(x * enc[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT), 0)
+        rb = 0
+    code = tl.where(m, _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                                      SIGN_SHIFT), 0)
     if FOS > 0:
-        sb4, sv4, enc4 = _block_scale(vmax, s_enc, s_dec, W * BT, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
-                                      S_NAN_CODE)
-        if SR:
-            code4 = encode_sr(x * enc4[:, None], rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
-        else:
-            code4 = encode_elem(x * enc4[:, None], E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
-        code4 = tl.where(m, code4, 0)
+        sb4, sv4, code4 = _fos_candidate(x, rb, m, vmax, s_enc, s_dec, W * BT, INV_T46, BOUND, S_MBITS, S_EMIN_B,
+                                         S_Q, S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                                         SIGN_SHIFT)
         four_t = (_tile_fos_error(x, code4, sv4, s_dec, m, dec_ptr, E2M1, FOS, BT, W)
                   < _tile_fos_error(x, code, sv, s_dec, m, dec_ptr, E2M1, FOS, BT, W))
         four = tl.reshape(tl.broadcast_to(four_t[None, :], [W, BT]), [W * BT])
@@ -310,9 +327,9 @@ def mx_quant_kernel(
     y = x * mul[:, None]
     if SR:
         rb = sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), BB, W, K, WIDTH)
-        code = encode_sr(y, rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     else:
-        code = encode_elem(y, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+        rb = 0
+    code = _encode_scaled(y, rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     code = tl.where((sb == 255)[:, None], NAN_CODE, code)
     code = tl.where(m, code, 0)
     if FAKE:
