@@ -90,6 +90,7 @@ def make_copy(x, plan: Plan, seed: int | None = None, amax=None) -> Copy:
     measured here."""
     torch = torch_module()
     kind = copy_kind(plan)
+    kw = {} if seed is None else {"seed": seed}
     if kind == "cast":  # RNE with IEEE overflow: torch's conversion is the reference cast (any strides)
         return Copy(x.to(torch.bfloat16), "exact")
     if kind == "f32" and _fp8_tensor_cores(plan, x):
@@ -99,9 +100,7 @@ def make_copy(x, plan: Plan, seed: int | None = None, amax=None) -> Copy:
     if kind == "f32":
         from .backend import fake_quantize
 
-        kw = {} if seed is None else {"seed": seed}
         return Copy(fake_quantize(x.to(torch.float32), plan, **kw), "f32")
-    kw = {} if seed is None else {"seed": seed}
     if plan.kind is Kind.TWO_LEVEL and plan.two_level.tensor_scale:
         amax = absmax(x, plan.ignore_nan) if amax is None else amax
         v = quantize_fused(x, plan, amax, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, **kw)

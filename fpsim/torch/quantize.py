@@ -11,6 +11,7 @@ with the quantized axis last (the entry points move the axis).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -163,12 +164,38 @@ def _outputs(X, plan: Plan, fake: bool, w: int, out_dtype=None):
     return q, torch.empty((R, nb), dtype=torch.uint8, device=X.device)
 
 
-def _fake_kw(fake: bool, out, apply_s_dec: bool) -> dict:
-    """The FAKE-output switches: S_dec applied or not (the exact e · s_b), float32 or BF16 bits."""
+class _Blocks(NamedTuple):
+    """A block launch's geometry on the 2-D ``X`` (R × C, blocks of ``w`` along rows, tiles ``br`` rows tall) and
+    its outputs: the codes and scales, or the fake-quantized values (``s`` None)."""
+
+    R: int
+    C: int
+    w: int
+    br: int
+    nb: int
+    nblk: int
+    dev: str
+    out: object
+    s: object
+
+
+def _blocks(X, plan: Plan, fake: bool, out_dtype=None) -> _Blocks:
+    R, C = X.shape
+    w = triton_block_width(plan)
+    nb = -(-C // w)
+    return _Blocks(R, C, w, plan.block[0], nb, R * nb, str(X.device), *_outputs(X, plan, fake, w, out_dtype))
+
+
+def _fake_kw(fake: bool, out, apply_s_dec: bool | None = None) -> dict:
+    """The FAKE-output switches: float32 or BF16 bits, and (two-level kernels) S_dec applied or not (the exact
+    e · s_b)."""
     if not fake:
         return {}
     torch = torch_module()
-    return {"APPLY_SDEC": bool(apply_s_dec), "OUT_BF16": out.dtype == torch.bfloat16, "HW_CVT": hw_cvt()}
+    kw = {"OUT_BF16": out.dtype == torch.bfloat16, "HW_CVT": hw_cvt()}
+    if apply_s_dec is not None:
+        kw["APPLY_SDEC"] = bool(apply_s_dec)
+    return kw
 
 
 def _fake_view(out):
@@ -186,25 +213,19 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
     from . import kernels_quant as KQ
 
     torch = torch_module()
-    R, C = X.shape
-    w = triton_block_width(plan)
-    br = plan.block[0]
-    nb = -(-C // w)
-    nblk = R * nb
-    dev = str(X.device)
-    amax = amax.reshape(-1).to(torch.float32).contiguous()
-    out, s = _outputs(X, plan, fake, w, out_dtype)
+    R, C, w, br, nb, nblk, dev, out, s = _blocks(X, plan, fake, out_dtype)
     if not nblk:
         return out if fake else (out, s)
+    amax = amax.reshape(-1).to(torch.float32).contiguous()
     kw = _two_level_kw(plan)
     fk = _fake_kw(fake, out, apply_s_dec)
+    dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
+    d8 = dummy(dev, "int32")
     if br == 16 == w:  # one pass: the tile amax is taken inside the program
         bt = 8
-        d8 = dummy(dev, "int32")
         grid = (-(-R // 16), -(-nb // bt))
         sr = _sr_kw(plan, seed, counter)
         fos = {"FOS": int(plan.two_level.four_over_six), "INV_T46": float(plan.two_level.inv_t46)}
-        dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
         if fake:
             launch(KQ.two_level_quant_2d_kernel, grid, (X, d8, d8, _fake_view(out), dec, amax, R, C, nb),
                    {"BT": bt, "W": w, "IGNORE_NAN": plan.ignore_nan, "FAKE": True, **fk, **sr, **kw, **fos,
@@ -213,14 +234,12 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
         KQ.two_level_quant_2d_kernel[grid](X, out.view(torch.int32), s, d8, dec, amax, R, C, nb, BT=bt, W=w,
                                            IGNORE_NAN=plan.ignore_nan, **sr, **kw, **fos, num_warps=WARPS)
         return out, s
-    tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else dummy(dev, "int32")
+    tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else d8
     bb = max(2048 // w, 1)
-    dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
     args = dict(BB=bb, W=w, TR=br, TILE=br > 1, IGNORE_NAN=plan.ignore_nan, PER_ROW=plan.two_level.per_row,
                 FOS=int(plan.two_level.four_over_six), INV_T46=float(plan.two_level.inv_t46), **layout(R, C, w),
                 **_sr_kw(plan, seed, counter), **kw)
     grid = (-(-nblk // bb),)
-    d8 = dummy(dev, "int32")
     if fake:
         launch(KQ.two_level_quant_kernel, grid, (X, d8, d8, _fake_view(out), dec, tmax, amax, R, C, nb, nblk),
                {"FAKE": True, **fk, **args})
@@ -234,13 +253,7 @@ def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
     from . import kernels_quant as KQ
 
     torch = torch_module()
-    R, C = X.shape
-    w = triton_block_width(plan)
-    br = plan.block[0]
-    nb = -(-C // w)
-    nblk = R * nb
-    dev = str(X.device)
-    out, s = _outputs(X, plan, fake, w, out_dtype)
+    R, C, w, br, nb, nblk, dev, out, s = _blocks(X, plan, fake, out_dtype)
     if not nblk:
         return out if fake else (out, s)
     p2 = plan.pow2
@@ -253,10 +266,8 @@ def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
     d8 = dummy(dev, "int32")
     inv_max = float(p2.inv_max)
     if fake:
-        fk = _fake_kw(True, out, True)
-        del fk["APPLY_SDEC"]
         launch(KQ.mx_quant_kernel, grid, (X, d8, d8, _fake_view(out), dec, tmax, inv_max, R, C, nb, nblk),
-               {"FAKE": True, **fk, **kw})
+               {"FAKE": True, **_fake_kw(True, out), **kw})
         return out
     KQ.mx_quant_kernel[grid](X, out.view(torch.int32), s, X, dec, tmax, inv_max, R, C, nb, nblk, FAKE=False, **kw)
     return out, s

@@ -17,8 +17,15 @@ __all__ = ["rht", "rht_transposed"]
 
 @functools.lru_cache(maxsize=256)
 def _sign_tensor(d: int, signs, device: str):
-    """The ±1 sign vector on ``device``, cached: a fresh host-to-device copy per call would synchronise the host
-    with the GPU on every Wgrad copy."""
+    torch = torch_module()
+    return torch.from_numpy(sign_vector(d, signs)).to(device)
+
+
+def _signs_on(d: int, signs, device):
+    """The ±1 sign vector on ``device``; named or seeded signs are cached per device (a fresh host-to-device copy
+    per call would synchronise the host with the GPU on every Wgrad copy), an explicit vector is copied."""
+    if isinstance(signs, (str, int, np.integer)):
+        return _sign_tensor(int(d), signs if isinstance(signs, str) else int(signs), str(device))
     torch = torch_module()
     return torch.from_numpy(sign_vector(d, signs)).to(device)
 
@@ -37,10 +44,7 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
     torch = torch_module()
     if out_dtype not in (None, torch.float32, torch.bfloat16) or (out_dtype == torch.bfloat16 and not bf16_out):
         raise ValueError("out_dtype is float32, or bfloat16 with bf16_out=True (the values are then exact)")
-    if isinstance(signs, (str, int, np.integer)):  # named or seeded signs: cached per device
-        s = _sign_tensor(int(d), signs if isinstance(signs, str) else int(signs), str(x.device))
-    else:  # an explicit sign vector
-        s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
+    s = _signs_on(d, signs, x.device)
     fused = use_triton(x, impl) and d <= 4096  # one tile in registers (larger d: the eager path)
     keep = fused and x.dtype == torch.bfloat16
     v = torch.movedim(x if keep else x.to(torch.float32), axis, -1)
@@ -103,10 +107,7 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
         return out, absmax(out, ignore_nan)
     from . import kernels as K
 
-    if isinstance(signs, (str, int, np.integer)):
-        s = _sign_tensor(d, signs if isinstance(signs, str) else int(signs), str(x.device))
-    else:
-        s = torch.from_numpy(sign_vector(d, signs)).to(x.device)
+    s = _signs_on(d, signs, x.device)
     x = x.contiguous()
     out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
     acc = torch.zeros(1, dtype=torch.int32, device=x.device)
