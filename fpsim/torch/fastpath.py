@@ -26,6 +26,7 @@ import numpy as np
 from ..plan import Plan
 from ..schemes import Kind
 from .container import second_level_scales
+from .gemm import gemm, mm_f32
 from .launch import launch
 from .quantize import absmax, quantize_fused, triton_unsupported
 from .runtime import hw_cvt, torch_module, use_triton
@@ -152,28 +153,17 @@ def alpha_epilogue(acc, a: Copy, b: Copy, out_dtype):
     return out
 
 
-def _mm_f32_out(a, b_t):
-    """a · b_tᵀ of two BF16 tensors with FP32 accumulation and FP32 output (tensor cores on CUDA; exact float32
-    products elsewhere)."""
-    torch = torch_module()
-    if a.is_cuda:
-        return torch.mm(a, b_t.t(), out_dtype=torch.float32)
-    return a.to(torch.float32) @ b_t.to(torch.float32).t()
-
-
 def mm(a: Copy, b: Copy, out_dtype):
     """``A · Bᵀ`` of two copies in ``out_dtype``: BF16 tensor cores with FP32 accumulation for scaled × scaled
     (then × alpha) and exact × exact; a float32 GEMM of the dequantized values otherwise."""
     torch = torch_module()
     if a.kind == b.kind == "scaled":
-        return alpha_epilogue(_mm_f32_out(a.values, b.values), a, b, out_dtype)
+        return alpha_epilogue(mm_f32(a.values, b.values), a, b, out_dtype)
     if (a.kind == b.kind == "quantized" and not a.plan.element.name == b.plan.element.name == "float8_e5m2"
             and all(n % 16 == 0 for n in (*a.values.shape, *b.values.shape))):  # torch._scaled_mm's shapes
-        from .gemm import gemm
-
         return gemm(a.values, b.values, "blas").to(out_dtype)  # FP8 tensor cores (cuBLAS has no E5M2 × E5M2)
     if a.kind == b.kind == "exact":
         if a.values.is_cuda and out_dtype == torch.bfloat16:
             return torch.mm(a.values, b.values.t())  # FP32 accumulation, rounded to BF16 once
-        return _mm_f32_out(a.values, b.values).to(out_dtype)
+        return mm_f32(a.values, b.values).to(out_dtype)
     return (values(a) @ values(b).t()).to(out_dtype)

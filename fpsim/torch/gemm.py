@@ -13,7 +13,7 @@ from .codecs import decode
 from .container import TorchQuantized, dequantize_fused, unpack_codes
 from .runtime import FLT_MAX, fdiv, torch_module, use_triton
 
-__all__ = ["gemm", "gemm_fp32_model", "gemm_bf16_exact", "gemm_fp8_scaled_mm", "gemm_blackwell",
+__all__ = ["gemm", "mm_f32", "gemm_fp32_model", "gemm_bf16_exact", "gemm_fp8_scaled_mm", "gemm_blackwell",
            "blackwell_scaled_mm_args", "second_level_alpha", "scaled_values_bf16", "bf16_exact"]
 
 _E2M1 = get_format("float4_e2m1fn").traits
@@ -54,7 +54,7 @@ def _alpha(a: TorchQuantized, b: TorchQuantized):
     return second_level_alpha(a.amax, b.amax, float(a.plan.two_level.num), float(b.plan.two_level.num))
 
 
-def _mm_f32(a, b_t, alpha=None, out_dtype=None):
+def mm_f32(a, b_t, alpha=None, out_dtype=None):
     """fl(alpha · a·b_tᵀ): BF16 tensor cores with FP32 accumulation and FP32 output on CUDA (``mm.dtype``),
     then one in-place FP32 multiply by the 0-d device tensor ``alpha`` (no host synchronisation, which a
     scalar alpha for cuBLAS's epilogue would need); exact float32 products on CPU.  ``out_dtype=bfloat16``
@@ -80,7 +80,7 @@ def gemm_bf16_exact(a: TorchQuantized, b: TorchQuantized, out_dtype=None):
     ka, kb = a.shape[-1], b.shape[-1]
     if ka != kb:
         raise ValueError(f"reduction lengths differ: {ka} and {kb}")
-    return _mm_f32(scaled_values_bf16(a), scaled_values_bf16(b), _alpha(a, b), out_dtype)
+    return mm_f32(scaled_values_bf16(a), scaled_values_bf16(b), _alpha(a, b), out_dtype)
 
 
 def scaled_values_bf16(q: TorchQuantized):
@@ -119,7 +119,7 @@ def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
     acc = torch.zeros((ea.shape[0], eb.shape[0]), dtype=torch.float32, device=dev)
     for c in range(nch):
         s = slice(c * chunk, (c + 1) * chunk)
-        p = _mm_f32(ea[:, s], eb[:, s]) if wdt == torch.bfloat16 else (ea[:, s] @ eb[:, s].t()).float()
+        p = mm_f32(ea[:, s], eb[:, s]) if wdt == torch.bfloat16 else (ea[:, s] @ eb[:, s].t()).float()
         acc = acc + (sa[:, c, None] * sb[None, :, c]) * p
     return acc * torch.from_numpy(alpha_factor(oa, ob)).to(dev)
 
