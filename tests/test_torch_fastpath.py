@@ -151,10 +151,18 @@ def test_fast_linear_copies_are_the_references_and_the_gemms_agree(rec):
         r = ref.operands[role]
         want = r if isinstance(r, np.ndarray) else fpsim.dequantize(r)
         assert np.array_equal(_bits(fp.values(c).cpu().numpy()), _bits(want)), role
-    for got, want in ((y, ref.y), (xt.grad, ref.dx), (layer.weight.grad, ref.dw)):
-        g = got.detach().float().cpu().numpy()
-        scale = np.abs(want).max() or 1.0
-        assert np.abs(g - want).max() <= 1e-5 * scale, rec.name  # FP32 summation order only
+    v = {r: np.abs(fp.values(c).float().cpu().numpy()) for r, c in grab.copies.items()}
+    l1 = {"y": v["fprop_x"] @ v["fprop_w"].T, "dx": v["dgrad_dy"] @ v["dgrad_w"].T,
+          "dw": v["wgrad_dy"] @ v["wgrad_x"].T}  # Σ|a·b| of each GEMM's copies (every copy is rows × K)
+    fp8_tc = DEV == "cuda" and grab.copies["fprop_x"].kind == "quantized"
+    for name, got, want in (("y", y, ref.y), ("dx", xt.grad, ref.dx), ("dw", layer.weight.grad, ref.dw)):
+        err = np.abs(got.detach().float().cpu().numpy() - want)
+        if fp8_tc:
+            # Hopper's FP8 MMA accumulates with ~13 significant bits: measured on the H200 (2026-12-01), the error
+            # of torch._scaled_mm against exact products stays below 2^-12 of Σ|a·b| for K = 64 … 4096
+            assert (err <= 2.0 ** -11 * l1[name] + 1e-30).all(), (rec.name, name)
+        else:
+            assert err.max() <= 1e-5 * (np.abs(want).max() or 1.0), (rec.name, name)  # FP32 summation order only
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -236,7 +244,10 @@ def test_transposed_rht_is_the_rht_of_the_transpose_and_its_amax(d, signs, dtype
                                       impl="triton")
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
         ref = absmax(want, ignore)
-        assert torch.equal(amax.view(torch.int32), ref.view(torch.int32)), (ignore, float(amax), float(ref))
+        if torch.isnan(ref):  # a NaN amax: any NaN (the kernel docstring says why the payload is not specified)
+            assert torch.isnan(amax), (ignore, float(amax))
+        else:
+            assert torch.equal(amax.view(torch.int32), ref.view(torch.int32)), (ignore, float(amax), float(ref))
     eager, none = tb.rht_transposed(x, d, signs, out_dtype=torch.bfloat16, impl="eager")
     assert none is None and torch.equal(torch.isnan(eager), torch.isnan(want))  # NaN payloads: the path's own
     fin = ~torch.isnan(want)

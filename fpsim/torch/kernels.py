@@ -433,7 +433,9 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
     """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program loads D rows × BF columns of the row-major X (R × C),
     transforms each column's D values (the rows of Xᵀ) by :func:`hadamard_rows`, and stores them
     into ``out`` (C × R).  AMAX: also the atomic max of the stored values' |bits| into ``amax_ptr`` (int32, zeroed;
-    NaN propagates unless IGNORE_NAN), read back from the stored dtype as :func:`absmax_kernel` would read it."""
+    NaN propagates unless IGNORE_NAN), read back from the stored dtype as :func:`absmax_kernel` would read it.  A NaN
+    amax's payload is not specified: compiled for the H200, the BF16 store goes through ``cvt.rn.bf16x2.f32``
+    (NaN → 0x7FFF) and the amax through a rematerialized ``cvt.rn.bf16.f32`` that keeps the payload (0x7FC0)."""
     b = tl.program_id(0).to(tl.int64)
     f = tl.program_id(1) * BF + tl.arange(0, BF)
     i = tl.arange(0, D)
