@@ -169,7 +169,7 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     from studies.common import md_table
 
     blocks, figs = render(tmp_path / "none", tmp_path, md_table)
-    assert not figs and "protocol" in blocks[0] and "No campaign run is committed yet" in blocks[1]
+    assert not figs and "protocol" in blocks[0] and "No main-campaign run has finished yet" in blocks[-1]
     d = tmp_path / "main"
     d.mkdir()
     for s, (b, n, nsr) in enumerate(((1.00, 1.010, 1.030), (1.02, 1.031, 1.049), (0.99, 1.001, 1.022))):
@@ -184,12 +184,43 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
 
 
+def _unswept(plan_runs):
+    from studies.campaign import batch
+
+    old, batch.LR = batch.LR, None
+    try:
+        plan_runs("main")
+    finally:
+        batch.LR = old
+
+
+def test_the_learning_rate_is_the_committed_sweeps_best_and_the_section_shows_the_sweep_and_probes(tmp_path):
+    """LR (used by every arm) is the learning rate of the lowest final validation loss among the committed sweep
+    runs; the study shows the sweep, the throughput probes and the first look at the probe runs."""
+    import pandas as pd
+
+    from studies.campaign import batch
+    from studies.campaign.report import render
+    from studies.common import md_table
+
+    final = {}
+    for js in (batch.DATA / "lr_sweep").rglob("*.json"):
+        rec = json.loads(js.read_text())
+        final[rec["lr"]] = float(pd.read_csv(js.with_suffix(".csv")).val_loss.dropna().iloc[-1])
+    assert len(final) == 4 and batch.LR == min(final, key=final.get)
+    blocks, _ = render(batch.DATA, tmp_path, md_table)
+    text = "\n".join(blocks)
+    assert f"| {batch.LR:g} | 39,976,960 | {final[batch.LR]:.4f} |" in text
+    assert "| NVFP4 recipe | 1 |" in text and "| BF16 | 6 |" in text and "A first look, not a campaign result" in text
+    assert "No main-campaign run has finished yet" in blocks[-1]
+
+
 def test_plans_need_the_swept_learning_rate_and_the_manifest_records_runs(tmp_path):
     from studies.campaign.batch import plan_runs, update_manifest
 
     assert len(plan_runs("lr_sweep")) == 4
     with pytest.raises(ValueError, match="lr_sweep plan first"):
-        plan_runs("main")
+        _unswept(plan_runs)
     main = plan_runs("main", lr=2e-3)
     assert len(main) == 36 and len({(r["arm"], r["seed"]) for r in main}) == 36
     d = tmp_path / "main"
@@ -241,4 +272,11 @@ def test_the_batch_driver_keeps_its_parallel_runs_going_and_collects_their_resul
                 "--parallel", "2"])
     assert [s["--lr"] for s in started] == ["0.001", "0.002", "0.004", "0.008"]
     assert all(s["--batch"] == str(batch.BATCH) and float(s["--max-seconds"]) == 540 for s in started)
-    assert len(list((tmp_path / "o").rglob("*.json"))) == 4 and len(list((tmp_path / "o").rglob("*.csv"))) == 4
+    import tarfile
+
+    # one archive (the device returns at most 8 files), folder names without '.' (the device drops those)
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["lr_sweep.tar"]
+    with tarfile.open(tmp_path / "o" / "lr_sweep.tar") as tf:
+        names = tf.getnames()
+    assert len(names) == 8 and all("." not in n.rsplit("/", 1)[0] for n in names), names
+    assert sorted({n.split("/")[1] for n in names}) == ["lr1e-03", "lr2e-03", "lr4e-03", "lr8e-03"]

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from studies.campaign.arms import ARMS, COMPONENTS
-from studies.campaign.batch import plan_runs
+from studies.campaign.batch import LR, plan_runs
 from studies.campaign.stats import paired_gap, verdict
 from studies.common import save_fig
 
@@ -28,8 +28,8 @@ def load_runs(data: Path) -> tuple[pd.DataFrame, list[dict]]:
     frames, recs = [], []
     for js in sorted(Path(data).rglob("*.json")):
         rec = json.loads(js.read_text())
-        if "run" not in rec or "lr_sweep" in js.parts:
-            continue
+        if "run" not in rec or "lr_sweep" in js.parts or any(q.startswith("probe") for q in js.parts):
+            continue  # the sweep and the throughput probes are reported on their own
         recs.append(rec)
         csv = js.with_suffix(".csv")
         if rec["status"] != "done" or not csv.exists():
@@ -68,6 +68,78 @@ def _plan_text() -> str:
             f"the recipe without SR) and {counts['size']} at 32.1 M parameters.")
 
 
+def _sweep_block(data: Path, md_table) -> str | None:
+    """The BF16 learning-rate sweep: final and best validation loss per learning rate, and the one chosen."""
+    rows = []
+    for js in sorted((Path(data) / "lr_sweep").rglob("*.json")):
+        rec = json.loads(js.read_text())
+        df = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
+        if rec.get("status") != "done" or df.empty:
+            continue
+        rows.append({"learning rate": f"{rec['lr']:g}", "tokens": f"{rec['tokens_done']:,}",
+                     "final val loss": df.val_loss.iloc[-1], "best val loss": df.val_loss.min(),
+                     "GPU s": f"{rec['seconds_total']:.0f}"})
+    if not rows:
+        return None
+    best = min(rows, key=lambda r: r["final val loss"])
+    return (f"Learning-rate sweep (BF16, seed 0, s10m, 40 M tokens, four runs side by side; nats per byte). The "
+            f"lowest final loss is at {best['learning rate']}, which every arm uses "
+            f"(`studies.campaign.batch.LR = {LR:g}`):\n\n" + md_table(pd.DataFrame(rows), ".4f"))
+
+
+def _probe_block(data: Path, md_table) -> str | None:
+    """Throughput of the probe runs (alone, and several side by side on the one GPU), tokens/s per run."""
+    rows = []
+    for js in sorted(Path(data).glob("probe*/*.json")):
+        rec = json.loads(js.read_text())
+        df = pd.read_csv(js.with_suffix(".csv"))
+        side = int("".join(c for c in js.parent.name if c.isdigit()) or 1)
+        rows.append({"arm": ARMS[rec["arm"]].label, "runs side by side": side,
+                     "tokens/s (median)": float(df.tokens_per_s.iloc[1:].median()),  # the first log has warm-up
+                     "tokens done": f"{rec['tokens_done']:,}", "of budget": f"{rec['tokens_budget']:,}",
+                     "GPU s": f"{rec['seconds_total']:.0f}"})
+    if not rows:
+        return None
+    text = ("Throughput probes (H200, s10m, batches of 64 × 512 bytes). The six-run probe was stopped at ~495 s; "
+            "its checkpoints stayed on the device machine, which a session does not keep, so those runs start "
+            "again from zero in the campaign (two of the six, NVFP4 without SR and without RHT, were not "
+            "returned: the device returns at most 8 files per command, fixed since by one archive per batch). "
+            "Side by side, the runs time-slice the GPU (it was 100 % busy), so the sum over the six runs, about "
+            "1 M tokens/s, is the ceiling for this model:\n\n" + md_table(pd.DataFrame(rows), ".0f"))
+    first = _first_look(data, md_table)
+    return text + ("\n\n" + first if first else "")
+
+
+def _first_look(data: Path, md_table) -> str | None:
+    """Validation loss of the six-run probe at the last evaluation all of them reached (one seed, the same
+    265 M-token schedule, so equal token counts are comparable; not a campaign result)."""
+    curves = {}
+    for js in sorted(Path(data).glob("probe_parallel*/*.json")):
+        rec = json.loads(js.read_text())
+        curves[ARMS[rec["arm"]].label] = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
+    if len(curves) < 2 or "BF16" not in curves:
+        return None
+    common = min(int(c.tokens.max()) for c in curves.values())
+    at = {k: float(c[c.tokens == common].val_loss.iloc[0]) for k, c in curves.items() if (c.tokens == common).any()}
+    if "BF16" not in at:
+        return None
+    rows = [{"arm": k, "val loss": v, "− BF16": v - at["BF16"]} for k, v in at.items()]
+    return (f"A first look, not a campaign result: validation loss of those runs at {common / 1e6:.1f} M tokens "
+            f"(the last evaluation all reached; one seed, so no interval; nats per byte):\n\n"
+            + md_table(pd.DataFrame(rows), ".4f"))
+
+
+def _budget_text() -> str:
+    tok = {p: sum(r["tokens"] for r in plan_runs(p, lr=1.0)) for p in ("main", "horizon", "size")}
+    return (f"GPU time this needs, at the measured ~1 M tokens/s in all: main {tok['main'] / 1e6 / 3600:.1f} h "
+            f"({tok['main'] / 1e9:.2f} B tokens; four 265 M-token runs fit in one session's 30 device minutes, so "
+            f"about nine sessions); horizon {tok['horizon'] / 1e6 / 3600:.1f} h and size (32.1 M parameters, ~3× "
+            f"the cost per token) ≥ {3 * tok['size'] / 1e6 / 3600:.1f} h. A horizon run (1.06 B tokens, ~2,900 s "
+            f"even alone on the GPU) and a size run cannot finish within one session, and no checkpoint survives "
+            f"from one session to the next on the device machine: those two plans wait for device terms that "
+            f"keep a disk between sessions or allow longer sessions.")
+
+
 def _gap_rows(final: pd.DataFrame) -> list[dict]:
     rows = []
     base = final[final.arm == "bf16"].set_index("seed").val_loss.to_dict()
@@ -85,10 +157,16 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     val, recs = load_runs(data)
     val = val.dropna(subset=["val_loss"])
     not_done = [r["run"] for r in recs if r["status"] != "done"]
+    early = [b for b in (_sweep_block(data, md_table), _probe_block(data, md_table)) if b]
+    ledger = Path(data) / "sessions.json"
+    wall = sum(c["wall_s"] for c in json.loads(ledger.read_text())) if ledger.exists() else None
+    early.append(f"{_plan_text()} {_budget_text()} Device time of the campaign's commands so far (the ledger "
+                 f"`studies/data/campaign/sessions.json`, commands of the GPU sessions with their wall time): "
+                 + (f"{wall / 3600:.2f} h." if wall is not None else "no ledger committed."))
     if val.empty:
-        return [PROTOCOL, "No campaign run is committed yet: the numbers above are the earlier small-model runs. "
-                + _plan_text()], []
-    blocks, figs = [PROTOCOL], []
+        return [PROTOCOL, *early, "No main-campaign run has finished yet: the paired-gap numbers above are the "
+                "earlier small-model runs, and no verdict on a recipe component comes from this campaign yet."], []
+    blocks, figs = [PROTOCOL, *early], []
     gpu_h = sum(r.get("seconds_total", 0) for r in recs) / 3600
     for (size, budget), sub in val.groupby(["size", "budget"]):
         final = sub[sub.step == sub.groupby("run").step.transform("max")]
