@@ -223,6 +223,10 @@ def test_plans_need_the_swept_learning_rate_and_the_manifest_records_runs(tmp_pa
         _unswept(plan_runs)
     main = plan_runs("main", lr=2e-3)
     assert len(main) == 36 and len({(r["arm"], r["seed"]) for r in main}) == 36
+    assert {r["arm"] for r in main} == set(ARMS)
+    # the SR comparison (BF16, the recipe, without SR) has all three seeds within the first nine runs
+    assert {(r["arm"], r["seed"]) for r in main[:9]} == {(a, s) for a in ("bf16", "nvfp4", "nvfp4_no_sr")
+                                                          for s in range(3)}
     d = tmp_path / "main"
     d.mkdir()
     _fake_run(d, "bf16", 0, 1.0)
