@@ -14,7 +14,8 @@ go into one tar archive ``--out/<plan>.tar`` (the device returns at most 8 files
 Measured on the H200 (2026-12-01, s10m, batch 64 × 512): BF16 alone-of-four 339 k tokens/s per run; the NVFP4
 recipe alone 360 k; six runs side by side (BF16 and five NVFP4 arms) 222 k (BF16) and 140–150 k (NVFP4 arms)
 each, GPU 100 % busy: the processes time-slice the GPU, so about 1 M tokens/s in all (the six runs summed) is
-the ceiling.  A 265 M token run then needs ~1,200 s with four side by side: four runs per session (three chained 540 s commands):
+the ceiling.  A 265 M token run then needs ~1,200 s with four side by side: four runs per session (three
+chained commands of ≤ 600 s):
 
     python -m studies.campaign.batch --plan main --runs 0:4 --work /tmp/campaign --out $OUT --parallel 4 \\
         --max-seconds 520          # the same command three times in a row; then --runs 4:8 next session, …
@@ -32,7 +33,6 @@ import time
 from pathlib import Path
 
 from fpsim.io import atomic_write, dumps
-from studies.campaign.arms import ARMS
 from studies.campaign.run import run_id
 
 __all__ = ["PLANS", "plan_runs", "update_manifest", "main"]
