@@ -8,6 +8,8 @@ head) under bf16 autocast, AdamW.  Arms, each timed in the same process after wa
   (first 2 and last 8 blocks stay BF16: of 12 blocks that leaves 2 quantized);
 * ``nvfp4_paper, every block`` / ``gemm=blas``: ``keep_bf16=LayerPolicy()`` — all block linears quantized;
 * the same with :func:`fpsim.torch.monitor` at ``every=100`` (its overhead);
+* BF16 and every-block NVFP4 with the step captured as one CUDA graph (:class:`fpsim.torch.GraphKeys`;
+  CUDA only): what is left when the host's launch overhead is gone;
 * ``gemm=fp32`` (the bit-defined accumulator model) on a shorter run.
 
     python -m studies.bench_training --out reports/bench_training.md            (GPU)
@@ -66,14 +68,16 @@ class GPT(torch.nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3):
+def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, graph=False):
     torch.manual_seed(0)
     model = GPT(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"]).to(device)
     if convert is not None:
         convert(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     g = torch.Generator(device=device).manual_seed(1)
     idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), device=device, generator=g)
+    if graph:
+        return _graph_arm(cfg, device, model, idx, steps, warmup)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     ctx = ft.monitor(model, every=monitor_every) if monitor_every else None
     if ctx is not None:
         ctx.__enter__()
@@ -98,6 +102,48 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3):
         if ctx is not None:
             ctx.__exit__(None, None, None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return statistics.median(times), peak, float(loss.detach())
+
+
+def _graph_arm(cfg, device, model, idx, steps, warmup):
+    """The step captured once as a CUDA graph (:class:`fpsim.torch.GraphKeys` for the SR keys, capturable AdamW
+    with a tensor learning rate), timed per replay; ``warmup`` eager steps on a side stream first."""
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-4, device=device), fused=True, capturable=True)
+    keys = ft.GraphKeys(model)
+
+    def body():
+        with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
+            logits = model(idx[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), idx[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    torch.cuda.reset_peak_memory_stats()
+    with keys:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                keys.sync()
+                body()
+                opt.zero_grad(set_to_none=True)
+                ft.step(model)
+        torch.cuda.current_stream().wait_stream(side)
+        cg = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        keys.sync()
+        with torch.cuda.graph(cg):
+            loss = body()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            keys.sync()
+            cg.replay()
+            ft.step(model)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2**30
     return statistics.median(times), peak, float(loss.detach())
 
 
@@ -132,15 +178,22 @@ def main(argv=None) -> None:
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), None, a.steps),
         ("nvfp4_paper, every block, gemm=blas, monitor every=100",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), 100, a.steps),
+        ("bf16 (nn.Linear, autocast), CUDA graph", None, "graph", a.steps),
+        ("nvfp4_paper, every block, gemm=blas, CUDA graph",
+         lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps),
         ("nvfp4_paper, every block, gemm=fp32",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, 1),
     ]
     if a.skip_fp32:
         arms = [arm for arm in arms if "fp32" not in arm[0]]
+    if device != "cuda":
+        arms = [arm for arm in arms if arm[2] != "graph"]
     rows = []
     base = None
     for name, conv, mon, steps in arms:
-        t, peak, loss = _arm(cfg, device, conv, mon, steps=steps, warmup=1 if "fp32" in name else 3)
+        graph = mon == "graph"
+        t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
+                             warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
         rows.append((name, t, t / base[0], peak, peak / base[1] if base[1] == base[1] else float("nan"), loss,
                      steps + (1 if "fp32" in name else 3)))

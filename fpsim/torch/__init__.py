@@ -2,7 +2,8 @@
 
 * Training (:mod:`fpsim.torch.nn`): :class:`Linear` (a drop-in ``nn.Linear`` whose GEMMs run an emulated
   recipe), :func:`convert`, :func:`set_recipe`, :func:`step`, :func:`set_step`, :func:`step_with`, :func:`summary`;
-  :func:`monitor` (:mod:`fpsim.torch.monitoring`: per layer and role statistics of every quantized copy).
+  :func:`monitor` (:mod:`fpsim.torch.monitoring`: per layer and role statistics of every quantized copy);
+  :class:`GraphKeys` (:mod:`fpsim.torch.graphs`: stochastic-rounding keys for steps captured as CUDA graphs).
 * The backend, a peer of the Numba reference under :mod:`fpsim.backends`; modules, lowest first:
   :mod:`~fpsim.torch.runtime` (the lazy torch import, Triton switches), :mod:`~fpsim.torch.codecs` (element
   codecs, the Philox stream), :mod:`~fpsim.torch.container` (:class:`~fpsim.torch.container.TorchQuantized` and
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 _TRAINING = ("Linear", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS")
 
-__all__ = [*_TRAINING, "monitor"]
+__all__ = [*_TRAINING, "monitor", "GraphKeys"]
 
 
 def __getattr__(name: str):
@@ -32,4 +33,8 @@ def __getattr__(name: str):
         from .monitoring import monitor
 
         return monitor
+    if name == "GraphKeys":
+        from .graphs import GraphKeys
+
+        return GraphKeys
     raise AttributeError(f"module 'fpsim.torch' has no attribute {name!r}")

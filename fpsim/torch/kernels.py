@@ -261,6 +261,20 @@ def philox(c0, c1, k0, k1):
 
 
 @triton.jit
+def sr_key(k0, k1, key_ptr, KEY_PTR: tl.constexpr):
+    """The Philox key (uint32 × 2) of stochastic rounding: the scalar arguments ``k0, k1``, or with KEY_PTR the
+    two int32 words at ``key_ptr``, which every replay of a captured CUDA graph reads afresh (a scalar argument
+    would be frozen into the graph; :mod:`fpsim.torch.graphs`)."""
+    if KEY_PTR:
+        u0 = tl.load(key_ptr).to(tl.uint32, bitcast=True)
+        u1 = tl.load(key_ptr + 1).to(tl.uint32, bitcast=True)
+    else:
+        u0 = k0.to(tl.uint32)
+        u1 = k1.to(tl.uint32)
+    return u0, u1
+
+
+@triton.jit
 def sr_bits(g, counter0, k0, k1, BB: tl.constexpr, W: tl.constexpr, K: tl.constexpr, WIDTH: tl.constexpr):
     """[BB, W] random K-bit integers of blocks ``g``: the Philox stream of the CPU quantizer (SPEC §3).
 

@@ -35,6 +35,7 @@ from .kernels import (
     pack_words,
     second_level,
     sr_bits,
+    sr_key,
     store_f32_or_bf16,
     unpack_words,
 )
@@ -146,7 +147,7 @@ def two_level_quant_kernel(
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr,
     SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, FOS: tl.constexpr = 0,
     INV_T46: tl.constexpr = 0.25, APPLY_SDEC: tl.constexpr = True, OUT_BF16: tl.constexpr = False,
-    HW_CVT: tl.constexpr = True,
+    HW_CVT: tl.constexpr = True, key_ptr=0, KEY_PTR: tl.constexpr = False,
 ):
     """Two-level (NVFP4-style) quantization of BB blocks of W (SPEC §4): block scale by :func:`_block_scale`,
     code = e(fl(x · enc_b)).  TILE: the block amax comes from ``tmax`` (TR-row tiles).  FAKE: write the decoded
@@ -161,7 +162,8 @@ def two_level_quant_kernel(
     s_enc, s_dec = second_level(amax_ptr, g, gm, NB, NUM, BB, TENSOR_SCALE, PER_ROW)
     sb, sv, enc = _block_scale(vmax, s_enc, s_dec, BB, INV_T, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE, S_NAN_CODE)
     if SR:
-        rb = sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), BB, W, K, WIDTH)
+        u0, u1 = sr_key(k0, k1, key_ptr, KEY_PTR)
+        rb = sr_bits(g, counter0, u0, u1, BB, W, K, WIDTH)
     else:
         rb = 0
     code = _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
@@ -224,7 +226,7 @@ def two_level_quant_2d_kernel(
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr,
     SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, FAKE: tl.constexpr = False,
     APPLY_SDEC: tl.constexpr = True, OUT_BF16: tl.constexpr = False, HW_CVT: tl.constexpr = True,
-    FOS: tl.constexpr = 0, INV_T46: tl.constexpr = 0.25,
+    FOS: tl.constexpr = 0, INV_T46: tl.constexpr = 0.25, key_ptr=0, KEY_PTR: tl.constexpr = False,
 ):
     """Two-level quantization with W×W tiles in one pass: a program holds W rows × BT tiles, takes each tile's
     amax in registers, and writes every row's codes and the tile's scale on each of its W rows (SPEC §4).
@@ -253,7 +255,8 @@ def two_level_quant_2d_kernel(
     sb, sv, enc = _block_scale(vmax, s_enc, s_dec, W * BT, INV_T, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
                                S_NAN_CODE)
     if SR:
-        rb = sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), W * BT, W, K, WIDTH)
+        u0, u1 = sr_key(k0, k1, key_ptr, KEY_PTR)
+        rb = sr_bits(g, counter0, u0, u1, W * BT, W, K, WIDTH)
     else:
         rb = 0
     code = tl.where(m, _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
@@ -310,6 +313,7 @@ def mx_quant_kernel(
     SIGN_SHIFT: tl.constexpr, PACK4: tl.constexpr, TILE: tl.constexpr, FAKE: tl.constexpr, IGNORE_NAN: tl.constexpr,
     EVEN: tl.constexpr, IDX64: tl.constexpr, k0=0, k1=0, counter0=0, SR: tl.constexpr = False,
     K: tl.constexpr = 8, WIDTH: tl.constexpr = 8, OUT_BF16: tl.constexpr = False, HW_CVT: tl.constexpr = True,
+    key_ptr=0, KEY_PTR: tl.constexpr = False,
 ):
     """MX (E8M0 scales, blocks of W): scale byte by RULE, elements fl(x · 2^(127−b)) RNE satfinite
     (SR: stochastically rounded with the CPU quantizer's Philox stream).
@@ -326,7 +330,8 @@ def mx_quant_kernel(
     mul = tl.where(ex >= -126, (ex + 127) << 23, 0x00400000).to(tl.float32, bitcast=True)
     y = x * mul[:, None]
     if SR:
-        rb = sr_bits(g, counter0, k0.to(tl.uint32), k1.to(tl.uint32), BB, W, K, WIDTH)
+        u0, u1 = sr_key(k0, k1, key_ptr, KEY_PTR)
+        rb = sr_bits(g, counter0, u0, u1, BB, W, K, WIDTH)
     else:
         rb = 0
     code = _encode_scaled(y, rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)

@@ -32,6 +32,7 @@ from ..plan import lower
 from ..recipe import LayerPolicy, Recipe, get_recipe, operand_steps
 from . import backend as tb
 from . import fastpath as fp
+from . import graphs
 
 __all__ = ["Linear", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS"]
 
@@ -109,10 +110,22 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         x = tb.rht(x.contiguous(), st.rht, st.signs, out_dtype=torch.bfloat16, impl=fp.IMPL)
     elif plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
         x = x.contiguous()
+    sr = st.seed
+    keys = graphs.active()
+    if keys is not None:  # under CUDA-graph capture the kernels read the key from the table (fpsim.torch.graphs)
+        if policy.rht and policy.rht_signs == "per_call":
+            raise ValueError(f"layer {layer!r}, copy {role}: per-call RHT signs change every step, which a CUDA "
+                             f"graph cannot follow; use per-layer or fixed signs, or run without graphs")
+        if sr is not None:
+            if fp.copy_kind(plan) not in ("scaled", "exact"):
+                raise ValueError(f"layer {layer!r}, copy {role}: stochastic rounding of {plan.element.name} "
+                                 f"({plan.kind.value} scaling) runs outside the fused kernels, which a CUDA graph "
+                                 f"cannot re-key; run without graphs")
+            sr = keys.key(layer, role, seed, step)
     if plan is None:
         c = fp.Copy(x.to(torch.float32), "f32")
     else:
-        c = fp.make_copy(x, plan, st.seed, amax=amax)
+        c = fp.make_copy(x, plan, sr, amax=amax)
     for ob in OBSERVERS:  # steps an observer records take the full path (see Linear.forward)
         note = getattr(ob, "note", None)
         if note is not None:
@@ -234,6 +247,8 @@ class Linear(torch.nn.Linear):
         new.bias = module.bias
         return new
 
+    FPSIM_LAYER = True  # what fpsim.torch.graphs.GraphKeys looks for
+
     def extra_repr(self) -> str:
         rec = "none" if self.recipe is None else self.recipe.name
         return f"{super().extra_repr()}, recipe={rec}, name={self.name!r}, gemm={self.gemm}"
@@ -257,6 +272,9 @@ class Linear(torch.nn.Linear):
                 # The GEMM writes the output dtype itself unless a bias is added in float32 first.
                 ops, ydt = _FAST, torch.float32 if self.bias is not None else out_dtype
             else:
+                if graphs.active() is not None:
+                    raise ValueError(f"layer {self.name or '<unnamed>'}: CUDA graphs (fpsim.torch.GraphKeys) need "
+                                     f"the fused path: gemm='blas' on CUDA and no observer recording this step")
                 ops, ydt = _reference_ops(self.gemm), torch.float32
             y = _QLinearFn.apply(x, self.weight, (self.recipe, self.seed, self.name, self.step, ops, ydt))
             if self.bias is not None:

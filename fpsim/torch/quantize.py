@@ -129,13 +129,19 @@ def tile_absmax(X, tr: int, bw: int, ignore_nan: bool):
 
 
 def _sr_kw(plan: Plan, seed, counter: int) -> dict:
-    """Kernel arguments of stochastic rounding with the CPU quantizer's Philox stream (zeros for RNE)."""
+    """Kernel arguments of stochastic rounding with the CPU quantizer's Philox stream (zeros for RNE).
+
+    ``seed``: the 64-bit seed, or a device tensor of the two int32 key words (:mod:`fpsim.torch.graphs`), which
+    the kernel then reads at run time."""
     if not plan.is_sr:
         return {"k0": 0, "k1": 0, "counter0": 0}
+    sr = {"counter0": int(counter), "SR": True, "K": plan.sr.k, "WIDTH": plan.sr.width}
+    if hasattr(seed, "data_ptr"):
+        return {"k0": 0, "k1": 0, "key_ptr": seed, "KEY_PTR": True, **sr}
     from ..random import seed_key
 
     k0, k1 = seed_key(seed)
-    return {"k0": k0, "k1": k1, "counter0": int(counter), "SR": True, "K": plan.sr.k, "WIDTH": plan.sr.width}
+    return {"k0": k0, "k1": k1, **sr}
 
 
 def _elem_kw(plan: Plan) -> dict:

@@ -109,6 +109,7 @@ def main(argv=None) -> None:
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--holdout", default=None)
     ap.add_argument("--loose", action="store_true", help="copy loose files to --out instead of one tar archive")
+    ap.add_argument("--cuda-graph", action="store_true", help="runs capture their training step as a CUDA graph")
     a = ap.parse_args(argv)
     runs = plan_runs(a.plan, a.lr)
     if a.runs:
@@ -123,6 +124,8 @@ def main(argv=None) -> None:
                    "--max-seconds", str(a.max_seconds), "--out", str(a.work / _dir(a.plan, r))]
             if a.holdout:
                 cmd += ["--holdout", a.holdout]
+            if a.cuda_graph:
+                cmd.append("--cuda-graph")
             procs.append((r, subprocess.Popen(cmd)))
         done = [(r, p) for r, p in procs if p.poll() is not None]
         if not done:

@@ -67,11 +67,14 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def _optimizer(model, lr: float, device: str):
+def _optimizer(model, lr: float, device: str, graph: bool = False):
+    """AdamW; for CUDA graphs ``capturable`` with the learning rate in a device tensor (a float would be frozen
+    into the captured step)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
+    kw = {"lr": torch.tensor(lr, device=device), "capturable": True} if graph else {"lr": lr}
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95), fused=device == "cuda")
+                             betas=(0.9, 0.95), fused=device == "cuda", **kw)
 
 
 def _save(ckpt: Path, model, opt, step: int) -> None:
@@ -117,11 +120,49 @@ def _val_loss(model, val: torch.Tensor, ctx: int, device: str, batch: int = 64) 
     return tot / n
 
 
+class _GraphStep:
+    """The training step as a CUDA graph: ``warmup`` eager steps on a side stream, then one capture, then a
+    replay per step, each after :meth:`fpsim.torch.GraphKeys.sync` (the step's stochastic-rounding keys)."""
+
+    def __init__(self, body, opt, keys, warmup: int = 3):
+        self.body, self.opt, self.keys, self.warmup = body, opt, keys, warmup
+        self.side = torch.cuda.Stream()
+        self.recapture()
+
+    def recapture(self) -> None:
+        """Drop the graph (the layers' recipes changed): warm up and capture again."""
+        self.graph, self.loss, self.eager = None, None, 0
+
+    def __call__(self):
+        with self.keys:
+            self.keys.sync()
+            if self.graph is None and self.eager >= self.warmup:
+                self.opt.zero_grad(set_to_none=True)  # the captured backward then writes the gradients
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    self.loss = self.body()
+            if self.graph is not None:
+                self.graph.replay()
+                return self.loss.detach().clone()  # the graph overwrites its output at the next replay
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                loss = self.body()
+                self.opt.zero_grad(set_to_none=True)
+            torch.cuda.current_stream().wait_stream(self.side)
+            self.eager += 1
+            return loss
+
+
 def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
           max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
-          log_every: int = 50, holdout: tuple[str, ...] | None = None) -> dict:
-    """Train (or resume) one run; returns its JSON record (also written next to its CSV)."""
+          log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False) -> dict:
+    """Train (or resume) one run; returns its JSON record (also written next to its CSV).
+
+    ``cuda_graph`` (CUDA only): after three eager warm-up steps (again after a recipe switch) the training step
+    is captured as one CUDA graph and replayed, with stochastic rounding's keys from a
+    :class:`fpsim.torch.GraphKeys` table; the optimizer is then AdamW with ``capturable=True``."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    graph_mode = bool(cuda_graph) and device == "cuda"
     cfg, a = SIZES[size], ARMS[arm]
     rid = run_id(arm, seed, size, tokens)
     out = Path(out)
@@ -139,7 +180,7 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     model = Llama(cfg)
     n_params = non_embedding_params(model)
     model = apply_arm(model.to(device), a, seed, cfg.layers)
-    opt = _optimizer(model, lr, device)
+    opt = _optimizer(model, lr, device, graph_mode)
     ckpt = out / "ckpt" / rid
     start = _load(ckpt, model, opt, device)
     ft.set_step(model, start)
@@ -148,26 +189,41 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     eval_steps = {round(steps * (k + 1) / EVALS) - 1 for k in range(EVALS)}
     t_start = time.perf_counter()
     status, loss_acc, n_acc, t_log, tok_log, switched = "done", None, 0, time.perf_counter(), 0, False
+    xs = torch.zeros((batch, ctx + 1), dtype=torch.int64, device=device)  # the step's input (static for graphs)
+
+    def body():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda", cache_enabled=not graph_mode):
+            logits = model(xs[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), xs[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    stepper = _GraphStep(body, opt, ft.GraphKeys(model)) if graph_mode else None
     for step, xb in batches(corpus.train, ctx, batch, seed, start):
         if step >= steps:
             break
         if a.switch_at is not None and not switched and step >= math.ceil(a.switch_at * steps):
             ft.set_recipe(model, "bf16")  # also when a resumed run starts past the switch
             switched = True
+            if stepper is not None:
+                stepper.recapture()
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr)
-        x = torch.from_numpy(xb).to(device, non_blocking=True)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            logits = model(x[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), x[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            if graph_mode:
+                g["lr"].fill_(lr_at(step, steps, lr))
+            else:
+                g["lr"] = lr_at(step, steps, lr)
+        xs.copy_(torch.from_numpy(xb))
+        if stepper is not None:
+            loss = stepper()
+        else:
+            loss = body()
+            opt.zero_grad(set_to_none=True)
         ft.step(model)
         loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
         n_acc += 1
-        tok_log += x[:, 1:].numel()
+        tok_log += xs[:, 1:].numel()
         if (step + 1) % log_every == 0 or step in eval_steps:
             tl = float(loss_acc) / n_acc
             now = time.perf_counter()
@@ -187,7 +243,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     done_tokens = int(rows[-1].split(",")[1]) if rows else 0
     rec = {"run": rid, "arm": arm, "recipe": a.build().name, "seed": seed, "size": size, "config": vars(cfg),
            "non_embedding_params": n_params, "tokens_budget": int(tokens), "tokens_done": done_tokens,
-           "steps": steps, "batch": batch, "lr": lr, "status": status, "device": torch.cuda.get_device_name(0)
+           "steps": steps, "batch": batch, "lr": lr, "cuda_graph": graph_mode, "status": status,
+           "device": torch.cuda.get_device_name(0)
            if device == "cuda" else "cpu", "seconds_this_call": round(time.perf_counter() - t_start, 1),
            "corpus": corpus.manifest(), "layers": [list(r) for r in ft.summary(model)]}
     prev = out / f"{rid}.json"
@@ -210,9 +267,11 @@ def main(argv=None) -> None:
     ap.add_argument("--max-seconds", type=float, default=math.inf)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--holdout", default=None, help="comma-separated packages held out for validation")
+    ap.add_argument("--cuda-graph", action="store_true", help="capture the training step as a CUDA graph")
     a = ap.parse_args(argv)
     hold = tuple(a.holdout.split(",")) if a.holdout else None
-    rec = train(a.arm, a.seed, a.size, a.tokens, a.lr, a.out, batch=a.batch, max_seconds=a.max_seconds, holdout=hold)
+    rec = train(a.arm, a.seed, a.size, a.tokens, a.lr, a.out, batch=a.batch, max_seconds=a.max_seconds, holdout=hold,
+                cuda_graph=a.cuda_graph)
     print(json.dumps({k: rec[k] for k in ("run", "status", "tokens_done", "seconds_this_call")}))
 
 
