@@ -127,6 +127,7 @@ class _GraphStep:
     def __init__(self, body, opt, keys, warmup: int = 3):
         self.body, self.opt, self.keys, self.warmup = body, opt, keys, warmup
         self.side = torch.cuda.Stream()
+        self.failed: str | None = None
         self.recapture()
 
     def recapture(self) -> None:
@@ -136,11 +137,17 @@ class _GraphStep:
     def __call__(self):
         with self.keys:
             self.keys.sync()
-            if self.graph is None and self.eager >= self.warmup:
+            if self.graph is None and self.eager >= self.warmup and self.failed is None:
                 self.opt.zero_grad(set_to_none=True)  # the captured backward then writes the gradients
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):
-                    self.loss = self.body()
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(graph):
+                        self.loss = self.body()
+                    self.graph = graph
+                except Exception as e:  # an op the graph cannot hold: the run goes on eagerly, and says so
+                    self.failed = f"{type(e).__name__}: {e}"
+                    torch.cuda.synchronize()
+                    print(f"CUDA-graph capture failed, running eagerly: {self.failed}", flush=True)
             if self.graph is not None:
                 self.graph.replay()
                 return self.loss.detach().clone()  # the graph overwrites its output at the next replay
@@ -243,7 +250,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     done_tokens = int(rows[-1].split(",")[1]) if rows else 0
     rec = {"run": rid, "arm": arm, "recipe": a.build().name, "seed": seed, "size": size, "config": vars(cfg),
            "non_embedding_params": n_params, "tokens_budget": int(tokens), "tokens_done": done_tokens,
-           "steps": steps, "batch": batch, "lr": lr, "cuda_graph": graph_mode, "status": status,
+           "steps": steps, "batch": batch, "lr": lr, "cuda_graph": stepper is not None and stepper.failed is None,
+           "cuda_graph_failure": None if stepper is None else stepper.failed, "status": status,
            "device": torch.cuda.get_device_name(0)
            if device == "cuda" else "cpu", "seconds_this_call": round(time.perf_counter() - t_start, 1),
            "corpus": corpus.manifest(), "layers": [list(r) for r in ft.summary(model)]}
