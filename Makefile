@@ -23,14 +23,15 @@ bench-gpu:
 
 # On the H200 device, in one command of under ten minutes: the GPU tests of the torch side (compiled kernels, direct
 # launches), a small seeded Triton sample of the plan-parity test, and the training-step benchmark without its slow
-# bit-defined arm.  OUT (default /tmp/gpu) receives the benchmark table.
+# bit-defined arm (a failing test does not stop the benchmark: read the output).  OUT (default /tmp/gpu) receives
+# the benchmark table.
 OUT ?= /tmp/gpu
 test-gpu:
 	mkdir -p $(OUT)
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
-		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py
-	FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_plan_parity.py -k sampled
-	$(PYTHON) -m studies.bench_training --steps 6 --skip-fp32 --out $(OUT)/bench_training.md
+	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
+		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py
+	-FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_plan_parity.py -k sampled
+	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --out $(OUT)/bench_training.md
 
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:
