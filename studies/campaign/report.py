@@ -78,7 +78,7 @@ def _sweep_block(data: Path, md_table) -> str | None:
             continue
         rows.append({"learning rate": f"{rec['lr']:g}", "tokens": f"{rec['tokens_done']:,}",
                      "final val loss": df.val_loss.iloc[-1], "best val loss": df.val_loss.min(),
-                     "GPU s": f"{rec['seconds_total']:.0f}"})
+                     "run wall s": f"{rec['seconds_total']:.0f}"})
     if not rows:
         return None
     best = min(rows, key=lambda r: r["final val loss"])
@@ -97,7 +97,7 @@ def _probe_block(data: Path, md_table) -> str | None:
         rows.append({"arm": ARMS[rec["arm"]].label, "runs side by side": side,
                      "tokens/s (median)": float(df.tokens_per_s.iloc[1:].median()),  # the first log has warm-up
                      "tokens done": f"{rec['tokens_done']:,}", "of budget": f"{rec['tokens_budget']:,}",
-                     "GPU s": f"{rec['seconds_total']:.0f}"})
+                     "run wall s": f"{rec['seconds_total']:.0f}"})
     if not rows:
         return None
     text = ("Throughput probes (H200, s10m, batches of 64 × 512 bytes). The six-run probe was stopped at ~495 s; "
