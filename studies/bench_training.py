@@ -106,10 +106,9 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, grap
 
 
 def _graph_arm(cfg, device, model, idx, steps, warmup):
-    """The step captured once as a CUDA graph (:class:`fpsim.torch.GraphKeys` for the SR keys, capturable AdamW
-    with a tensor learning rate), timed per replay; ``warmup`` eager steps on a side stream first."""
+    """The step captured once as a CUDA graph (:class:`fpsim.torch.GraphStep`: capturable AdamW with a tensor
+    learning rate), timed per replay after ``warmup`` eager steps and the capturing one."""
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-4, device=device), fused=True, capturable=True)
-    keys = ft.GraphKeys(model)
 
     def body():
         with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
@@ -120,31 +119,17 @@ def _graph_arm(cfg, device, model, idx, steps, warmup):
         return loss
 
     torch.cuda.reset_peak_memory_stats()
-    with keys:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                keys.sync()
-                body()
-                opt.zero_grad(set_to_none=True)
-                ft.step(model)
-        torch.cuda.current_stream().wait_stream(side)
-        cg = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        keys.sync()
-        with torch.cuda.graph(cg):
-            loss = body()
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            keys.sync()
-            cg.replay()
-            ft.step(model)
-            torch.cuda.synchronize()
+    step = ft.GraphStep(body, model, opt, warmup=warmup, fallback=False)
+    times = []
+    for i in range(warmup + 1 + steps):
+        t0 = time.perf_counter()
+        loss = step()
+        ft.step(model)
+        torch.cuda.synchronize()
+        if i > warmup:
             times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30
-    return statistics.median(times), peak, float(loss.detach())
+    return statistics.median(times), peak, float(loss)
 
 
 def main(argv=None) -> None:
@@ -196,7 +181,7 @@ def main(argv=None) -> None:
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
         rows.append((name, t, t / base[0], peak, peak / base[1] if base[1] == base[1] else float("nan"), loss,
-                     steps + (1 if "fp32" in name else 3)))
+                     steps + (1 if "fp32" in name else 4 if graph else 3)))
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x), peak {peak:.2f} GiB, loss {loss:.3f}", flush=True)
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]

@@ -130,51 +130,62 @@ def test_what_a_graph_cannot_hold_is_refused_with_the_layer_named():
     assert graphs.active() is None  # the context left the registry empty
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the device machine)")
-def test_a_captured_training_step_replays_to_the_eager_bits():
-    """Three warm-up steps, one capture, then replays: parameters after 8 steps equal 8 eager steps bit for bit."""
+def _graph_run(graph: bool, steps: int = 8, device=DEV, recipe="nvfp4_paper", switch_at=None):
+    """``steps`` AdamW steps of _Tiny: through GraphStep (``graph``) or a plain eager loop, same data and seeds;
+    ``switch_at``: the step at which every layer switches to BF16 (GraphStep recaptures)."""
+    torch.manual_seed(0)
+    m = ft.convert(_Tiny(), recipe, keep_bf16=LayerPolicy(), skip=(), seed=5).to(device)
+    cap = device == "cuda"  # capturable AdamW runs on CUDA only
+    opt = torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2, device=device) if cap else 1e-2, capturable=cap)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(64, 32, generator=g).to(device) for _ in range(steps)]
+    static_x = torch.zeros_like(xs[0])
 
-    def run(graph: bool, steps: int = 8):
-        torch.manual_seed(0)
-        m = ft.convert(_Tiny(), "nvfp4_paper", keep_bf16=LayerPolicy(), skip=(), seed=5).cuda()
-        opt = torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2, device="cuda"), capturable=True)
-        g = torch.Generator().manual_seed(1)
-        xs = [torch.randn(64, 32, generator=g).cuda() for _ in range(steps)]
-        static_x = torch.zeros_like(xs[0])
+    def body():
+        loss = m(static_x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
 
-        def one():
-            loss = m(static_x).square().mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        keys = ft.GraphKeys(m)
-        with keys:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            done = 0
-            with torch.cuda.stream(s):
-                for x in xs[: 3 if graph else steps]:
-                    static_x.copy_(x)
-                    keys.sync()
-                    one()
-                    opt.zero_grad(set_to_none=True)
-                    ft.step(m)
-                    done += 1
-            torch.cuda.current_stream().wait_stream(s)
-            if graph:
-                cg = torch.cuda.CUDAGraph()
-                opt.zero_grad(set_to_none=True)
-                keys.sync()
-                with torch.cuda.graph(cg):
-                    one()
-                for x in xs[done:]:
-                    static_x.copy_(x)
-                    keys.sync()
-                    cg.replay()
-                    ft.step(m)
+    stepper = ft.GraphStep(body, m, opt, fallback=False) if graph else None
+    losses = []
+    for i, x in enumerate(xs):
+        if i == switch_at:
+            ft.set_recipe(m, "bf16")
+            if stepper is not None:
+                stepper.recapture()
+        static_x.copy_(x)
+        if stepper is not None:
+            losses.append(stepper())
+        else:
+            losses.append(body())
+            opt.zero_grad(set_to_none=True)
+        ft.step(m)
+    if device == "cuda":
         torch.cuda.synchronize()
-        return [p.detach().clone() for p in m.parameters()]
+    return [p.detach().clone() for p in m.parameters()], torch.stack(losses), stepper
 
-    for a, b in zip(run(False), run(True)):
+
+def test_graph_step_without_cuda_runs_the_eager_steps_bit_for_bit():
+    """On CPU GraphStep never captures; its steps (keys from the table) equal the plain loop's bits."""
+    if DEV == "cuda":
+        pytest.skip("the CPU path of GraphStep")
+    want, lw, _ = _graph_run(False, steps=4)
+    got, lg, st = _graph_run(True, steps=4)
+    assert not st.captured and st.failed is None
+    assert torch.equal(lw.view(torch.int32), lg.view(torch.int32))
+    for a, b in zip(want, got):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the device machine)")
+@pytest.mark.parametrize("switch_at", [None, 5], ids=["no-switch", "switch-to-bf16"])
+def test_a_captured_training_step_replays_to_the_eager_bits(switch_at):
+    """Three warm-up steps, one capture, then replays (and, with a switch, three eager steps and a second
+    capture): parameters and losses after 10 steps equal 10 eager steps bit for bit."""
+    want, lw, _ = _graph_run(False, steps=10, switch_at=switch_at)
+    got, lg, st = _graph_run(True, steps=10, switch_at=switch_at)
+    assert st.captured and st.failed is None
+    assert torch.equal(lw.view(torch.int32), lg.view(torch.int32))
+    for a, b in zip(want, got):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))

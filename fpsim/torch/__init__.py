@@ -3,7 +3,8 @@
 * Training (:mod:`fpsim.torch.nn`): :class:`Linear` (a drop-in ``nn.Linear`` whose GEMMs run an emulated
   recipe), :func:`convert`, :func:`set_recipe`, :func:`step`, :func:`set_step`, :func:`step_with`, :func:`summary`;
   :func:`monitor` (:mod:`fpsim.torch.monitoring`: per layer and role statistics of every quantized copy);
-  :class:`GraphKeys` (:mod:`fpsim.torch.graphs`: stochastic-rounding keys for steps captured as CUDA graphs).
+  :class:`GraphStep` and :class:`GraphKeys` (:mod:`fpsim.torch.graphs`: a training step captured as one CUDA
+  graph, with step-indexed stochastic-rounding keys).
 * The backend, a peer of the Numba reference under :mod:`fpsim.backends`; modules, lowest first:
   :mod:`~fpsim.torch.runtime` (the lazy torch import, Triton switches), :mod:`~fpsim.torch.codecs` (element
   codecs, the Philox stream), :mod:`~fpsim.torch.container` (:class:`~fpsim.torch.container.TorchQuantized` and
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 _TRAINING = ("Linear", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS")
 
-__all__ = [*_TRAINING, "monitor", "GraphKeys"]
+__all__ = [*_TRAINING, "monitor", "GraphKeys", "GraphStep"]
 
 
 def __getattr__(name: str):
@@ -33,8 +34,8 @@ def __getattr__(name: str):
         from .monitoring import monitor
 
         return monitor
-    if name == "GraphKeys":
-        from .graphs import GraphKeys
+    if name in ("GraphKeys", "GraphStep"):
+        from . import graphs
 
-        return GraphKeys
+        return getattr(graphs, name)
     raise AttributeError(f"module 'fpsim.torch' has no attribute {name!r}")

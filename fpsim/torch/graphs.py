@@ -8,18 +8,28 @@ from a device table instead of a scalar argument, and :meth:`GraphKeys.sync` rew
 current steps before each replay.  The bits are the eager fast path's: the same kernels on the same data with
 the same keys.
 
-Usage (the PyTorch whole-step capture recipe; ``opt`` built with ``capturable=True`` and a tensor ``lr``)::
+Usage: :class:`GraphStep` does PyTorch's whole-step capture recipe (warm-up steps on a side stream, one
+capture, a replay per step, each after :meth:`GraphKeys.sync`); ``body`` runs forward, backward and the
+optimizer step on static inputs and returns the loss, and the optimizer is made with ``capturable=True`` and a
+tensor learning rate (a float would be frozen into the graph)::
 
-    keys = fpsim.torch.GraphKeys(model)
-    with keys:
-        for _ in range(3):                     # warm-up steps (real steps: they train) on a side stream
-            keys.sync(); train_step(); fpsim.torch.step(model)
-        g = torch.cuda.CUDAGraph()
-        keys.sync()
-        with torch.cuda.graph(g):
-            loss = train_step()
-        for batch in data:                     # each replay: the keys of the new step, then the graph
-            static_x.copy_(batch); keys.sync(); g.replay(); fpsim.torch.step(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="cuda"), capturable=True)
+    static_x = torch.zeros(batch_shape, dtype=torch.long, device="cuda")
+
+    def body():
+        loss = loss_fn(model(static_x))
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = fpsim.torch.GraphStep(body, model, opt)
+    for batch in data:
+        static_x.copy_(batch)
+        loss = step()                  # eager for the first 3 steps, then the captured graph
+        fpsim.torch.step(model)
+
+A learning-rate schedule fills the tensor (``opt.param_groups[i]["lr"].fill_(v)``) before the call; under
+``torch.autocast`` pass ``cache_enabled=False`` (the autocast weight cache does not survive a replay).
 
 What a graph cannot hold raises ``ValueError`` at the first (eager) call: copies whose stochastic rounding
 does not run in the fused kernels (the float32 fallback), per-call RHT signs (a new sign vector every step),
@@ -28,13 +38,17 @@ the reference GEMM path (``gemm="fp32"``) and observers (:func:`fpsim.torch.moni
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ..random import seed_key
 from ..transforms import derive_seed
 from .runtime import torch_module
 
-__all__ = ["GraphKeys", "active"]
+__all__ = ["GraphKeys", "GraphStep", "active"]
+
+log = logging.getLogger("fpsim.torch")
 
 _ACTIVE: list = []
 
@@ -113,3 +127,70 @@ class GraphKeys:
         if self.table.is_cuda:
             host = host.pin_memory()  # the caching host allocator keeps it until the copy has run
         self.table[: 2 * n].copy_(host, non_blocking=self.table.is_cuda)
+
+
+class GraphStep:
+    """A training step ``body()`` captured as one CUDA graph and replayed, with a :class:`GraphKeys` table for
+    the model's stochastic-rounding keys (see the module docstring).
+
+    The first ``warmup`` calls run ``body`` eagerly on a side stream (they are real steps); the next call
+    captures it and every call from then on replays the graph; :meth:`recapture` starts over (after
+    :func:`fpsim.torch.set_recipe`, which changes what the graph would hold).  Without CUDA every call is
+    eager.  A capture that fails (an operation a graph cannot hold) sets :attr:`failed` to the error and the
+    steps go on eagerly; ``fallback=False`` raises instead.  Each call returns the step's loss (a copy: the
+    graph overwrites its own output at the next replay)."""
+
+    def __init__(self, body, model, optimizer, *, warmup: int = 3, fallback: bool = True):
+        torch = torch_module()
+        self.body, self.opt, self.warmup, self.fallback = body, optimizer, int(warmup), fallback
+        self.keys = GraphKeys(model)
+        self.cuda = self.keys.table.is_cuda
+        self.side = torch.cuda.Stream(device=self.keys.table.device) if self.cuda else None
+        self.failed: str | None = None
+        self.recapture()
+
+    @property
+    def captured(self) -> bool:
+        """Whether calls now replay a graph."""
+        return self.graph is not None
+
+    def recapture(self) -> None:
+        """Drop the graph: the next ``warmup`` calls run eagerly, then the step is captured again."""
+        self.graph, self.loss, self.eager = None, None, 0
+
+    def __call__(self):
+        torch = torch_module()
+        with self.keys:
+            self.keys.sync()
+            if self.cuda and self.graph is None and self.eager >= self.warmup and self.failed is None:
+                self._capture()
+            if self.graph is not None:
+                self.graph.replay()
+                return self.loss.detach().clone()
+            if not self.cuda:
+                loss = self.body()
+                self.opt.zero_grad(set_to_none=True)
+                return loss
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                loss = self.body()
+                self.opt.zero_grad(set_to_none=True)
+            torch.cuda.current_stream().wait_stream(self.side)
+            self.eager += 1
+            return loss
+
+    def _capture(self) -> None:
+        torch = torch_module()
+        self.opt.zero_grad(set_to_none=True)  # the captured backward then writes (not adds to) the gradients
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.loss = self.body()
+        except Exception as e:
+            if not self.fallback:
+                raise
+            self.failed = f"{type(e).__name__}: {e}"
+            torch.cuda.synchronize()
+            log.warning("fpsim.torch: CUDA-graph capture failed, the steps run eagerly (%s)", self.failed)
+            return
+        self.graph = graph

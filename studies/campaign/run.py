@@ -120,46 +120,6 @@ def _val_loss(model, val: torch.Tensor, ctx: int, device: str, batch: int = 64) 
     return tot / n
 
 
-class _GraphStep:
-    """The training step as a CUDA graph: ``warmup`` eager steps on a side stream, then one capture, then a
-    replay per step, each after :meth:`fpsim.torch.GraphKeys.sync` (the step's stochastic-rounding keys)."""
-
-    def __init__(self, body, opt, keys, warmup: int = 3):
-        self.body, self.opt, self.keys, self.warmup = body, opt, keys, warmup
-        self.side = torch.cuda.Stream()
-        self.failed: str | None = None
-        self.recapture()
-
-    def recapture(self) -> None:
-        """Drop the graph (the layers' recipes changed): warm up and capture again."""
-        self.graph, self.loss, self.eager = None, None, 0
-
-    def __call__(self):
-        with self.keys:
-            self.keys.sync()
-            if self.graph is None and self.eager >= self.warmup and self.failed is None:
-                self.opt.zero_grad(set_to_none=True)  # the captured backward then writes the gradients
-                graph = torch.cuda.CUDAGraph()
-                try:
-                    with torch.cuda.graph(graph):
-                        self.loss = self.body()
-                    self.graph = graph
-                except Exception as e:  # an op the graph cannot hold: the run goes on eagerly, and says so
-                    self.failed = f"{type(e).__name__}: {e}"
-                    torch.cuda.synchronize()
-                    print(f"CUDA-graph capture failed, running eagerly: {self.failed}", flush=True)
-            if self.graph is not None:
-                self.graph.replay()
-                return self.loss.detach().clone()  # the graph overwrites its output at the next replay
-            self.side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.side):
-                loss = self.body()
-                self.opt.zero_grad(set_to_none=True)
-            torch.cuda.current_stream().wait_stream(self.side)
-            self.eager += 1
-            return loss
-
-
 def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
           max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
           log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False) -> dict:
@@ -207,7 +167,7 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
         opt.step()
         return loss
 
-    stepper = _GraphStep(body, opt, ft.GraphKeys(model)) if graph_mode else None
+    stepper = ft.GraphStep(body, model, opt) if graph_mode else None
     for step, xb in batches(corpus.train, ctx, batch, seed, start):
         if step >= steps:
             break
