@@ -15,6 +15,7 @@ bench:
 	$(PYTHON) -m studies.bench_scaling --out reports/bench_scaling.md
 	$(PYTHON) -m studies.bench_gemm --out reports/bench_gemm.md
 	$(PYTHON) -m studies.bench_io --scale 1.0 --out reports/bench_io.md
+	$(PYTHON) -m studies.bench_host --out reports/bench_host.md
 
 # On a CUDA machine (the H200 device): GPU kernels and the training step, against their baselines.
 bench-gpu:

@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._hashing import cached_hash
+
 __all__ = [
     "NanStyle",
     "Traits",
@@ -66,6 +68,7 @@ class Traits(NamedTuple):
     inf_code: int  #: +inf's code, or -1
 
 
+@cached_hash
 @dataclass(frozen=True)
 class FormatSpec:
     """A binary floating-point element format.

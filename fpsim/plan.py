@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._hashing import cached_hash
 from .codecs import Rounding
 from .formats import FormatSpec, get_format
 from .random import stream_width
@@ -100,6 +101,7 @@ class ScaleArith(NamedTuple):
     nan_code: int
 
 
+@cached_hash
 @dataclass(frozen=True)
 class TwoLevel:
     """NVFP4-style scaling (§4): S_enc = min(fl(num / amax), FLT_MAX); sdb = min(fl(vmax · fl(S_enc · inv_t)), bound).
@@ -115,6 +117,7 @@ class TwoLevel:
     scale_arith: ScaleArith
 
 
+@cached_hash
 @dataclass(frozen=True)
 class PowTwo:
     """MX scaling (§5): an E8M0 exponent from the block amax's bits under ``rule``."""
@@ -126,6 +129,7 @@ class PowTwo:
     inv_max: np.float32  #: fl(1 / max_elem) (the ``rceil`` rule)
 
 
+@cached_hash
 @dataclass(frozen=True)
 class SRLayout:
     """Where each element's random bits come from (§3): Philox4x32-10 keyed by the seed; one call is 128 bits
@@ -137,6 +141,7 @@ class SRLayout:
     calls_per_block: int
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Plan:
     """A scheme lowered with its options: what every backend runs (fields by name, no positional tuples)."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._arrays import as_float32
+from ._hashing import cached_hash
 from .codecs import Rounding
 from .dispatch import dequantize, gemm, quantize, rht
 from .schemes import BlockScheme, get_scheme
@@ -45,6 +46,7 @@ ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 ROLE_TENSOR = {"fprop_x": "x", "fprop_w": "w", "dgrad_dy": "dy", "dgrad_w": "w", "wgrad_dy": "dy", "wgrad_x": "x"}
 
 
+@cached_hash
 @dataclass(frozen=True)
 class OperandPolicy:
     """How one GEMM operand is quantized.
@@ -88,6 +90,7 @@ def _resolve(policy: OperandPolicy) -> BlockScheme | None:
     return dataclasses.replace(s, **changes)
 
 
+@cached_hash
 @dataclass(frozen=True)
 class LayerPolicy:
     """Which layers of a model stay in BF16 (SPEC §8 "selective high precision").
@@ -112,6 +115,7 @@ class LayerPolicy:
         return {nm: ("bf16" if self.high_precision(i, n, nm) else "recipe") for i, nm in enumerate(names)}
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Recipe:
     """A policy per operand role (see :data:`ROLES`), the accumulator model, and the BF16 layer set."""

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from ._hashing import cached_hash
 from .codecs import Rounding
 from .formats import FORMATS, FormatSpec, NanStyle, get_format
 
@@ -85,6 +86,7 @@ def _spec_from_json(obj) -> FormatSpec | None:
     return FormatSpec(**d)
 
 
+@cached_hash
 @dataclass(frozen=True)
 class BlockScheme:
     """A block-scaled number format: element format × scale format × block shape × scale rules.

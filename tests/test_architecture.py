@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Lowest first.  The torch modules are a backend: a peer of the Numba reference below the dispatcher.
 LAYERS: list[tuple[str, ...]] = [
-    ("fpsim._cache", "fpsim._jit", "fpsim._arrays", "fpsim._simd", "fpsim._kernels", "fpsim.formats", "fpsim.random",
-     "fpsim.packing", "fpsim.validate", "fpsim._analysis_kernels"),
+    ("fpsim._cache", "fpsim._hashing", "fpsim._jit", "fpsim._arrays", "fpsim._simd", "fpsim._kernels",
+     "fpsim.formats", "fpsim.random", "fpsim.packing", "fpsim.validate", "fpsim._analysis_kernels"),
     ("fpsim.codecs",),
     ("fpsim.schemes", "fpsim.plan", "fpsim.tensor", "fpsim._scaling_kernels", "fpsim._row_kernels"),
     ("fpsim.scaling",),

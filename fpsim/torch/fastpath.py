@@ -29,7 +29,7 @@ from .container import second_level_scales
 from .gemm import gemm, mm_f32
 from .launch import launch
 from .quantize import absmax, quantize_fused, triton_unsupported
-from .runtime import hw_cvt, torch_module, use_triton
+from .runtime import hw_cvt, kernels, torch_module, use_triton
 
 __all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "alpha_epilogue", "enabled", "IMPL"]
 
@@ -136,7 +136,7 @@ def values(c: Copy):
 
 def alpha_epilogue(acc, a: Copy, b: Copy, out_dtype):
     """fl(acc · alpha) of two scaled copies in ``out_dtype`` (float32 or BF16), one fused kernel."""
-    from . import kernels as K
+    K = kernels()
 
     torch = torch_module()
     if out_dtype not in (torch.float32, torch.bfloat16):
@@ -144,13 +144,22 @@ def alpha_epilogue(acc, a: Copy, b: Copy, out_dtype):
     out = acc if out_dtype == torch.float32 else torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
     n = acc.numel()
     if n:
-        block = 2048
-        num_ab = float(np.float32(a.num) * np.float32(b.num))
-        launch(K.alpha_epilogue_kernel, (-(-n // block),),
-               (acc, out.view(torch.int16) if out.dtype == torch.bfloat16 else out, a.amax, b.amax, n),
-               {"NUM_A": float(np.float32(a.num)), "NUM_B": float(np.float32(b.num)), "NUM_AB": num_ab,
-                "BLOCK": block, "OUT_BF16": out.dtype == torch.bfloat16, "HW_CVT": hw_cvt(), "num_warps": 4})
+        bf16 = out.dtype == torch.bfloat16
+        launch(K.alpha_epilogue_kernel, (-(-n // _EPILOGUE_BLOCK),),
+               (acc, out.view(torch.int16) if bf16 else out, a.amax, b.amax, n), _epilogue_kw(a.num, b.num, bf16,
+                                                                                               hw_cvt()))
     return out
+
+
+_EPILOGUE_BLOCK = 2048
+
+
+@functools.lru_cache(maxsize=64)
+def _epilogue_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
+    """The epilogue kernel's keywords for one pair of second-level numerators (built once per configuration)."""
+    na, nb = np.float32(num_a), np.float32(num_b)
+    return {"NUM_A": float(na), "NUM_B": float(nb), "NUM_AB": float(na * nb), "BLOCK": _EPILOGUE_BLOCK,
+            "OUT_BF16": out_bf16, "HW_CVT": hw, "num_warps": 4}
 
 
 def mm(a: Copy, b: Copy, out_dtype):

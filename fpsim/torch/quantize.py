@@ -17,11 +17,12 @@ import numpy as np
 
 from ..codecs import Rounding
 from ..plan import ElemPath, Plan
+from ..random import seed_key
 from ..schemes import Kind, ScaleRule
 from .codecs import block_random_bits, code_table, elem_consts, encode, f32_bits, pow2_table
 from .container import second_level_scales, triton_block_width
 from .launch import launch
-from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, hw_cvt, layout, torch_module
+from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, hw_cvt, kernels, layout, torch_module
 
 __all__ = ["triton_unsupported", "eager_unsupported", "absmax", "amax_bits", "tile_absmax", "quantize_fused",
            "quantize_eager", "pack_codes", "e8m0_bytes"]
@@ -95,7 +96,7 @@ def amax_bits(X, ignore_nan: bool, dim=None):
 def absmax(x, ignore_nan: bool = False):
     """max |x| as a 0-d float32 tensor in one fused Triton pass (NaN-propagating unless ``ignore_nan``); 0 when
     empty."""
-    from . import kernels as K
+    K = kernels()
 
     torch = torch_module()
     if x.dtype not in (torch.float32, torch.bfloat16):  # BF16 widens exactly inside the kernel: no float32 copy
@@ -112,7 +113,7 @@ def absmax(x, ignore_nan: bool = False):
 
 def tile_absmax(X, tr: int, bw: int, ignore_nan: bool):
     """|x| bits max of every tr × bw tile of the 2-D ``X`` (int32, tile rows × blocks), by one Triton kernel."""
-    from . import kernels as K
+    K = kernels()
 
     torch = torch_module()
     R, C = X.shape
@@ -138,8 +139,6 @@ def _sr_kw(plan: Plan, seed, counter: int) -> dict:
     sr = {"counter0": int(counter), "SR": True, "K": plan.sr.k, "WIDTH": plan.sr.width}
     if hasattr(seed, "data_ptr"):
         return {"k0": 0, "k1": 0, "key_ptr": seed, "KEY_PTR": True, **sr}
-    from ..random import seed_key
-
     k0, k1 = seed_key(seed)
     return {"k0": k0, "k1": k1, **sr}
 
@@ -214,29 +213,56 @@ def _fake_view(out):
     return out
 
 
+_BT_2D = 8  # 16×16 tiles per program of the one-pass 2-D kernel
+
+
+@functools.lru_cache(maxsize=1024)
+def _two_level_fake_kw(plan: Plan, R: int, C: int, out_bf16: bool, apply_s_dec: bool, hw: bool) -> dict:
+    """Every keyword of a FAKE two-level launch but the SR key (the one-pass 16×16 kernel, or the 1-D / tiled
+    one), for one plan and shape: what :func:`_two_level_fused` passed, built once."""
+    tl_ = plan.two_level
+    w, br = triton_block_width(plan), plan.block[0]
+    fk = {"OUT_BF16": out_bf16, "HW_CVT": hw, "APPLY_SDEC": apply_s_dec}
+    sr = {} if plan.is_sr else _sr_kw(plan, None, 0)
+    fos = {"FOS": int(tl_.four_over_six), "INV_T46": float(tl_.inv_t46)}
+    if br == 16 == w:
+        return {"BT": _BT_2D, "W": w, "IGNORE_NAN": plan.ignore_nan, "FAKE": True, **fk, **sr, **_two_level_kw(plan),
+                **fos, "num_warps": WARPS}
+    return {"FAKE": True, **fk, "BB": max(2048 // w, 1), "W": w, "TR": br, "TILE": br > 1,
+            "IGNORE_NAN": plan.ignore_nan, "PER_ROW": tl_.per_row, **fos, **layout(R, C, w), **sr,
+            **_two_level_kw(plan)}
+
+
 def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_s_dec: bool = True,
                      out_dtype=None):
-    from . import kernels_quant as KQ
+    KQ = kernels("kernels_quant")
 
     torch = torch_module()
     R, C, w, br, nb, nblk, dev, out, s = _blocks(X, plan, fake, out_dtype)
     if not nblk:
         return out if fake else (out, s)
-    amax = amax.reshape(-1).to(torch.float32).contiguous()
-    kw = _two_level_kw(plan)
-    fk = _fake_kw(fake, out, apply_s_dec)
+    if amax.dim() != 1 or amax.dtype != torch.float32 or not amax.is_contiguous():
+        amax = amax.reshape(-1).to(torch.float32).contiguous()
     dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
     d8 = dummy(dev, "int32")
+    if fake:  # the training layer's hot path: the static keywords are built once per configuration
+        kw = _two_level_fake_kw(plan, R, C, out.dtype == torch.bfloat16, bool(apply_s_dec), hw_cvt())
+        if plan.is_sr:
+            kw = {**kw, **_sr_kw(plan, seed, counter)}
+        if br == 16 == w:
+            launch(KQ.two_level_quant_2d_kernel, (-(-R // 16), -(-nb // _BT_2D)),
+                   (X, d8, d8, _fake_view(out), dec, amax, R, C, nb), kw)
+        else:
+            tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else d8
+            launch(KQ.two_level_quant_kernel, (-(-nblk // max(2048 // w, 1)),),
+                   (X, d8, d8, _fake_view(out), dec, tmax, amax, R, C, nb, nblk), kw)
+        return out
+    kw = _two_level_kw(plan)
     if br == 16 == w:  # one pass: the tile amax is taken inside the program
-        bt = 8
+        bt = _BT_2D
         grid = (-(-R // 16), -(-nb // bt))
         sr = _sr_kw(plan, seed, counter)
         fos = {"FOS": int(plan.two_level.four_over_six), "INV_T46": float(plan.two_level.inv_t46)}
-        if fake:
-            launch(KQ.two_level_quant_2d_kernel, grid, (X, d8, d8, _fake_view(out), dec, amax, R, C, nb),
-                   {"BT": bt, "W": w, "IGNORE_NAN": plan.ignore_nan, "FAKE": True, **fk, **sr, **kw, **fos,
-                    "num_warps": WARPS})
-            return out
         KQ.two_level_quant_2d_kernel[grid](X, out.view(torch.int32), s, d8, dec, amax, R, C, nb, BT=bt, W=w,
                                            IGNORE_NAN=plan.ignore_nan, **sr, **kw, **fos, num_warps=WARPS)
         return out, s
@@ -246,17 +272,13 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
                 FOS=int(plan.two_level.four_over_six), INV_T46=float(plan.two_level.inv_t46), **layout(R, C, w),
                 **_sr_kw(plan, seed, counter), **kw)
     grid = (-(-nblk // bb),)
-    if fake:
-        launch(KQ.two_level_quant_kernel, grid, (X, d8, d8, _fake_view(out), dec, tmax, amax, R, C, nb, nblk),
-               {"FAKE": True, **fk, **args})
-        return out
     KQ.two_level_quant_kernel[grid](X, out.view(torch.int32), s, X, dec, tmax, amax, R, C, nb, nblk, FAKE=False,
                                     **args)
     return out, s
 
 
 def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
-    from . import kernels_quant as KQ
+    KQ = kernels("kernels_quant")
 
     torch = torch_module()
     R, C, w, br, nb, nblk, dev, out, s = _blocks(X, plan, fake, out_dtype)
@@ -282,7 +304,7 @@ def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
 def _fp32_fused(X, plan: Plan, amax, fake: bool):
     """FP32-scaled elements: per tensor (``plan.block`` None: X is the tensor in its own layout, one d from
     ``amax``) or per 1×W block along the rows."""
-    from . import kernels_quant as KQ
+    KQ = kernels("kernels_quant")
 
     torch = torch_module()
     dev = str(X.device)

@@ -10,7 +10,7 @@ import numpy as np
 from ..transforms import sign_vector
 from .codecs import bf16_round
 from .launch import launch
-from .runtime import WARPS, torch_module, use_triton
+from .runtime import WARPS, kernels, torch_module, use_triton
 
 __all__ = ["rht", "rht_transposed"]
 
@@ -105,15 +105,23 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
         from .quantize import absmax
 
         return out, absmax(out, ignore_nan)
-    from . import kernels as K
-
+    K = kernels()
     s = _signs_on(d, signs, x.device)
     x = x.contiguous()
     out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
     acc = torch.zeros(1, dtype=torch.int32, device=x.device)
-    bf = 64
     if R and C:
-        launch(K.rht_t_kernel, (R // d, -(-C // bf)), (x, s, out, acc, R, C, float(np.float32(1.0 / np.sqrt(d)))),
-               {"D": d, "LOG2D": d.bit_length() - 1, "BF": bf, "BF16_IN": True, "BF16_OUT": True, "AMAX": bool(amax),
-                "IGNORE_NAN": bool(ignore_nan), "num_warps": WARPS})
+        inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan))
+        launch(K.rht_t_kernel, (R // d, -(-C // _RHT_T_BF)), (x, s, out, acc, R, C, inv_sqrt), kw)
     return out, (acc.view(torch.float32).reshape(()) if amax else None)
+
+
+_RHT_T_BF = 64  # columns of X (rows of Xᵀ) per program of rht_t_kernel
+
+
+@functools.lru_cache(maxsize=64)
+def _rht_t_kw(d: int, amax: bool, ignore_nan: bool) -> tuple[float, dict]:
+    """fl(1/√d) and the keyword arguments of one rht_t_kernel configuration (built once: the Wgrad hot path)."""
+    return float(np.float32(1.0 / np.sqrt(d))), {
+        "D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "BF16_IN": True, "BF16_OUT": True, "AMAX": amax,
+        "IGNORE_NAN": ignore_nan, "num_warps": WARPS}

@@ -15,11 +15,31 @@ WARPS = 4
 FLT_MAX = 3.4028234663852886e38
 
 
+_TORCH: list = []
+
+
 def torch_module():
     """``torch``, imported on first use (``import fpsim.torch`` itself imports nothing heavy)."""
+    if _TORCH:  # the hot path: a list lookup, not the import machinery (called several times per operand copy)
+        return _TORCH[0]
     import torch
 
+    _TORCH.append(torch)
     return torch
+
+
+_KERNELS: dict = {}
+
+
+def kernels(name: str = "kernels"):
+    """The Triton source module ``fpsim.torch.kernels`` (or ``"kernels_quant"``), imported on first use and then
+    looked up in a dict (an import statement per launch cost ~1 µs of import machinery on the hot path)."""
+    m = _KERNELS.get(name)
+    if m is None:
+        import importlib
+
+        m = _KERNELS[name] = importlib.import_module(f"{__package__}.{name}")
+    return m
 
 
 @functools.cache
