@@ -252,3 +252,16 @@ def test_transposed_rht_is_the_rht_of_the_transpose_and_its_amax(d, signs, dtype
     assert none is None and torch.equal(torch.isnan(eager), torch.isnan(want))  # NaN payloads: the path's own
     fin = ~torch.isnan(want)
     assert torch.equal(eager.view(torch.int16)[fin], want.view(torch.int16)[fin])
+
+
+def test_transposed_rht_over_several_programs_along_the_tokens():
+    """Token counts past one program's 8 tiles (and not a multiple of them): every tile written once, the amax the
+    max over all programs' atomics, the largest value placed in the last, partial program."""
+    from fpsim.torch.quantize import absmax
+
+    x = torch.from_numpy(_data((16 * 8 * 2 + 48, 70), 4)).to(DEV)
+    x[-3, 5] = 7.5e4  # the largest |value|, in the third program along the tokens
+    want = tb.rht(x.t().contiguous(), 16, "recipe", out_dtype=torch.bfloat16, impl="triton")
+    got, amax = tb.rht_transposed(x, 16, "recipe", out_dtype=torch.bfloat16, amax=True, impl="triton")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(amax.view(torch.int32), absmax(want).view(torch.int32))

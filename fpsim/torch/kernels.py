@@ -442,30 +442,37 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
 
 @triton.jit
 def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr,
-                 BF: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr, AMAX: tl.constexpr,
-                 IGNORE_NAN: tl.constexpr):
-    """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program loads D rows × BF columns of the row-major X (R × C),
-    transforms each column's D values (the rows of Xᵀ) by :func:`hadamard_rows`, and stores them
-    into ``out`` (C × R).  AMAX: also the atomic max of the stored values' |bits| into ``amax_ptr`` (int32, zeroed;
-    NaN propagates unless IGNORE_NAN), read back from the stored dtype as :func:`absmax_kernel` would read it.  A NaN
-    amax's payload is not specified: compiled for the H200, the BF16 store goes through ``cvt.rn.bf16x2.f32``
-    (NaN → 0x7FFF) and the amax through a rematerialized ``cvt.rn.bf16.f32`` that keeps the payload (0x7FC0)."""
-    b = tl.program_id(0).to(tl.int64)
+                 BF: tl.constexpr, TILES: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr,
+                 AMAX: tl.constexpr, IGNORE_NAN: tl.constexpr):
+    """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program takes TILES tiles of D rows × BF columns of the
+    row-major X (R × C, R a multiple of D), transforms each column's D values (the rows of Xᵀ) by
+    :func:`hadamard_rows`, and stores them into ``out`` (C × R).  AMAX: also the max of the stored values' |bits|
+    over its tiles, then one atomic max into ``amax_ptr`` (int32, zeroed; TILES tiles per atomic keep the atomics on
+    that one address few; NaN propagates unless IGNORE_NAN), read back from the stored dtype as
+    :func:`absmax_kernel` would read it.  A NaN amax's payload is not specified: compiled for the H200, the BF16
+    store goes through ``cvt.rn.bf16x2.f32`` (NaN → 0x7FFF) and the amax through a rematerialized
+    ``cvt.rn.bf16.f32`` that keeps the payload (0x7FC0)."""
     f = tl.program_id(1) * BF + tl.arange(0, BF)
     i = tl.arange(0, D)
-    m_in = (i[:, None] < D) & (f[None, :] < C)
-    xt = tl.load(x_ptr + (b * D + i)[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
-    v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
-    v = hadamard_rows(v, tl.load(s_ptr + i)[None, :], inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
-    m = (f[:, None] < C) & (i[None, :] < D)
-    st = v.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + f[:, None].to(tl.int64) * R + (b * D + i)[None, :], st, mask=m)
+    sg = tl.load(s_ptr + i)[None, :]
+    acc = tl.zeros([BF, D], tl.int32)
+    for t in tl.static_range(TILES):
+        b = tl.program_id(0).to(tl.int64) * TILES + t
+        row = b * D + i  # rows of X in tile b; past R (b ≥ NT) the tile is masked out
+        m_in = (row[:, None] < R) & (f[None, :] < C)
+        xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
+        v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
+        v = hadamard_rows(v, sg, inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
+        m = (f[:, None] < C) & (row[None, :] < R)
+        st = v.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + f[:, None].to(tl.int64) * R + row[None, :], st, mask=m)
+        if AMAX:
+            a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            if IGNORE_NAN:
+                a = tl.where(a > 0x7F800000, 0, a)
+            acc = tl.maximum(acc, tl.where(m, a, 0))
     if AMAX:
-        a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        if IGNORE_NAN:
-            a = tl.where(a > 0x7F800000, 0, a)
-        a = tl.where(m, a, 0)
-        tl.atomic_max(amax_ptr, tl.max(tl.max(a, axis=1), axis=0))
+        tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
 
 
 @triton.jit

@@ -112,16 +112,17 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
     acc = torch.zeros(1, dtype=torch.int32, device=x.device)
     if R and C:
         inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan))
-        launch(K.rht_t_kernel, (R // d, -(-C // _RHT_T_BF)), (x, s, out, acc, R, C, inv_sqrt), kw)
+        launch(K.rht_t_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)), (x, s, out, acc, R, C, inv_sqrt), kw)
     return out, (acc.view(torch.float32).reshape(()) if amax else None)
 
 
 _RHT_T_BF = 64  # columns of X (rows of Xᵀ) per program of rht_t_kernel
+_RHT_T_TILES = 8  # D-row tiles per program: one atomic amax per 8 tiles (a 1024-token × 64-column block at D = 16)
 
 
 @functools.lru_cache(maxsize=64)
 def _rht_t_kw(d: int, amax: bool, ignore_nan: bool) -> tuple[float, dict]:
     """fl(1/√d) and the keyword arguments of one rht_t_kernel configuration (built once: the Wgrad hot path)."""
     return float(np.float32(1.0 / np.sqrt(d))), {
-        "D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "BF16_IN": True, "BF16_OUT": True, "AMAX": amax,
-        "IGNORE_NAN": ignore_nan, "num_warps": WARPS}
+        "D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "TILES": _RHT_T_TILES, "BF16_IN": True,
+        "BF16_OUT": True, "AMAX": amax, "IGNORE_NAN": ignore_nan, "num_warps": WARPS}
