@@ -181,7 +181,9 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
                 g["lr"].fill_(lr_at(step, steps, lr))
             else:
                 g["lr"] = lr_at(step, steps, lr)
-        xs.copy_(torch.from_numpy(xb))
+        xb = torch.from_numpy(xb)
+        # from pinned memory the copy is queued without waiting for the GPU (a pageable copy syncs the stream first)
+        xs.copy_(xb.pin_memory() if xs.is_cuda else xb, non_blocking=xs.is_cuda)
         if stepper is not None:
             loss = stepper()
         else:
