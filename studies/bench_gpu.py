@@ -157,6 +157,12 @@ def main() -> None:
     row("RHT d = 16, BF16 in/out, float32 storage (one Triton kernel)", lambda: tb.rht(x, 16), 2 * gb)
     row("RHT d = 16, the same as eager torch operations (before)", lambda: tb.rht(x, 16, impl="eager"), 2 * gb,
         reps=3)
+    xbf = x.bfloat16()  # Wgrad's copies: the RHT of Xᵀ with its amax, from BF16 X (tokens × features)
+    row("Wgrad RHT of Xᵀ + amax, BF16, one pass (`rht_transposed`: 8 token tiles and one atomic per program)",
+        lambda: tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True), gb)
+    row("  the same as transpose copy + RHT + amax pass (three kernels, the path before)",
+        lambda: absmax(tb.rht(xbf.t().contiguous(), 16, out_dtype=torch.bfloat16)), gb)
+    xbf = None
 
     checks = bit_identity(x)
     y = qn = qm = q8 = None  # free the GPU memory before the GEMMs
