@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import fpsim.torch as ft
 from fpsim.recipe import LayerPolicy
+from fpsim.torch.launch import direct_enabled
 from studies.benchlib import write_report
 
 
@@ -185,13 +186,15 @@ def main(argv=None) -> None:
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x), peak {peak:.2f} GiB, loss {loss:.3f}", flush=True)
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
+    direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"
     lines = [
         "# Training-step benchmark (fpsim.torch)",
         "",
         f"{datetime.date.today().isoformat()}, {gpu}, torch {torch.__version__}; model: GPT, {cfg['layers']} blocks, "
         f"d_model {cfg['d']}, {cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']} ({tok} tokens/step), "
         f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench_training` (median step of the timed "
-        "steps after warm-up; ratios against the BF16 arm of the same run).",
+        "steps after warm-up; ratios against the BF16 arm of the same run). Direct Triton launches "
+        f"(`fpsim.torch.launch`) at the end of the run: {direct}.",
         "",
         "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | steps run | loss after them |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
