@@ -73,6 +73,21 @@ def measure(recipe: str = "nvfp4_paper") -> list[tuple[str, float]]:
         a = fnn._fast_copy(x, rec.fprop_x, seed=1, layer="l", step=0, role="fprop_x")
         b = fnn._fast_copy(w, rec.fprop_w, seed=1, layer="l", step=0, role="fprop_w")
         rows.append(("GEMM of two copies + alpha epilogue", _time(lambda i: fp.mm(a, b, torch.bfloat16))))
+        ref = torch.nn.Linear(64, 48, bias=False)
+        lin = fnn.Linear(64, 48, bias=False, recipe=recipe, name="blocks.3.fc1", seed=1)
+        xg = torch.randn(32, 64, requires_grad=True)
+        g = torch.randn(32, 48)
+
+        def layer_step(m):
+            def run(i):
+                m(xg).backward(g)
+                if hasattr(m, "FPSIM_LAYER"):
+                    m.step += 1  # a new step: new SR keys, as in training
+            return run
+
+        rows.append(("nn.Linear forward + backward (float32)", _time(layer_step(ref), n=1000)))
+        rows.append(("fpsim.torch.Linear forward + backward (the copies, GEMMs and autograd)",
+                     _time(layer_step(lin), n=1000)))
         return rows
     finally:
         for m, f in zip(_LAUNCHERS, saved):
