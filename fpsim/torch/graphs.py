@@ -156,6 +156,9 @@ class GraphStep:
 
     def recapture(self) -> None:
         """Drop the graph: the next ``warmup`` calls run eagerly, then the step is captured again."""
+        if getattr(self, "graph", None) is not None:
+            # the replays left their gradients in the graph's tensors: an eager backward would add to them
+            self.opt.zero_grad(set_to_none=True)
         self.graph, self.loss, self.eager = None, None, 0
 
     def __call__(self):
@@ -191,6 +194,7 @@ class GraphStep:
                 raise
             self.failed = f"{type(e).__name__}: {e}"
             torch.cuda.synchronize()
+            self.opt.zero_grad(set_to_none=True)  # gradients the failed capture may have allocated
             log.warning("fpsim.torch: CUDA-graph capture failed, the steps run eagerly (%s)", self.failed)
             return
         self.graph = graph
