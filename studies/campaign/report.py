@@ -129,6 +129,35 @@ def _first_look(data: Path, md_table) -> str | None:
             + md_table(pd.DataFrame(rows), ".4f"))
 
 
+def _probe_figure(data: Path, out_dir: Path) -> str | None:
+    """Validation curves of the learning-rate sweep and of the six-run probe (one seed each; the probe's runs stop
+    at 66–110 M of their 265 M tokens): ``campaign_first_look.png``, or None without those runs."""
+    sweep = sorted((Path(data) / "lr_sweep").rglob("*.json"))
+    probe = sorted(Path(data).glob("probe_parallel*/*.json"))
+    if not sweep and not probe:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for js in sweep:
+        rec = json.loads(js.read_text())
+        df = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
+        a1.plot(df.tokens / 1e6, df.val_loss, marker=".", label=f"lr {rec['lr']:g}")
+    a1.set_title("BF16 learning-rate sweep (s10m, seed 0)", fontsize=9)
+    for js in probe:
+        rec = json.loads(js.read_text())
+        df = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
+        a2.plot(df.tokens / 1e6, df.val_loss, marker=".", label=ARMS[rec["arm"]].label)
+    a2.set_title("six-run probe, first 66–110 M of 265 M tokens (seed 0)", fontsize=9)
+    for ax in (a1, a2):
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_ylabel("validation loss (nats per byte)")
+        ax.set_ylim(top=1.6)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    name = "campaign_first_look.png"
+    save_fig(fig, Path(out_dir) / name)
+    return name
+
+
 def _budget_text() -> str:
     tok = {p: sum(r["tokens"] for r in plan_runs(p, lr=1.0)) for p in ("main", "horizon", "size")}
     return (f"GPU time this needs, at the measured ~1 M tokens/s in all: main {tok['main'] / 1e6 / 3600:.1f} h "
@@ -163,10 +192,12 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     early.append(f"{_plan_text()} {_budget_text()} Device time of the campaign's commands so far (the ledger "
                  f"`studies/data/campaign/sessions.json`, commands of the GPU sessions with their wall time): "
                  + (f"{wall / 3600:.2f} h." if wall is not None else "no ledger committed."))
+    first = _probe_figure(data, out_dir)
     if val.empty:
         return [PROTOCOL, *early, "No main-campaign run has finished yet: the paired-gap numbers above are the "
-                "earlier small-model runs, and no verdict on a recipe component comes from this campaign yet."], []
-    blocks, figs = [PROTOCOL, *early], []
+                "earlier small-model runs, and no verdict on a recipe component comes from this campaign yet."], \
+            [first] if first else []
+    blocks, figs = [PROTOCOL, *early], [first] if first else []
     gpu_h = sum(r.get("seconds_total", 0) for r in recs) / 3600
     for (size, budget), sub in val.groupby(["size", "budget"]):
         final = sub[sub.step == sub.groupby("run").step.transform("max")]
