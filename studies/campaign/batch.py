@@ -19,6 +19,10 @@ chained commands of ≤ 600 s):
 
     python -m studies.campaign.batch --plan main --runs 0:4 --work /tmp/campaign --out $OUT --parallel 4 \\
         --max-seconds 520          # the same command three times in a row; then --runs 4:8 next session, …
+
+``--cuda-graph`` runs each training step as a captured CUDA graph (:class:`fpsim.torch.GraphStep`), which takes
+the host's per-layer launch work off the step; use it once ``make test-gpu``'s graph test has passed on the
+device, and keep it for every run of a plan (capturable AdamW, so the bits differ slightly from eager runs).
 """
 
 from __future__ import annotations
