@@ -22,7 +22,8 @@ chained commands of ≤ 600 s):
 
 ``--cuda-graph`` runs each training step as a captured CUDA graph (:class:`fpsim.torch.GraphStep`), which takes
 the host's per-layer launch work off the step; use it once ``make test-gpu``'s graph test has passed on the
-device, and keep it for every run of a plan (capturable AdamW, so the bits differ slightly from eager runs).
+device, and keep it for every run of a plan (its AdamW is the capturable one, whose bits may differ from the
+eager runs').
 """
 
 from __future__ import annotations
