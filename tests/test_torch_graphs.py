@@ -189,3 +189,102 @@ def test_a_captured_training_step_replays_to_the_eager_bits(switch_at):
     assert torch.equal(lw.view(torch.int32), lg.view(torch.int32))
     for a, b in zip(want, got):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+class _FakeCuda:
+    """Stand-ins for the torch.cuda calls GraphStep makes, so that its CUDA control flow runs on CPU tensors.
+
+    A fake capture runs ``body`` once and then undoes its step (parameters and optimizer state restored), keeping
+    the gradients it allocated, as a real capture leaves them allocated but not computed (``fail_capture``: then
+    raises, as a capture that meets an operation it cannot hold fails when it ends); a replay runs ``body``
+    with the gradients cleared first, so that, as after a real replay, they hold that step's values only."""
+
+    def __init__(self, model, opt, fail_capture: bool = False):
+        self.model, self.opt, self.fail, self.captures, self.replays = model, opt, fail_capture, 0, 0
+        self.body = None
+        fake = self
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class CUDAGraph:
+            def replay(self):
+                fake.replays += 1
+                for p in fake.model.parameters():
+                    p.grad = None
+                fake.step.loss.detach().copy_(fake.body().detach())  # a replay rewrites the graph's output
+
+        class graph:
+            def __init__(self, g):
+                pass
+
+            def __enter__(self):
+                fake.captures += 0 if fake.fail else 1
+                fake.saved = ([p.detach().clone() for p in fake.model.parameters()],
+                              {k: {n: v.clone() if torch.is_tensor(v) else v for n, v in s.items()}
+                               for k, s in fake.opt.state.items()})
+
+            def __exit__(self, *exc):
+                params, state = fake.saved
+                with torch.no_grad():
+                    for p, v in zip(fake.model.parameters(), params):
+                        p.copy_(v)
+                for k, s in state.items():
+                    fake.opt.state[k] = s
+                if fake.fail:  # as a real capture fails at its end: the body ran, its gradients are allocated
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                return False
+
+        self.Stream, self.CUDAGraph, self.graph = Stream, CUDAGraph, graph
+
+    def install(self, monkeypatch, step):
+        import contextlib
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", self.CUDAGraph)
+        monkeypatch.setattr(torch.cuda, "graph", self.graph)
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: self.Stream())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+        step.cuda, step.side = True, self.Stream()
+        self.body, self.step = step.body, step
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["captured", "capture-fails"])
+def test_graph_step_control_flow_warms_up_captures_replays_and_recaptures(monkeypatch, fail):
+    """GraphStep's CUDA branch on CPU stand-ins: three eager steps, a capture, replays; a switch to BF16
+    recaptures after three more eager steps, and no eager step after replays adds to the graph's gradients;
+    a failed capture leaves eager steps.  The parameters end equal to a plain eager loop's, bit for bit."""
+    if DEV == "cuda":
+        pytest.skip("the stand-ins replace torch.cuda")
+    want, lw, _ = _graph_run(False, steps=12, switch_at=6)
+
+    torch.manual_seed(0)
+    m = ft.convert(_Tiny(), "nvfp4_paper", keep_bf16=LayerPolicy(), skip=(), seed=5)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(64, 32, generator=g) for _ in range(12)]
+    static_x = torch.zeros_like(xs[0])
+
+    def body():
+        loss = m(static_x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    stepper = ft.GraphStep(body, m, opt)
+    fake = _FakeCuda(m, opt, fail_capture=fail)
+    fake.install(monkeypatch, stepper)
+    losses = []
+    for i, x in enumerate(xs):
+        if i == 6:
+            ft.set_recipe(m, "bf16")
+            stepper.recapture()
+        static_x.copy_(x)
+        losses.append(stepper())
+        ft.step(m)
+    assert (fake.captures, fake.replays) == ((0, 0) if fail else (2, 3 + 3))  # steps 3-5 and 9-11 replay
+    assert (stepper.failed is not None) == fail
+    assert torch.equal(torch.stack(losses).view(torch.int32), lw.view(torch.int32))
+    for a, b in zip(want, m.parameters()):
+        assert torch.equal(a.view(torch.int32), b.detach().view(torch.int32))
