@@ -288,3 +288,48 @@ def test_graph_step_control_flow_warms_up_captures_replays_and_recaptures(monkey
     assert torch.equal(torch.stack(losses).view(torch.int32), lw.view(torch.int32))
     for a, b in zip(want, m.parameters()):
         assert torch.equal(a.view(torch.int32), b.detach().view(torch.int32))
+
+
+def test_graph_step_runs_the_monitors_steps_eagerly_and_records_them(monkeypatch, tmp_path):
+    """With ``eager_when=lambda: mon.due(step)`` the steps a monitor records run as plain eager steps (the
+    monitor sees every copy of them) between replays; parameters and the monitor's rows equal a plain loop's."""
+    if DEV == "cuda":
+        pytest.skip("the stand-ins replace torch.cuda")
+
+    def run(graph: bool):
+        torch.manual_seed(0)
+        m = ft.convert(_Tiny(), "nvfp4_paper", keep_bf16=LayerPolicy(), skip=(), seed=5)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        xs = [torch.randn(64, 32, generator=g) for _ in range(10)]
+        static_x = torch.zeros_like(xs[0])
+
+        def body():
+            loss = m(static_x).square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        with ft.monitor(m, every=4) as mon:
+            stepper = ft.GraphStep(body, m, opt, eager_when=lambda: mon.due(m.fc1.step)) if graph else None
+            if graph:
+                fake = _FakeCuda(m, opt)
+                fake.install(monkeypatch, stepper)
+            for x in xs:
+                static_x.copy_(x)
+                if graph:
+                    stepper()
+                else:
+                    body()
+                    opt.zero_grad(set_to_none=True)
+                ft.step(m)
+        return [p.detach().clone() for p in m.parameters()], mon.rows, (fake.captures, fake.replays) if graph else None
+
+    want, rows_w, _ = run(False)
+    got, rows_g, counts = run(True)
+    assert counts == (1, 4)  # 0, 4, 8 the monitor's; 1-3 warm up; 5 captures; 5-7 and 9 replay
+    assert {r["step"] for r in rows_g} == {0, 4, 8} and len(rows_g) == len(rows_w)
+    for a, b in zip(rows_w, rows_g):
+        assert (a["layer"], a["role"], a["step"]) == (b["layer"], b["role"], b["step"])
+    for a, b in zip(want, got):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))

@@ -137,12 +137,17 @@ class GraphStep:
     captures it and every call from then on replays the graph; :meth:`recapture` starts over (after
     :func:`fpsim.torch.set_recipe`, which changes what the graph would hold).  Without CUDA every call is
     eager.  A capture that fails (an operation a graph cannot hold) sets :attr:`failed` to the error and the
-    steps go on eagerly; ``fallback=False`` raises instead.  Each call returns the step's loss (a copy: the
-    graph overwrites its own output at the next replay)."""
+    steps go on eagerly; ``fallback=False`` raises instead.  ``eager_when`` (a callable) picks calls that run as
+    plain eager steps, e.g. the steps a :func:`fpsim.torch.monitor` records.  Each call returns the step's loss
+    (a copy: the graph overwrites its own output at the next replay)."""
 
-    def __init__(self, body, model, optimizer, *, warmup: int = 3, fallback: bool = True):
+    def __init__(self, body, model, optimizer, *, warmup: int = 3, fallback: bool = True, eager_when=None):
         torch = torch_module()
         self.body, self.opt, self.warmup, self.fallback = body, optimizer, int(warmup), fallback
+        #: a callable: when it returns True the call runs ``body`` eagerly outside the key table, as a plain step
+        #: (e.g. ``lambda: mon.due(layer.step)``, so that :func:`fpsim.torch.monitor` records that step)
+        self.eager_when = eager_when
+        self.model = model
         self.keys = GraphKeys(model)
         self.cuda = self.keys.table.is_cuda
         self.side = torch.cuda.Stream(device=self.keys.table.device) if self.cuda else None
@@ -163,6 +168,8 @@ class GraphStep:
 
     def __call__(self):
         torch = torch_module()
+        if self.eager_when is not None and self.eager_when():
+            return self._plain_step()
         with self.keys:
             self.keys.sync()
             if self.cuda and self.graph is None and self.eager >= self.warmup and self.failed is None:
@@ -181,6 +188,19 @@ class GraphStep:
             torch.cuda.current_stream().wait_stream(self.side)
             self.eager += 1
             return loss
+
+    def _plain_step(self):
+        """One eager step with the layers' own scalar keys (observers may record it), on the current stream; the
+        graph's gradient tensors, if there is a graph, stay where its replays write them."""
+        held = [p.grad for p in self.model.parameters()]
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.body()
+        if self.graph is not None:
+            for p, g in zip(self.model.parameters(), held):  # point .grad back at the graph's buffers
+                p.grad = g
+        else:
+            self.opt.zero_grad(set_to_none=True)
+        return loss
 
     def _capture(self) -> None:
         torch = torch_module()
