@@ -33,7 +33,8 @@ A learning-rate schedule fills the tensor (``opt.param_groups[i]["lr"].fill_(v)`
 
 What a graph cannot hold raises ``ValueError`` at the first (eager) call: copies whose stochastic rounding
 does not run in the fused kernels (the float32 fallback), per-call RHT signs (a new sign vector every step),
-the reference GEMM path (``gemm="fp32"``) and observers (:func:`fpsim.torch.monitor`), which run Python per step.
+the reference GEMM path (``gemm="fp32"``) and observers (:func:`fpsim.torch.monitor`), which run Python per step;
+``GraphStep(..., eager_when=lambda: mon.due(layer.step))`` runs the steps a monitor records as plain eager steps.
 """
 
 from __future__ import annotations
