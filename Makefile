@@ -1,7 +1,7 @@
 # fpsim developer targets.  `make test` is what .ci/run and the README run.
 PYTHON ?= python
 
-.PHONY: test test-slow bench bench-gpu test-gpu reports golden lint capture-llm
+.PHONY: test test-slow bench bench-gpu test-gpu test-gpu-backend reports golden lint capture-llm
 
 test:
 	$(PYTHON) -m pytest -q
@@ -22,17 +22,23 @@ bench-gpu:
 	$(PYTHON) -m studies.bench_gpu --out reports/bench_gpu.md
 	$(PYTHON) -m studies.bench_training --out reports/bench_training.md
 
-# On the H200 device, in one command of under ten minutes: the GPU tests of the torch side (compiled kernels, direct
-# launches), a small seeded Triton sample of the plan-parity test, and the training-step benchmark without its slow
-# bit-defined arm (a failing test does not stop the benchmark: read the output).  OUT (default /tmp/gpu) receives
-# the benchmark table.
+# On the H200 device, each in one command of under ten minutes (OUT, default /tmp/gpu, receives the tables; a
+# failing test does not stop the benchmark: read the output).
+# test-gpu: the torch side's GPU tests (compiled kernels, direct launches, CUDA graphs) and the training-step
+# benchmark without its slow bit-defined arm.
 OUT ?= /tmp/gpu
 test-gpu:
 	mkdir -p $(OUT)
 	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
 		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py
-	-FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_plan_parity.py -k sampled
 	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --out $(OUT)/bench_training.md
+
+# test-gpu-backend: the backend's GPU tests, a small seeded Triton sample of the plan-parity test, the kernel table.
+test-gpu-backend:
+	mkdir -p $(OUT)
+	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_triton.py
+	-FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_plan_parity.py -k sampled
+	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
 
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:
