@@ -282,5 +282,14 @@ def test_the_batch_driver_keeps_its_parallel_runs_going_and_collects_their_resul
     assert [p.name for p in (tmp_path / "o").iterdir()] == ["lr_sweep.tar"]
     with tarfile.open(tmp_path / "o" / "lr_sweep.tar") as tf:
         names = tf.getnames()
-    assert len(names) == 8 and all("." not in n.rsplit("/", 1)[0] for n in names), names
-    assert sorted({n.split("/")[1] for n in names}) == ["lr1e-03", "lr2e-03", "lr4e-03", "lr8e-03"]
+    assert len(names) == 9 and all("." not in n.rsplit("/", 1)[0] for n in names), names
+    assert sorted({n.split("/")[1] for n in names} - {"ledger.json"}) == ["lr1e-03", "lr2e-03", "lr4e-03", "lr8e-03"]
+    # the command's device-time entry travels in the archive and merges into the ledger
+    with tarfile.open(tmp_path / "o" / "lr_sweep.tar") as tf:
+        tf.extractall(tmp_path / "x", filter="data")
+    entry = json.loads((tmp_path / "x" / "lr_sweep" / "ledger.json").read_text())
+    assert entry["command"].startswith("batch --plan lr_sweep") and entry["wall_s"] >= 0
+    assert sorted(entry["result"]) == [f"lr_sweep/lr{v}/s10m-bf16-s0-t40m" for v in ("1e-03", "2e-03", "4e-03",
+                                                                                     "8e-03")]
+    led = batch.add_ledger(tmp_path / "x" / "lr_sweep" / "ledger.json", tmp_path / "sessions.json", gpu="NVIDIA H200")
+    assert led[-1]["gpu"] == "NVIDIA H200" and json.loads((tmp_path / "sessions.json").read_text()) == led

@@ -8,8 +8,10 @@ under ``--work`` and resume when the batch is run again.  The device machine's d
 machine stays warm (it is released 30 s after a command ends, and every session starts a bare one), so a run must
 finish within the commands of one session, chained without a pause; a checkpoint (130 MB for s10m: float32
 weights and both AdamW moments) is too large to bring back and carry to the next session.  The CSVs and JSONs
-go into one tar archive ``--out/<plan>.tar`` (the device returns at most 8 files per command); unpack it into
-``studies/data/campaign/`` and :func:`update_manifest` records each run's status there.
+go into one tar archive ``--out/<plan>.tar`` (the device returns at most 8 files per command) with the command's
+device-time entry ``<plan>/ledger.json``; unpack it into ``studies/data/campaign/``, then :func:`update_manifest`
+records each run's status and :func:`add_ledger` appends the entry to ``sessions.json`` (delete the
+``ledger.json`` after: the next batch's has the same name).
 
 Measured on the H200 (2026-12-01, s10m, batch 64 × 512): BF16 alone-of-four 339 k tokens/s per run; the NVFP4
 recipe alone 360 k; six runs side by side (BF16 and five NVFP4 arms) 222 k (BF16) and 140–150 k (NVFP4 arms)
@@ -40,7 +42,7 @@ from pathlib import Path
 from fpsim.io import atomic_write, dumps
 from studies.campaign.run import run_id
 
-__all__ = ["PLANS", "plan_runs", "update_manifest", "main"]
+__all__ = ["PLANS", "plan_runs", "update_manifest", "add_ledger", "main"]
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "campaign"
 
@@ -120,7 +122,7 @@ def main(argv=None) -> None:
     if a.runs:
         lo, hi = (int(v) if v else None for v in a.runs.split(":"))
         runs = runs[lo:hi]
-    procs, pending = [], list(runs)
+    procs, pending, t0, exits = [], list(runs), time.perf_counter(), {}
     while pending or procs:
         while pending and len(procs) < a.parallel:  # keep --parallel runs going: start one as soon as one ends
             r = pending.pop(0)
@@ -146,8 +148,29 @@ def main(argv=None) -> None:
             if (d / f"{rid}{ext}").exists():
                 shutil.copy2(d / f"{rid}{ext}", dest / f"{rid}{ext}")
         print(f"{rid}: exit {p.returncode}", flush=True)
+        exits[f"{_dir(a.plan, r)}/{rid}"] = p.returncode
+    # the command's entry for the device-time ledger (studies/data/campaign/sessions.json; add_ledger merges it)
+    statuses = {}
+    for key, code in exits.items():
+        js = a.out / f"{key}.json"
+        statuses[key] = json.loads(js.read_text()).get("status", "?") if js.exists() else f"exit {code}, no record"
+    entry = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["batch", *(argv or sys.argv[1:])]),
+             "wall_s": round(time.perf_counter() - t0, 1), "result": statuses}
+    (a.out / a.plan).mkdir(parents=True, exist_ok=True)
+    atomic_write(a.out / a.plan / "ledger.json", dumps(entry))
     if not a.loose:
         _archive(a.out, a.plan)
+
+
+def add_ledger(entry_file: Path, ledger: Path = DATA / "sessions.json", gpu: str | None = None) -> list:
+    """Append one command's ledger entry (``ledger.json`` of a batch's archive) to the device-time ledger."""
+    entries = json.loads(ledger.read_text()) if ledger.exists() else []
+    e = json.loads(Path(entry_file).read_text())
+    if gpu:
+        e = {"date": e["date"], "gpu": gpu, **{k: v for k, v in e.items() if k != "date"}}
+    entries.append(e)
+    atomic_write(ledger, dumps(entries))
+    return entries
 
 
 def _archive(out: Path, plan: str) -> Path:

@@ -26,9 +26,8 @@ def load_runs(data: Path) -> tuple[pd.DataFrame, list[dict]]:
     """(validation rows of every run: run, arm, seed, size, budget, tokens, val_loss, tokens_per_s; the run
     records), from ``data/**/<run>.csv`` and ``.json``."""
     frames, recs = [], []
-    for js in sorted(Path(data).rglob("*.json")):
-        rec = json.loads(js.read_text())
-        if "run" not in rec or "lr_sweep" in js.parts or any(q.startswith("probe") for q in js.parts):
+    for rec, js in _runs(sorted(Path(data).rglob("*.json"))):
+        if "lr_sweep" in js.parts or any(q.startswith("probe") for q in js.parts):
             continue  # the sweep and the throughput probes are reported on their own
         recs.append(rec)
         csv = js.with_suffix(".csv")
@@ -68,11 +67,21 @@ def _plan_text() -> str:
             f"the recipe without SR) and {counts['size']} at 32.1 M parameters.")
 
 
+def _runs(paths) -> list[tuple[dict, Path]]:
+    """(record, JSON path) of the run records among ``paths``, in order (a batch's ``ledger.json`` and any other
+    JSON without a run and its CSV are skipped)."""
+    out = []
+    for js in paths:
+        rec = json.loads(js.read_text())
+        if isinstance(rec, dict) and "run" in rec and js.with_suffix(".csv").exists():
+            out.append((rec, js))
+    return out
+
+
 def _sweep_block(data: Path, md_table) -> str | None:
     """The BF16 learning-rate sweep: final and best validation loss per learning rate, and the one chosen."""
     rows = []
-    for js in sorted((Path(data) / "lr_sweep").rglob("*.json")):
-        rec = json.loads(js.read_text())
+    for rec, js in _runs(sorted((Path(data) / "lr_sweep").rglob("*.json"))):
         df = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
         if rec.get("status") != "done" or df.empty:
             continue
@@ -90,8 +99,7 @@ def _sweep_block(data: Path, md_table) -> str | None:
 def _probe_block(data: Path, md_table) -> str | None:
     """Throughput of the probe runs (alone, and several side by side on the one GPU), tokens/s per run."""
     rows = []
-    for js in sorted(Path(data).glob("probe*/*.json")):
-        rec = json.loads(js.read_text())
+    for rec, js in _runs(sorted(Path(data).glob("probe*/*.json"))):
         df = pd.read_csv(js.with_suffix(".csv"))
         side = int("".join(c for c in js.parent.name if c.isdigit()) or 1)
         rows.append({"arm": ARMS[rec["arm"]].label, "runs side by side": side,
@@ -114,8 +122,7 @@ def _first_look(data: Path, md_table) -> str | None:
     """Validation loss of the six-run probe at the last evaluation all of them reached (one seed, the same
     265 M-token schedule, so equal token counts are comparable; not a campaign result)."""
     curves = {}
-    for js in sorted(Path(data).glob("probe_parallel*/*.json")):
-        rec = json.loads(js.read_text())
+    for rec, js in _runs(sorted(Path(data).glob("probe_parallel*/*.json"))):
         curves[ARMS[rec["arm"]].label] = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
     if len(curves) < 2 or "BF16" not in curves:
         return None
@@ -137,13 +144,11 @@ def _probe_figure(data: Path, out_dir: Path) -> str | None:
     if not sweep and not probe:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for js in sweep:
-        rec = json.loads(js.read_text())
+    for rec, js in _runs(sweep):
         df = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
         a1.plot(df.tokens / 1e6, df.val_loss, marker=".", label=f"lr {rec['lr']:g}")
     a1.set_title("BF16 learning-rate sweep (s10m, seed 0)", fontsize=9)
-    for js in probe:
-        rec = json.loads(js.read_text())
+    for rec, js in _runs(probe):
         df = pd.read_csv(js.with_suffix(".csv")).dropna(subset=["val_loss"])
         a2.plot(df.tokens / 1e6, df.val_loss, marker=".", label=ARMS[rec["arm"]].label)
     a2.set_title("six-run probe, first 66–110 M of 265 M tokens (seed 0)", fontsize=9)
