@@ -217,20 +217,21 @@ _BT_2D = 8  # 16×16 tiles per program of the one-pass 2-D kernel
 
 
 @functools.lru_cache(maxsize=1024)
-def _two_level_fake_kw(plan: Plan, R: int, C: int, out_bf16: bool, apply_s_dec: bool, hw: bool) -> dict:
-    """Every keyword of a FAKE two-level launch but the SR key (the one-pass 16×16 kernel, or the 1-D / tiled
-    one), for one plan and shape: what :func:`_two_level_fused` passed, built once."""
+def _two_level_launch_kw(plan: Plan, R: int, C: int, fake: bool, out_bf16: bool = False, apply_s_dec: bool = True,
+                         hw: bool = True) -> dict:
+    """Every keyword of a two-level launch but the SR key (the one-pass 16×16 kernel, or the 1-D / tiled one), for
+    one plan, shape and output (``fake``: the FAKE-output switches too), built once per configuration: the
+    training layer launches it for every copy of every step."""
     tl_ = plan.two_level
     w, br = triton_block_width(plan), plan.block[0]
-    fk = {"OUT_BF16": out_bf16, "HW_CVT": hw, "APPLY_SDEC": apply_s_dec}
+    out = {"FAKE": True, "OUT_BF16": out_bf16, "HW_CVT": hw, "APPLY_SDEC": apply_s_dec} if fake else {"FAKE": False}
     sr = {} if plan.is_sr else _sr_kw(plan, None, 0)
     fos = {"FOS": int(tl_.four_over_six), "INV_T46": float(tl_.inv_t46)}
     if br == 16 == w:
-        return {"BT": _BT_2D, "W": w, "IGNORE_NAN": plan.ignore_nan, "FAKE": True, **fk, **sr, **_two_level_kw(plan),
-                **fos, "num_warps": WARPS}
-    return {"FAKE": True, **fk, "BB": max(2048 // w, 1), "W": w, "TR": br, "TILE": br > 1,
-            "IGNORE_NAN": plan.ignore_nan, "PER_ROW": tl_.per_row, **fos, **layout(R, C, w), **sr,
-            **_two_level_kw(plan)}
+        return {"BT": _BT_2D, "W": w, "IGNORE_NAN": plan.ignore_nan, **out, **sr, **_two_level_kw(plan), **fos,
+                "num_warps": WARPS}
+    return {**out, "BB": max(2048 // w, 1), "W": w, "TR": br, "TILE": br > 1, "IGNORE_NAN": plan.ignore_nan,
+            "PER_ROW": tl_.per_row, **fos, **layout(R, C, w), **sr, **_two_level_kw(plan)}
 
 
 def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_s_dec: bool = True,
@@ -245,36 +246,21 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
         amax = amax.reshape(-1).to(torch.float32).contiguous()
     dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
     d8 = dummy(dev, "int32")
-    if fake:  # the training layer's hot path: the static keywords are built once per configuration
-        kw = _two_level_fake_kw(plan, R, C, out.dtype == torch.bfloat16, bool(apply_s_dec), hw_cvt())
-        if plan.is_sr:
-            kw = {**kw, **_sr_kw(plan, seed, counter)}
-        if br == 16 == w:
-            launch(KQ.two_level_quant_2d_kernel, (-(-R // 16), -(-nb // _BT_2D)),
-                   (X, d8, d8, _fake_view(out), dec, amax, R, C, nb), kw)
-        else:
-            tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else d8
-            launch(KQ.two_level_quant_kernel, (-(-nblk // max(2048 // w, 1)),),
-                   (X, d8, d8, _fake_view(out), dec, tmax, amax, R, C, nb, nblk), kw)
-        return out
-    kw = _two_level_kw(plan)
+    if fake:
+        kw = _two_level_launch_kw(plan, R, C, True, out.dtype == torch.bfloat16, bool(apply_s_dec), hw_cvt())
+        q, sc, f = d8, d8, _fake_view(out)
+    else:
+        kw = _two_level_launch_kw(plan, R, C, False)
+        q, sc, f = out.view(torch.int32), s, d8
+    if plan.is_sr:
+        kw = {**kw, **_sr_kw(plan, seed, counter)}
     if br == 16 == w:  # one pass: the tile amax is taken inside the program
-        bt = _BT_2D
-        grid = (-(-R // 16), -(-nb // bt))
-        sr = _sr_kw(plan, seed, counter)
-        fos = {"FOS": int(plan.two_level.four_over_six), "INV_T46": float(plan.two_level.inv_t46)}
-        KQ.two_level_quant_2d_kernel[grid](X, out.view(torch.int32), s, d8, dec, amax, R, C, nb, BT=bt, W=w,
-                                           IGNORE_NAN=plan.ignore_nan, **sr, **kw, **fos, num_warps=WARPS)
-        return out, s
-    tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else d8
-    bb = max(2048 // w, 1)
-    args = dict(BB=bb, W=w, TR=br, TILE=br > 1, IGNORE_NAN=plan.ignore_nan, PER_ROW=plan.two_level.per_row,
-                FOS=int(plan.two_level.four_over_six), INV_T46=float(plan.two_level.inv_t46), **layout(R, C, w),
-                **_sr_kw(plan, seed, counter), **kw)
-    grid = (-(-nblk // bb),)
-    KQ.two_level_quant_kernel[grid](X, out.view(torch.int32), s, X, dec, tmax, amax, R, C, nb, nblk, FAKE=False,
-                                    **args)
-    return out, s
+        launch(KQ.two_level_quant_2d_kernel, (-(-R // 16), -(-nb // _BT_2D)), (X, q, sc, f, dec, amax, R, C, nb), kw)
+    else:
+        tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else d8
+        launch(KQ.two_level_quant_kernel, (-(-nblk // max(2048 // w, 1)),),
+               (X, q, sc, f, dec, tmax, amax, R, C, nb, nblk), kw)
+    return out if fake else (out, s)
 
 
 def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
