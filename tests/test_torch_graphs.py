@@ -130,12 +130,12 @@ def test_what_a_graph_cannot_hold_is_refused_with_the_layer_named():
     assert graphs.active() is None  # the context left the registry empty
 
 
-def _graph_run(graph: bool, steps: int = 8, device=DEV, recipe="nvfp4_paper", switch_at=None):
-    """``steps`` AdamW steps of _Tiny: through GraphStep (``graph``) or a plain eager loop, same data and seeds;
-    ``switch_at``: the step at which every layer switches to BF16 (GraphStep recaptures)."""
+def _tiny_training(steps: int, device=DEV, recipe="nvfp4_paper"):
+    """(model, AdamW, the steps' inputs, the static input, the step body) of _Tiny with fixed seeds: the set-up
+    every GraphStep test compares against a plain loop (AdamW is capturable on CUDA, where only it can be)."""
     torch.manual_seed(0)
     m = ft.convert(_Tiny(), recipe, keep_bf16=LayerPolicy(), skip=(), seed=5).to(device)
-    cap = device == "cuda"  # capturable AdamW runs on CUDA only
+    cap = device == "cuda"
     opt = torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2, device=device) if cap else 1e-2, capturable=cap)
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(64, 32, generator=g).to(device) for _ in range(steps)]
@@ -147,6 +147,13 @@ def _graph_run(graph: bool, steps: int = 8, device=DEV, recipe="nvfp4_paper", sw
         opt.step()
         return loss
 
+    return m, opt, xs, static_x, body
+
+
+def _graph_run(graph: bool, steps: int = 8, device=DEV, recipe="nvfp4_paper", switch_at=None):
+    """``steps`` AdamW steps of _Tiny: through GraphStep (``graph``) or a plain eager loop, same data and seeds;
+    ``switch_at``: the step at which every layer switches to BF16 (GraphStep recaptures)."""
+    m, opt, xs, static_x, body = _tiny_training(steps, device, recipe)
     stepper = ft.GraphStep(body, m, opt, fallback=False) if graph else None
     losses = []
     for i, x in enumerate(xs):
@@ -258,20 +265,7 @@ def test_graph_step_control_flow_warms_up_captures_replays_and_recaptures(monkey
     if DEV == "cuda":
         pytest.skip("the stand-ins replace torch.cuda")
     want, lw, _ = _graph_run(False, steps=12, switch_at=6)
-
-    torch.manual_seed(0)
-    m = ft.convert(_Tiny(), "nvfp4_paper", keep_bf16=LayerPolicy(), skip=(), seed=5)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    xs = [torch.randn(64, 32, generator=g) for _ in range(12)]
-    static_x = torch.zeros_like(xs[0])
-
-    def body():
-        loss = m(static_x).square().mean()
-        loss.backward()
-        opt.step()
-        return loss
-
+    m, opt, xs, static_x, body = _tiny_training(12)
     stepper = ft.GraphStep(body, m, opt)
     fake = _FakeCuda(m, opt, fail_capture=fail)
     fake.install(monkeypatch, stepper)
@@ -297,19 +291,7 @@ def test_graph_step_runs_the_monitors_steps_eagerly_and_records_them(monkeypatch
         pytest.skip("the stand-ins replace torch.cuda")
 
     def run(graph: bool):
-        torch.manual_seed(0)
-        m = ft.convert(_Tiny(), "nvfp4_paper", keep_bf16=LayerPolicy(), skip=(), seed=5)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        g = torch.Generator().manual_seed(1)
-        xs = [torch.randn(64, 32, generator=g) for _ in range(10)]
-        static_x = torch.zeros_like(xs[0])
-
-        def body():
-            loss = m(static_x).square().mean()
-            loss.backward()
-            opt.step()
-            return loss
-
+        m, opt, xs, static_x, body = _tiny_training(10)
         with ft.monitor(m, every=4) as mon:
             stepper = ft.GraphStep(body, m, opt, eager_when=lambda: mon.due(m.fc1.step)) if graph else None
             if graph:
