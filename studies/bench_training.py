@@ -69,6 +69,14 @@ class GPT(torch.nn.Module):
         return self.lm_head(self.norm(x))
 
 
+def _loss(model, idx, vocab: int, device, cache: bool = True):
+    """Next-token cross-entropy of the model under bf16 autocast (``cache=False`` in a captured graph, whose
+    replays the autocast weight cache would not survive)."""
+    with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=cache):
+        logits = model(idx[:, :-1])
+    return F.cross_entropy(logits.float().view(-1, vocab), idx[:, 1:].reshape(-1))
+
+
 def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, graph=False):
     torch.manual_seed(0)
     model = GPT(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"]).to(device)
@@ -88,9 +96,7 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, grap
     try:
         for i in range(warmup + steps):
             t0 = time.perf_counter()
-            with torch.autocast(device, dtype=torch.bfloat16):
-                logits = model(idx[:, :-1])
-            loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), idx[:, 1:].reshape(-1))
+            loss = _loss(model, idx, cfg["vocab"], device)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -112,9 +118,7 @@ def _graph_arm(cfg, device, model, idx, steps, warmup):
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-4, device=device), fused=True, capturable=True)
 
     def body():
-        with torch.autocast(device, dtype=torch.bfloat16, cache_enabled=False):
-            logits = model(idx[:, :-1])
-        loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), idx[:, 1:].reshape(-1))
+        loss = _loss(model, idx, cfg["vocab"], device, cache=False)
         loss.backward()
         opt.step()
         return loss
