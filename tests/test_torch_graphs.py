@@ -223,8 +223,8 @@ class _FakeCuda:
                 fake.step.loss.detach().copy_(fake.body().detach())  # a replay rewrites the graph's output
 
         class graph:
-            def __init__(self, g):
-                pass
+            def __init__(self, g, stream=None):
+                assert stream is fake.step.side, "the capture must run on the warm-ups' side stream"
 
             def __enter__(self):
                 fake.captures += 0 if fake.fail else 1

@@ -181,14 +181,16 @@ class GraphStep:
             if not self.cuda:
                 loss = self.body()
                 self.opt.zero_grad(set_to_none=True)
-                return loss
+                return loss.detach()
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
                 loss = self.body()
                 self.opt.zero_grad(set_to_none=True)
             torch.cuda.current_stream().wait_stream(self.side)
             self.eager += 1
-            return loss
+            # detached: a returned loss that kept its autograd graph alive would keep the parameters'
+            # AccumulateGrad nodes of the side stream alive into the capture (torch then warns of a stream mismatch)
+            return loss.detach()
 
     def _plain_step(self):
         """One eager step with the layers' own scalar keys (observers may record it), on the current stream; the
@@ -201,14 +203,15 @@ class GraphStep:
                 p.grad = g
         else:
             self.opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
 
     def _capture(self) -> None:
         torch = torch_module()
         self.opt.zero_grad(set_to_none=True)  # the captured backward then writes (not adds to) the gradients
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.graph(graph, stream=self.side):  # the warm-ups' stream, where autograd made its nodes
                 self.loss = self.body()
         except Exception as e:
             if not self.fallback:
