@@ -212,7 +212,9 @@ def test_the_learning_rate_is_the_committed_sweeps_best_and_the_section_shows_th
     text = "\n".join(blocks)
     assert f"| {batch.LR:g} | 39,976,960 | {final[batch.LR]:.4f} |" in text
     assert "| NVFP4 recipe | 1 |" in text and "| BF16 | 6 |" in text and "A first look, not a campaign result" in text
-    assert "No main-campaign run has finished yet" in blocks[-1]
+    # the committed main runs: one seed so far, so a gap without an interval and no verdict
+    assert "Paired gaps to BF16, s10m, 265 M tokens" in text and "— (1 seed: no interval)" in text
+    assert "main 3 of 36 runs done" in text and "nan" not in text
 
 
 def test_plans_need_the_swept_learning_rate_and_the_manifest_records_runs(tmp_path):

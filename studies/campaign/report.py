@@ -163,15 +163,50 @@ def _probe_figure(data: Path, out_dir: Path) -> str | None:
     return name
 
 
-def _budget_text() -> str:
-    tok = {p: sum(r["tokens"] for r in plan_runs(p, lr=1.0)) for p in ("main", "horizon", "size")}
-    return (f"GPU time this needs, at the measured ~1 M tokens/s in all: main {tok['main'] / 1e6 / 3600:.1f} h "
-            f"({tok['main'] / 1e9:.2f} B tokens; four 265 M-token runs fit in one session's 30 device minutes, so "
-            f"about nine sessions); horizon {tok['horizon'] / 1e6 / 3600:.1f} h and size (32.1 M parameters, ~3× "
-            f"the cost per token) ≥ {3 * tok['size'] / 1e6 / 3600:.1f} h. A horizon run (1.06 B tokens, ~2,900 s "
-            f"even alone on the GPU) and a size run cannot finish within one session, and no checkpoint survives "
-            f"from one session to the next on the device machine: those two plans wait for device terms that "
-            f"keep a disk between sessions or allow longer sessions.")
+#: Measured on the H200 (2026-12-02): three s10m runs side by side (BF16, the recipe, the recipe without SR,
+#: eager steps) summed to 1.03 M tokens/s (440 k + 287 k + 303 k per run), close to the six-run probe's ~1 M:
+#: the GPU time-slices between the processes, so the sum is the rate a session's budget buys.
+TOKENS_PER_S = 1.03e6
+#: Device seconds a session can spend on runs: 30 minutes less a cold start (~60 s) and the gaps between calls.
+SESSION_S = 1_650
+
+
+def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
+    """GPU time still needed by each plan at the measured rate, from the runs ``done`` ((arm, size, seed, tokens)),
+    and which plans cannot finish a run within one session."""
+    parts, blocked = [], []
+    for plan in ("main", "horizon", "size"):
+        runs = plan_runs(plan, lr=1.0)
+        left = [r for r in runs if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
+        # a size run costs ~3× per token (32.1 M against 10.6 M parameters): not measured, from the FLOPs
+        cost = 3.0 if plan == "size" else 1.0
+        sec = sum(r["tokens"] for r in left) * cost / TOKENS_PER_S
+        parts.append(f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
+                     f"(~{sec / SESSION_S:.0f} sessions)")
+        # three runs side by side each get about a third of the rate; a run must end within one session
+        if runs and runs[0]["tokens"] * cost * 3 / TOKENS_PER_S > SESSION_S:
+            blocked.append(plan)
+    text = (f"GPU time at the measured {TOKENS_PER_S / 1e6:.2f} M tokens/s in all (three runs side by side) and "
+            f"~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
+    if blocked:
+        text += (f" A run of the {' and '.join(blocked)} plan{'s' if len(blocked) > 1 else ''} cannot finish within "
+                 f"one session at that rate, and no checkpoint survives from one session to the next on the device "
+                 f"machine (a s10m checkpoint is 130 MB; at most 64 MiB travels each way): "
+                 f"{'they wait' if len(blocked) > 1 else 'it waits'} for a faster step (a single run at ≥ 0.7 M "
+                 f"tokens/s, which CUDA-graph steps may give: to be measured) or for device terms that keep a disk "
+                 f"between sessions.")
+    return text
+
+
+def _ci(gap) -> str:
+    """The 95 % interval as text, or why there is none."""
+    if gap.n < 2:
+        return f"— ({gap.n} seed: no interval)"
+    return f"[{gap.lo:+.4f}, {gap.hi:+.4f}]"
+
+
+def _per_seed(arm: dict, base: dict) -> str:
+    return ", ".join(f"s{s}: {arm[s] - base[s]:+.4f}" for s in sorted(set(arm) & set(base)))
 
 
 def _gap_rows(final: pd.DataFrame) -> list[dict]:
@@ -180,9 +215,10 @@ def _gap_rows(final: pd.DataFrame) -> list[dict]:
     for arm, g in final.groupby("arm", sort=False):
         if arm == "bf16" or not base:
             continue
-        gap = paired_gap(g.set_index("seed").val_loss.to_dict(), base)
+        losses = g.set_index("seed").val_loss.to_dict()
+        gap = paired_gap(losses, base)
         rows.append({"arm": ARMS[arm].label, "seeds": gap.n, "gap vs BF16 (nats/byte)": gap.mean,
-                     "95 % CI low": gap.lo, "95 % CI high": gap.hi})
+                     "95 % CI": _ci(gap), "per seed": _per_seed(losses, base)})
     return rows
 
 
@@ -194,7 +230,8 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     early = [b for b in (_sweep_block(data, md_table), _probe_block(data, md_table)) if b]
     ledger = Path(data) / "sessions.json"
     wall = sum(c["wall_s"] for c in json.loads(ledger.read_text())) if ledger.exists() else None
-    early.append(f"{_plan_text()} {_budget_text()} Device time of the campaign's commands so far (the ledger "
+    done = {(r["arm"], r["size"], r["seed"], r["tokens_budget"]) for r in recs if r["status"] == "done"}
+    early.append(f"{_plan_text()} {_budget_text(done)} Device time of the campaign's commands so far (the ledger "
                  f"`studies/data/campaign/sessions.json`, commands of the GPU sessions with their wall time): "
                  + (f"{wall / 3600:.2f} h." if wall is not None else "no ledger committed."))
     first = _probe_figure(data, out_dir)
@@ -214,10 +251,11 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         per_arm = final.groupby("arm")
         for name, without, with_, claim in COMPONENTS:
             if without in per_arm.groups and with_ in per_arm.groups:
-                gap = paired_gap(per_arm.get_group(without).set_index("seed").val_loss.to_dict(),
-                                 per_arm.get_group(with_).set_index("seed").val_loss.to_dict())
-                comp.append({"component": name, "claim": claim, "gap (nats/byte)": gap.mean, "CI low": gap.lo,
-                             "CI high": gap.hi, "verdict": verdict(gap, claim)})
+                wo = per_arm.get_group(without).set_index("seed").val_loss.to_dict()
+                wi = per_arm.get_group(with_).set_index("seed").val_loss.to_dict()
+                gap = paired_gap(wo, wi)
+                comp.append({"component": name, "claim": claim, "gap (nats/byte)": gap.mean, "95 % CI": _ci(gap),
+                             "per seed": _per_seed(wo, wi), "verdict": verdict(gap, claim)})
         if comp:
             blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
                           + md_table(pd.DataFrame(comp), ".4f"))
@@ -234,8 +272,10 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         save_fig(fig, out_dir / name)
         figs.append(name)
     tput = val.groupby("arm").tokens_per_s.median().rename(index=lambda a: ARMS[a].label).reset_index()
-    blocks.append("Median training throughput (tokens/s, one run of several sharing the GPU):\n\n"
-                  + md_table(tput, ".0f"))
-    blocks.append(f"GPU time of the committed runs: {gpu_h:.2f} h." + (f" Not finished: {', '.join(not_done)}."
-                                                                         if not_done else ""))
+    blocks.append("Median training throughput per run (tokens/s at the validation points; each run shared the GPU "
+                  "with the other runs of its batch, `--parallel` in the ledger's commands, so these are shares of "
+                  "the GPU, not a run alone):\n\n" + md_table(tput, ".0f"))
+    blocks.append(f"Run time summed over the committed runs: {gpu_h:.2f} h (runs of a batch share the GPU, so this "
+                  f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
+                                                                      if not_done else ""))
     return blocks, figs
