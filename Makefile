@@ -30,7 +30,8 @@ OUT ?= /tmp/gpu
 test-gpu:
 	mkdir -p $(OUT)
 	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
-		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py
+		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py \
+		tests/test_campaign.py
 	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --out $(OUT)/bench_training.md
 
 # test-gpu-backend: the backend's GPU tests, a small seeded Triton sample of the plan-parity test, the kernel table.

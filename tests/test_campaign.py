@@ -108,10 +108,10 @@ def test_arms_cover_the_protocol_and_components_compare_existing_arms():
     assert ARMS["nvfp4_no_sr"].build().dgrad_dy.rounding == "rne"
 
 
-def _train(tmp_path, arm, **kw):
+def _train(tmp_path, arm, steps=8, **kw):
     args = dict(batch=4, val_tokens=64 * 64, corpus=_corpus(), device="cpu", log_every=2)
     args.update(kw)
-    return crun.train(arm, 1, "tiny", 4 * 64 * 8, 3e-3, tmp_path, **args)
+    return crun.train(arm, 1, "tiny", 4 * 64 * steps, 3e-3, tmp_path, **args)
 
 
 def test_a_run_writes_its_curve_and_record_and_is_deterministic(tmp_path):
@@ -144,6 +144,33 @@ def test_a_partial_run_resumes_to_the_uninterrupted_runs_curve(tmp_path, monkeyp
     assert done["status"] == "done"
     a, b = (pd.read_csv(tmp_path / d / f"{full['run']}.csv") for d in ("full", "cut"))
     assert a[["step", "train_loss", "val_loss"]].equals(b[["step", "train_loss", "val_loss"]])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the device machine)")
+@pytest.mark.parametrize("arm", ["nvfp4", "nvfp4_late_bf16"])
+def test_a_cuda_graph_run_gives_the_eager_runs_bits(tmp_path, arm):
+    """The campaign may run its steps as CUDA graphs (``--cuda-graph``) only if that changes nothing but speed:
+    weights and AdamW state at a checkpoint past the capture, and the whole curve after resuming (a second capture;
+    with the late BF16 switch a recapture too), equal the eager run's bit for bit."""
+    from safetensors.numpy import load_file
+
+    # 16 steps: 3 eager warm-ups, a capture and replays to the cut at 6; after resuming 3 warm-ups again, a
+    # capture at 9, replays; the late switch (step 14) drops the graph and the last steps run eagerly
+    kw = dict(device="cuda", log_every=1, steps=16)
+    runs = {}
+    for mode in (False, True):
+        d = tmp_path / ("graph" if mode else "eager")
+        part = _train(d, arm, cuda_graph=mode, stop_at=6, **kw)
+        assert part["status"] == "partial" and part["tokens_done"] == 6 * 4 * 64
+        assert part["cuda_graph"] is mode and part["cuda_graph_failure"] is None
+        state = load_file(str(d / "ckpt" / part["run"] / "state.safetensors"))
+        done = _train(d, arm, cuda_graph=mode, **kw)
+        assert done["status"] == "done"
+        runs[mode] = (state, (d / f"{done['run']}.csv").read_text())
+    (se, ce), (sg, cg) = runs[False], runs[True]
+    assert se.keys() == sg.keys() and all(np.array_equal(se[k].view(np.uint8), sg[k].view(np.uint8)) for k in se)
+    strip = [",".join(r.split(",")[:5]) for r in ce.splitlines()], [",".join(r.split(",")[:5]) for r in cg.splitlines()]
+    assert strip[0] == strip[1]  # every column but the throughput
 
 
 def test_too_small_a_validation_stream_is_one_clear_error(tmp_path):

@@ -122,12 +122,17 @@ def _val_loss(model, val: torch.Tensor, ctx: int, device: str, batch: int = 64) 
 
 def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
           max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
-          log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False) -> dict:
+          log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False,
+          stop_at: int | None = None) -> dict:
     """Train (or resume) one run; returns its JSON record (also written next to its CSV).
 
     ``cuda_graph`` (CUDA only): after three eager warm-up steps (again after a recipe switch) the training step
     is captured as one CUDA graph and replayed, with stochastic rounding's keys from a
-    :class:`fpsim.torch.GraphKeys` table; the optimizer is then AdamW with ``capturable=True``."""
+    :class:`fpsim.torch.GraphKeys` table; the optimizer is then the same fused AdamW with its learning rate in a
+    device tensor (``capturable=True``), which gives the eager run's bits (a GPU test checks it).
+
+    ``stop_at``: checkpoint and stop (status ``"partial"``) at the first log point at or past this step, as
+    ``max_seconds`` does by time (tests and throughput probes)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     graph_mode = bool(cuda_graph) and device == "cuda"
     cfg, a = SIZES[size], ARMS[arm]
@@ -204,7 +209,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
             if not math.isfinite(tl):
                 status = "diverged"
                 break
-            if time.perf_counter() - t_start > max_seconds and step + 1 < steps:
+            out_of_time = time.perf_counter() - t_start > max_seconds
+            if (out_of_time or (stop_at is not None and step + 1 >= stop_at)) and step + 1 < steps:
                 _save(ckpt, model, opt, step + 1)
                 status = "partial"
                 break
