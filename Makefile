@@ -17,22 +17,28 @@ bench:
 	$(PYTHON) -m studies.bench_io --scale 1.0 --out reports/bench_io.md
 	$(PYTHON) -m studies.bench_host --out reports/bench_host.md
 
+OUT ?= /tmp/gpu
+
 # On a CUDA machine (the H200 device): GPU kernels and the training step, against their baselines.
+# The GPU tables go to $(OUT): reports/bench_gpu.md and reports/bench_training.md keep every run's table with
+# its date, tree and notes, so a run's table is merged into them by hand instead of overwriting them.
 bench-gpu:
-	$(PYTHON) -m studies.bench_gpu --out reports/bench_gpu.md
-	$(PYTHON) -m studies.bench_training --out reports/bench_training.md
+	mkdir -p $(OUT)
+	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
+	$(PYTHON) -m studies.bench_training --out $(OUT)/bench_training.md
+	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
 
 # On the H200 device, each in one command of under ten minutes (OUT, default /tmp/gpu, receives the tables; a
 # failing test does not stop the benchmark: read the output).
 # test-gpu: the torch side's GPU tests (compiled kernels, direct launches, CUDA graphs) and the training-step
 # benchmark without its slow bit-defined arm.
-OUT ?= /tmp/gpu
 test-gpu:
 	mkdir -p $(OUT)
 	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
 		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py \
 		tests/test_campaign.py
 	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --out $(OUT)/bench_training.md
+	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
 
 # test-gpu-backend: the backend's GPU tests, a small seeded Triton sample of the plan-parity test, the kernel table.
 test-gpu-backend:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import fpsim.torch as ft
+from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
 from fpsim.torch.launch import direct_enabled
 from studies.benchlib import write_report
@@ -77,7 +78,9 @@ def _loss(model, idx, vocab: int, device, cache: bool = True):
     return F.cross_entropy(logits.float().view(-1, vocab), idx[:, 1:].reshape(-1))
 
 
-def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, graph=False):
+def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, graph=False, prof=None):
+    """(median step seconds, peak GiB, last loss) of one arm; ``prof``, a profiler context, is entered after the
+    warm-up steps and left after the timed ones."""
     torch.manual_seed(0)
     model = GPT(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"]).to(device)
     if convert is not None:
@@ -95,6 +98,8 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, grap
         torch.cuda.reset_peak_memory_stats()
     try:
         for i in range(warmup + steps):
+            if prof is not None and i == warmup:
+                prof.__enter__()
             t0 = time.perf_counter()
             loss = _loss(model, idx, cfg["vocab"], device)
             loss.backward()
@@ -106,6 +111,8 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, grap
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
     finally:
+        if prof is not None and warmup + steps > warmup:
+            prof.__exit__(None, None, None)
         if ctx is not None:
             ctx.__exit__(None, None, None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
@@ -137,6 +144,80 @@ def _graph_arm(cfg, device, model, idx, steps, warmup):
     return statistics.median(times), peak, float(loss)
 
 
+_GEMM_NAMES = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "_mm_")
+
+
+def _kernel_ms(prof, steps: int) -> dict[str, float]:
+    """Device milliseconds per step of each kernel name in a profile (CUDA kernels; on the CPU, operators' self
+    time instead, to keep the code path exercised)."""
+    from torch.autograd import DeviceType
+
+    cuda = any(e.device_type == DeviceType.CUDA for e in prof.events())
+    out: dict[str, float] = {}
+    for e in prof.events():
+        if cuda and e.device_type == DeviceType.CUDA:
+            us = e.time_range.elapsed_us()
+        elif not cuda and e.device_type == DeviceType.CPU:
+            us = e.self_cpu_time_total
+        else:
+            continue
+        out[e.name] = out.get(e.name, 0.0) + us / 1e3 / steps
+    return out
+
+
+def _kind(name: str) -> str:
+    low = name.lower()
+    if any(k in low for k in _GEMM_NAMES):
+        return "GEMM (cuBLAS/CUTLASS)"
+    if "flash" in low or "attention" in low or "fmha" in low:
+        return "attention"
+    if low.startswith("_") or "kernel" in low and "triton" in low or low.endswith("_kernel"):
+        return "Triton (fpsim and torch's own)"
+    return "other (torch elementwise, reductions, copies, optimizer)"
+
+
+def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
+    """Where the emulated step's time goes: device time per step of every kernel in the BF16 arm and in the
+    every-block NVFP4 arm (eager steps, so each launch is one profiled kernel), by kind and by kernel, and the
+    difference; written as Markdown to ``out`` (or printed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    every = lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas")  # noqa: E731
+    per = {}
+    for label, conv in (("bf16", None), ("nvfp4", every)):
+        prof = profile(activities=acts)
+        t, _, _ = _arm(cfg, device, conv, steps=steps, warmup=3, prof=prof)
+        per[label] = (t, _kernel_ms(prof, steps))
+    (tb, kb), (tn, kn) = per["bf16"], per["nvfp4"]
+    kind = _kind if device == "cuda" else (lambda name: "CPU operator")
+    kinds: dict[str, list[float]] = {}
+    for name in set(kb) | set(kn):
+        row = kinds.setdefault(kind(name), [0.0, 0.0])
+        row[0] += kb.get(name, 0.0)
+        row[1] += kn.get(name, 0.0)
+    unit = "device ms / step" if device == "cuda" else "CPU self ms / step (no GPU: operators, not kernels)"
+    lines = ["# Profile of one training step: BF16 against every-block NVFP4 (fpsim.torch, gemm=blas)", "",
+             f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name(0) if device == 'cuda' else 'CPU'}, "
+             f"torch {torch.__version__}; the benchmark's GPT ({cfg['layers']} blocks, d_model {cfg['d']}, "
+             f"{cfg['batch']} × {cfg['seq']} tokens); {steps} profiled eager steps after 3 warm-up steps; {unit}. "
+             f"Wall time per profiled step: BF16 {tb * 1e3:.1f} ms, NVFP4 {tn * 1e3:.1f} ms (the profiler adds "
+             "host time).", "", "| kind | BF16 | NVFP4 | difference |", "|---|---:|---:|---:|"]
+    for k, (b, n) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| {k} | {b:.2f} | {n:.2f} | {n - b:+.2f} |")
+    lines.append(f"| **all** | **{sum(kb.values()):.2f}** | **{sum(kn.values()):.2f}** | "
+                 f"**{sum(kn.values()) - sum(kb.values()):+.2f}** |")
+    lines += ["", "Kernels by their NVFP4 time (the 40 largest):", "", "| kernel | kind | BF16 | NVFP4 | difference |",
+              "|---|---|---:|---:|---:|"]
+    for name in sorted(kn, key=lambda k: -kn[k])[:40]:
+        lines.append(f"| `{name[:90]}` | {kind(name)} | {kb.get(name, 0.0):.3f} | {kn[name]:.3f} | "
+                     f"{kn[name] - kb.get(name, 0.0):+.3f} |")
+    text = "\n".join(lines) + "\n"
+    if out:
+        atomic_write(Path(out), text)
+    print(text)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a CPU-sized model (smoke test)")
@@ -149,16 +230,7 @@ def main(argv=None) -> None:
     cfg = (dict(vocab=256, d=64, layers=12, heads=4, seq=64, batch=2) if a.tiny
            else dict(vocab=32768, d=1024, layers=12, heads=16, seq=1024, batch=8))
     if a.profile:
-        from torch.profiler import ProfilerActivity, profile
-
-        conv = lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas")  # noqa: E731
-        _arm(cfg, device, conv, steps=1, warmup=2)
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=acts) as prof:
-            _arm(cfg, device, conv, steps=2, warmup=0)
-        key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
-        print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60))
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+        _profile(cfg, device, a.out)
         return
     arms = [
         ("bf16 (nn.Linear, autocast)", None, None, a.steps),
@@ -185,9 +257,10 @@ def main(argv=None) -> None:
         t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
-        rows.append((name, t, t / base[0], peak, peak / base[1] if base[1] == base[1] else float("nan"), loss,
+        rows.append((name, t, t / base[0], peak, peak / base[1] if device == "cuda" else None, loss,
                      steps + (1 if "fp32" in name else 4 if graph else 3)))
-        print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x), peak {peak:.2f} GiB, loss {loss:.3f}", flush=True)
+        mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
+        print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
     direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"
@@ -204,9 +277,13 @@ def main(argv=None) -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, t, r, peak, pr, loss, n in rows:
-        lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {peak:.2f} | {pr:.2f} | {n} "
-                     f"| {loss:.3f} |")
+        mem = (f"{peak:.2f} | {pr:.2f}" if device == "cuda" else "— | —")
+        lines.append(f"| {name} | {t * 1e3:.1f} | {r:.2f} | {tok / t:,.0f} | {mem} | {n} | {loss:.3f} |")
+    if device != "cuda":
+        lines += ["", "Peak memory is CUDA's allocator peak (`torch.cuda.max_memory_allocated`): no GPU here, so "
+                      "those columns are empty."]
     write_report("\n".join(lines) + "\n", Path(a.out) if a.out else None)
+
 
 if __name__ == "__main__":
     main()
