@@ -173,6 +173,21 @@ def test_a_cuda_graph_run_gives_the_eager_runs_bits(tmp_path, arm):
     assert strip[0] == strip[1]  # every column but the throughput
 
 
+def test_the_sizes_parameter_counts_and_budgets_are_the_models():
+    """The budgets are 25 tokens per non-embedding parameter of the model actually built (100 for the horizon),
+    and the second size is 1.5–3× the main one (two sizes between ~10 M and ~50 M, issue 20)."""
+    from studies.campaign import batch
+    from studies.campaign.model import SIZES, Llama, non_embedding_params
+
+    for size, n in batch.PARAMS.items():
+        assert non_embedding_params(Llama(SIZES[size])) == n
+        assert abs(batch.TOKENS[size] - 25 * n) < 0.005 * 25 * n
+        assert 10e6 <= n <= 50e6
+    assert abs(batch.HORIZON - 100 * batch.PARAMS["s10m"]) < 0.005 * 100 * batch.PARAMS["s10m"]
+    assert 1.5 <= batch.PARAMS["s20m"] / batch.PARAMS["s10m"] <= 3
+    assert {r["size"] for r in batch.plan_runs("size", lr=1e-3)} == {"s20m"}
+
+
 def test_too_small_a_validation_stream_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match="held-out packages held hold"):
         _train(tmp_path, "bf16", corpus=_corpus(n_val=500))

@@ -43,7 +43,7 @@ from pathlib import Path
 from fpsim.io import atomic_write, dumps
 from studies.campaign.run import run_id
 
-__all__ = ["PLANS", "plan_runs", "update_manifest", "add_ledger", "main"]
+__all__ = ["PARAMS", "PLANS", "plan_runs", "update_manifest", "add_ledger", "main"]
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "campaign"
 
@@ -51,8 +51,10 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "campaign"
 #: H200): final validation loss 0.8056 at 1e-3, 0.7908 at 2e-3, 1.1420 at 4e-3, 1.3720 at 8e-3 nats per byte.
 LR = 2e-3
 SEEDS = (0, 1, 2)
-#: Tokens: 25 per non-embedding parameter at each size (10.6 M and 32.1 M), and 100 per parameter at the main size.
-TOKENS = {"s10m": 265_000_000, "s30m": 803_000_000}
+#: Non-embedding parameters of each size (``non_embedding_params`` of the model; a test checks them).
+PARAMS = {"s10m": 10_621_824, "s20m": 19_274_240}
+#: Tokens: 25 per non-embedding parameter at each size (10.6 M and 19.3 M), and 100 per parameter at the main size.
+TOKENS = {"s10m": 265_000_000, "s20m": 482_000_000}
 HORIZON = 1_062_000_000
 #: Sequences of 512 bytes per step (32 k tokens): 8,088 steps for the main budget; the host cost of a step is
 #: per layer, not per token, so larger batches keep the emulated recipes off the host's critical path.
@@ -79,7 +81,7 @@ def plan_runs(plan: str, lr: float | None = None) -> list[dict]:
         return [{"arm": a, "seed": s, "size": "s10m", "tokens": HORIZON, "lr": lr}
                 for s in SEEDS for a in ("bf16", "nvfp4", "nvfp4_no_sr")]
     if plan == "size":
-        return [{"arm": a, "seed": s, "size": "s30m", "tokens": TOKENS["s30m"], "lr": lr}
+        return [{"arm": a, "seed": s, "size": "s20m", "tokens": TOKENS["s20m"], "lr": lr}
                 for s in SEEDS for a in ("bf16", "nvfp4", "nvfp4_no_sr")]
     raise ValueError(f"unknown plan {plan!r}; plans: {', '.join(PLANS)}")
 

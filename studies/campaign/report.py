@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from studies.campaign.arms import ARMS, COMPONENTS
-from studies.campaign.batch import LR, plan_runs
+from studies.campaign.batch import LR, PARAMS, plan_runs
 from studies.campaign.stats import paired_gap, verdict
 from studies.common import save_fig
 
@@ -43,7 +43,7 @@ def load_runs(data: Path) -> tuple[pd.DataFrame, list[dict]]:
 
 PROTOCOL = (
     "**Paired-seed campaign (issue 20): protocol.** Llama-style byte-level decoders (RMSNorm, RoPE, SwiGLU, no "
-    "biases, context 512) of 10.6 M and 32.1 M non-embedding parameters; AdamW (β2 = 0.95, weight decay 0.1), "
+    "biases, context 512) of 10.6 M and 19.3 M non-embedding parameters; AdamW (β2 = 0.95, weight decay 0.1), "
     "2 % linear warmup then cosine to 10 %, clipping at 1.0, bf16 autocast, batches of 64 × 512 bytes, the learning "
     "rate chosen once by a BF16 sweep and fixed for every arm. Data: the Python sources of the packages installed on "
     "the GPU machine in sorted path order, whole packages (sympy, pandas) held out; each run records the file and "
@@ -64,7 +64,7 @@ def _plan_text() -> str:
     return (f"Planned (`python -m studies.campaign.batch`): a BF16 learning-rate sweep (4 runs of 40 M tokens), "
             f"then {counts['main']} main runs ({len(ARMS)} arms × 3 seeds, 10.6 M non-embedding parameters, 265 M "
             f"tokens = 25 per parameter), {counts['horizon']} runs at 100 tokens per parameter (BF16, the recipe, "
-            f"the recipe without SR) and {counts['size']} at 32.1 M parameters.")
+            f"the recipe without SR) and {counts['size']} at 19.3 M parameters (25 tokens per parameter).")
 
 
 def _runs(paths) -> list[tuple[dict, Path]]:
@@ -178,23 +178,23 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
     for plan in ("main", "horizon", "size"):
         runs = plan_runs(plan, lr=1.0)
         left = [r for r in runs if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
-        # a size run costs ~3× per token (32.1 M against 10.6 M parameters): not measured, from the FLOPs
-        cost = 3.0 if plan == "size" else 1.0
+        # a run's cost per token scales with its parameters (the GEMM FLOPs); the second size is not measured yet
+        cost = PARAMS[runs[0]["size"]] / PARAMS["s10m"]
         sec = sum(r["tokens"] for r in left) * cost / TOKENS_PER_S
         parts.append(f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
                      f"(~{sec / SESSION_S:.0f} sessions)")
         # three runs side by side each get about a third of the rate; a run must end within one session
         if runs and runs[0]["tokens"] * cost * 3 / TOKENS_PER_S > SESSION_S:
-            blocked.append(plan)
+            blocked.append(f"{plan} ({runs[0]['tokens'] / 1e6:,.0f} M tokens, which needs ≥ "
+                           f"{runs[0]['tokens'] / SESSION_S / 1e6:.2f} M tokens/s for the run itself)")
     text = (f"GPU time at the measured {TOKENS_PER_S / 1e6:.2f} M tokens/s in all (three runs side by side) and "
             f"~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
     if blocked:
-        text += (f" A run of the {' and '.join(blocked)} plan{'s' if len(blocked) > 1 else ''} cannot finish within "
-                 f"one session at that rate, and no checkpoint survives from one session to the next on the device "
-                 f"machine (a s10m checkpoint is 130 MB; at most 64 MiB travels each way): "
-                 f"{'they wait' if len(blocked) > 1 else 'it waits'} for a faster step (a single run at ≥ 0.7 M "
-                 f"tokens/s, which CUDA-graph steps may give: to be measured) or for device terms that keep a disk "
-                 f"between sessions.")
+        text += (f" Three side by side, a run of the {' and the '.join(blocked)} plan{'s' if len(blocked) > 1 else ''} "
+                 f"cannot finish within one session at that rate, and no checkpoint survives from one session to the "
+                 f"next on the device machine (a s10m checkpoint is 130 MB; at most 64 MiB travels each way): "
+                 f"{'they wait' if len(blocked) > 1 else 'it waits'} for faster steps (CUDA-graph steps, to be "
+                 f"measured, or fewer runs side by side) or for device terms that keep a disk between sessions.")
     return text
 
 
