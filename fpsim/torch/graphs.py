@@ -139,8 +139,11 @@ class GraphStep:
     :func:`fpsim.torch.set_recipe`, which changes what the graph would hold).  Without CUDA every call is
     eager.  A capture that fails (an operation a graph cannot hold) sets :attr:`failed` to the error and the
     steps go on eagerly; ``fallback=False`` raises instead.  ``eager_when`` (a callable) picks calls that run as
-    plain eager steps, e.g. the steps a :func:`fpsim.torch.monitor` records.  Each call returns the step's loss
-    (a copy: the graph overwrites its own output at the next replay)."""
+    plain eager steps, e.g. the steps a :func:`fpsim.torch.monitor` records.  Each call returns the step's loss,
+    detached: a copy when replayed (the graph overwrites its own output at the next replay), and without its
+    autograd graph when eager (a kept graph would hold the parameters' gradient-accumulation nodes of the
+    warm-up stream into the capture, a stream mismatch torch warns of).  Warm-ups and the capture run on one
+    side stream."""
 
     def __init__(self, body, model, optimizer, *, warmup: int = 3, fallback: bool = True, eager_when=None):
         torch = torch_module()
