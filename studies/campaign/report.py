@@ -259,15 +259,26 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         if comp:
             blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
                           + md_table(pd.DataFrame(comp), ".4f"))
-        fig, ax = plt.subplots(figsize=(8, 4.8))
-        for arm, g in sub.groupby("arm", sort=False):
-            band = g.pivot_table(index="tokens", columns="seed", values="val_loss")
-            ax.plot(band.index / 1e6, band.mean(axis=1), label=ARMS[arm].label, lw=1.2)
+        fig, (ax, gx) = plt.subplots(1, 2, figsize=(12, 4.8))
+        curves = {arm: g.pivot_table(index="tokens", columns="seed", values="val_loss")
+                  for arm, g in sub.groupby("arm", sort=False)}
+        for arm, band in curves.items():
+            line, = ax.plot(band.index / 1e6, band.mean(axis=1), label=ARMS[arm].label, lw=1.2)
             ax.fill_between(band.index / 1e6, band.min(axis=1), band.max(axis=1), alpha=0.2)
-        ax.set_xlabel("training tokens (millions)")
+            if arm != "bf16" and "bf16" in curves:
+                # the paired gap at each evaluation: arm − BF16 on the same seed and token count
+                gap = (band - curves["bf16"]).dropna(how="all")
+                gx.plot(gap.index / 1e6, gap.mean(axis=1), color=line.get_color(), label=ARMS[arm].label, lw=1.2)
+                gx.fill_between(gap.index / 1e6, gap.min(axis=1), gap.max(axis=1), color=line.get_color(), alpha=0.2)
         ax.set_ylabel("validation loss (nats per byte)")
-        ax.legend(fontsize=7, ncol=2)
-        ax.grid(alpha=0.3)
+        ax.set_title("validation loss (band: min–max over seeds)", fontsize=9)
+        gx.axhline(0.0, color="k", lw=0.6)
+        gx.set_ylabel("arm − BF16, same seed (nats per byte)")
+        gx.set_title("paired gap along one cosine schedule (evaluation points, not separate budgets)", fontsize=9)
+        for a_ in (ax, gx):
+            a_.set_xlabel("training tokens (millions)")
+            a_.legend(fontsize=7, ncol=2)
+            a_.grid(alpha=0.3)
         name = f"campaign_{size}_{budget // 1_000_000}m.png"
         save_fig(fig, out_dir / name)
         figs.append(name)
