@@ -165,6 +165,29 @@ def _kernel_ms(prof, steps: int) -> dict[str, float]:
     return out
 
 
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+               "cudaMemcpyAsync", "cuStreamSynchronize", "cuMemcpyHtoD", "cuMemcpyDtoH")
+
+
+def _host_calls(prof, steps: int) -> tuple[dict[str, tuple[float, float]], float]:
+    """(CUDA runtime calls that copy or wait → (calls per step, host ms per step), host ms per step of the
+    profiled region's top-level operators); a mid-step wait shows as a synchronize or a device-to-host copy."""
+    from torch.autograd import DeviceType
+
+    calls: dict[str, list[float]] = {}
+    top = 0.0
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU:
+            continue
+        if e.name in _SYNC_CALLS:
+            c = calls.setdefault(e.name, [0.0, 0.0])
+            c[0] += 1 / steps
+            c[1] += e.cpu_time_total / 1e3 / steps
+        if e.cpu_parent is None and not e.name.startswith(("cuda", "cu")):
+            top += e.cpu_time_total / 1e3 / steps
+    return {k: (v[0], v[1]) for k, v in calls.items()}, top
+
+
 def _kind(name: str) -> str:
     low = name.lower()
     if any(k in low for k in _GEMM_NAMES):
@@ -184,11 +207,12 @@ def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     every = lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas")  # noqa: E731
-    per = {}
+    per, hosts = {}, {}
     for label, conv in (("bf16", None), ("nvfp4", every)):
         prof = profile(activities=acts)
         t, _, _ = _arm(cfg, device, conv, steps=steps, warmup=3, prof=prof)
         per[label] = (t, _kernel_ms(prof, steps))
+        hosts[label] = _host_calls(prof, steps)
     (tb, kb), (tn, kn) = per["bf16"], per["nvfp4"]
     kind = _kind if device == "cuda" else (lambda name: "CPU operator")
     kinds: dict[str, list[float]] = {}
@@ -212,6 +236,13 @@ def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
     for name in sorted(kn, key=lambda k: -kn[k])[:40]:
         lines.append(f"| `{name[:90]}` | {kind(name)} | {kb.get(name, 0.0):.3f} | {kn[name]:.3f} | "
                      f"{kn[name] - kb.get(name, 0.0):+.3f} |")
+    lines += ["", "Host side per step: top-level operators' host time, and the CUDA runtime calls that copy or "
+              "wait (a wait inside the step keeps the host from running ahead of the GPU):", "",
+              "| arm | host ms in operators | calls that copy or wait (per step: count, host ms) |", "|---|---:|---|"]
+    for label in ("bf16", "nvfp4"):
+        calls, top = hosts[label]
+        listed = ", ".join(f"{k} {n:.1f}× {ms:.2f} ms" for k, (n, ms) in sorted(calls.items())) or "none"
+        lines.append(f"| {label} | {top:.2f} | {listed} |")
     text = "\n".join(lines) + "\n"
     if out:
         atomic_write(Path(out), text)

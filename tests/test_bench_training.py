@@ -21,6 +21,7 @@ def test_the_profile_splits_each_arms_time_by_kind_and_the_kinds_add_up(tmp_path
     assert float(total.group(2)) > float(total.group(1)) > 0  # the emulated step does more work
     rows = re.findall(r"^\| `([^`]+)` \|", text, re.M)
     assert 0 < len(rows) <= 40 and "nan" not in text
+    assert re.search(r"^\| nvfp4 \| [\d.]+ \| none \|$", text, re.M)  # no CUDA runtime calls without a GPU
 
 
 def test_the_benchmark_table_leaves_memory_empty_without_a_gpu(tmp_path):
