@@ -1,7 +1,7 @@
 # fpsim developer targets.  `make test` is what .ci/run and the README run.
 PYTHON ?= python
 
-.PHONY: test test-slow bench bench-gpu test-gpu test-gpu-backend reports golden lint capture-llm
+.PHONY: test test-slow bench bench-gpu bench-gpu-ab test-gpu test-gpu-backend reports golden lint capture-llm
 
 test:
 	$(PYTHON) -m pytest -q
@@ -46,6 +46,15 @@ test-gpu-backend:
 	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_triton.py
 	-FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_plan_parity.py -k sampled
 	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
+
+# bench-gpu-ab: the GPU kernel table of the tree in OLD (e.g. `mkdir .old && git archive REV fpsim studies
+# pyproject.toml | tar -x -C .old`, carried to the device) and of this tree in one call, then their ratios.
+OLD ?= .old
+bench-gpu-ab:
+	mkdir -p $(OUT)
+	cd $(OLD) && PYTHONPATH=$$PWD $(PYTHON) -m studies.bench_gpu --out $(abspath $(OUT))/bench_gpu_old.md
+	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
+	$(PYTHON) -m studies.bench_compare $(OUT)/bench_gpu_old.md $(OUT)/bench_gpu.md --out $(OUT)/bench_gpu_ab.md
 
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:
