@@ -96,10 +96,12 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, grap
     times = []
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    profiling = False
     try:
         for i in range(warmup + steps):
             if prof is not None and i == warmup:
                 prof.__enter__()
+                profiling = True
             t0 = time.perf_counter()
             loss = _loss(model, idx, cfg["vocab"], device)
             loss.backward()
@@ -111,7 +113,7 @@ def _arm(cfg, device, convert=None, monitor_every=None, steps=10, warmup=3, grap
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
     finally:
-        if prof is not None and warmup + steps > warmup:
+        if profiling:
             prof.__exit__(None, None, None)
         if ctx is not None:
             ctx.__exit__(None, None, None)
@@ -194,8 +196,8 @@ def _kind(name: str) -> str:
         return "GEMM (cuBLAS/CUTLASS)"
     if "flash" in low or "attention" in low or "fmha" in low:
         return "attention"
-    if low.startswith("_") or "kernel" in low and "triton" in low or low.endswith("_kernel"):
-        return "Triton (fpsim and torch's own)"
+    if low.endswith("_kernel"):  # Triton kernels are named after their Python functions (fpsim's end in _kernel)
+        return "Triton (fpsim)"
     return "other (torch elementwise, reductions, copies, optimizer)"
 
 
@@ -237,7 +239,8 @@ def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
         lines.append(f"| `{name[:90]}` | {kind(name)} | {kb.get(name, 0.0):.3f} | {kn[name]:.3f} | "
                      f"{kn[name] - kb.get(name, 0.0):+.3f} |")
     lines += ["", "Host side per step: top-level operators' host time, and the CUDA runtime calls that copy or "
-              "wait (a wait inside the step keeps the host from running ahead of the GPU):", "",
+              "wait (a wait inside the step keeps the host from running ahead of the GPU; one synchronize per step "
+              "is the benchmark's own, at the end of each timed step):", "",
               "| arm | host ms in operators | calls that copy or wait (per step: count, host ms) |", "|---|---:|---|"]
     for label in ("bf16", "nvfp4"):
         calls, top = hosts[label]
