@@ -190,6 +190,32 @@ def _host_calls(prof, steps: int) -> tuple[dict[str, tuple[float, float]], float
     return {k: (v[0], v[1]) for k, v in calls.items()}, top
 
 
+class _SyncWatch:
+    """A context (for :func:`_arm`'s ``prof``) that records every implicit host-device synchronisation torch
+    reports in ``torch.cuda.set_sync_debug_mode("warn")``, with the Python line that caused it."""
+
+    def __init__(self):
+        self.seen: dict[str, int] = {}
+
+    def __enter__(self):
+        import warnings
+
+        self._catch = warnings.catch_warnings(record=True)
+        self._log = self._catch.__enter__()
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode(0)
+        self._catch.__exit__(*exc)
+        for w in self._log:
+            if "synchroniz" in str(w.message):
+                where = f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:80]}"
+                self.seen[where] = self.seen.get(where, 0) + 1
+        return False
+
+
 def _kind(name: str) -> str:
     low = name.lower()
     if any(k in low for k in _GEMM_NAMES):
@@ -215,6 +241,10 @@ def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
         t, _, _ = _arm(cfg, device, conv, steps=steps, warmup=3, prof=prof)
         per[label] = (t, _kernel_ms(prof, steps))
         hosts[label] = _host_calls(prof, steps)
+    watch = None
+    if device == "cuda":  # which lines make the host wait for the GPU inside one eager NVFP4 step
+        watch = _SyncWatch()
+        _arm(cfg, device, every, steps=1, warmup=2, prof=watch)
     (tb, kb), (tn, kn) = per["bf16"], per["nvfp4"]
     kind = _kind if device == "cuda" else (lambda name: "CPU operator")
     kinds: dict[str, list[float]] = {}
@@ -246,6 +276,12 @@ def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
         calls, top = hosts[label]
         listed = ", ".join(f"{k} {n:.1f}× {ms:.2f} ms" for k, (n, ms) in sorted(calls.items())) or "none"
         lines.append(f"| {label} | {top:.2f} | {listed} |")
+    if watch is None:
+        lines += ["", "Implicit synchronisations: not measured (no GPU: `torch.cuda.set_sync_debug_mode` needs CUDA)."]
+    else:
+        lines += ["", "Implicit synchronisations in one eager NVFP4 step (`torch.cuda.set_sync_debug_mode(\"warn\")`; "
+                  "the calling line and how often):", ""]
+        lines += [f"- `{k}` × {n}" for k, n in sorted(watch.seen.items(), key=lambda kv: -kv[1])] or ["- none"]
     text = "\n".join(lines) + "\n"
     if out:
         atomic_write(Path(out), text)
