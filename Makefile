@@ -27,6 +27,8 @@ bench-gpu:
 	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
 	$(PYTHON) -m studies.bench_training --out $(OUT)/bench_training.md
 	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
+	$(PYTHON) -m studies.campaign.run --arm nvfp4 --size s10m --tokens 265e6 --lr 2e-3 --batch 64 \
+		--out /tmp/fpsim-profile --profile $(OUT)/profile_campaign.md
 
 # On the H200 device, each in one command of under ten minutes (OUT, default /tmp/gpu, receives the tables; a
 # failing test does not stop the benchmark: read the output).
@@ -39,6 +41,8 @@ test-gpu:
 		tests/test_campaign.py
 	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --out $(OUT)/bench_training.md
 	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
+	$(PYTHON) -m studies.campaign.run --arm nvfp4 --size s10m --tokens 265e6 --lr 2e-3 --batch 64 \
+		--out /tmp/fpsim-profile --profile $(OUT)/profile_campaign.md
 
 # test-gpu-backend: the backend's GPU tests, a small seeded Triton sample of the plan-parity test, the kernel table.
 test-gpu-backend:

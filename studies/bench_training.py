@@ -34,6 +34,7 @@ import fpsim.torch as ft
 from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
 from fpsim.torch.launch import direct_enabled
+from studies import profiling
 from studies.benchlib import write_report
 
 
@@ -146,143 +147,26 @@ def _graph_arm(cfg, device, model, idx, steps, warmup):
     return statistics.median(times), peak, float(loss)
 
 
-_GEMM_NAMES = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "_mm_")
-
-
-def _kernel_ms(prof, steps: int) -> dict[str, float]:
-    """Device milliseconds per step of each kernel name in a profile (CUDA kernels; on the CPU, operators' self
-    time instead, to keep the code path exercised)."""
-    from torch.autograd import DeviceType
-
-    cuda = any(e.device_type == DeviceType.CUDA for e in prof.events())
-    out: dict[str, float] = {}
-    for e in prof.events():
-        if cuda and e.device_type == DeviceType.CUDA:
-            us = e.time_range.elapsed_us()
-        elif not cuda and e.device_type == DeviceType.CPU:
-            us = e.self_cpu_time_total
-        else:
-            continue
-        out[e.name] = out.get(e.name, 0.0) + us / 1e3 / steps
-    return out
-
-
-_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-               "cudaMemcpyAsync", "cuStreamSynchronize", "cuMemcpyHtoD", "cuMemcpyDtoH")
-
-
-def _host_calls(prof, steps: int) -> tuple[dict[str, tuple[float, float]], float]:
-    """(CUDA runtime calls that copy or wait → (calls per step, host ms per step), host ms per step of the
-    profiled region's top-level operators); a mid-step wait shows as a synchronize or a device-to-host copy."""
-    from torch.autograd import DeviceType
-
-    calls: dict[str, list[float]] = {}
-    top = 0.0
-    for e in prof.events():
-        if e.device_type != DeviceType.CPU:
-            continue
-        if e.name in _SYNC_CALLS:
-            c = calls.setdefault(e.name, [0.0, 0.0])
-            c[0] += 1 / steps
-            c[1] += e.cpu_time_total / 1e3 / steps
-        if e.cpu_parent is None and not e.name.startswith(("cuda", "cu")):
-            top += e.cpu_time_total / 1e3 / steps
-    return {k: (v[0], v[1]) for k, v in calls.items()}, top
-
-
-class _SyncWatch:
-    """A context (for :func:`_arm`'s ``prof``) that records every implicit host-device synchronisation torch
-    reports in ``torch.cuda.set_sync_debug_mode("warn")``, with the Python line that caused it."""
-
-    def __init__(self):
-        self.seen: dict[str, int] = {}
-
-    def __enter__(self):
-        import warnings
-
-        self._catch = warnings.catch_warnings(record=True)
-        self._log = self._catch.__enter__()
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        return self
-
-    def __exit__(self, *exc):
-        torch.cuda.set_sync_debug_mode(0)
-        self._catch.__exit__(*exc)
-        for w in self._log:
-            if "synchroniz" in str(w.message):
-                where = f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:80]}"
-                self.seen[where] = self.seen.get(where, 0) + 1
-        return False
-
-
-def _kind(name: str) -> str:
-    low = name.lower()
-    if any(k in low for k in _GEMM_NAMES):
-        return "GEMM (cuBLAS/CUTLASS)"
-    if "flash" in low or "attention" in low or "fmha" in low:
-        return "attention"
-    if low.endswith("_kernel"):  # Triton kernels are named after their Python functions (fpsim's end in _kernel)
-        return "Triton (fpsim)"
-    return "other (torch elementwise, reductions, copies, optimizer)"
-
-
 def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
-    """Where the emulated step's time goes: device time per step of every kernel in the BF16 arm and in the
-    every-block NVFP4 arm (eager steps, so each launch is one profiled kernel), by kind and by kernel, and the
-    difference; written as Markdown to ``out`` (or printed)."""
+    """Where the emulated step's time goes: the BF16 arm against the every-block NVFP4 arm (eager steps, so each
+    launch is one profiled kernel), as :func:`studies.profiling.report` tables, to ``out`` (or printed)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     every = lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas")  # noqa: E731
-    per, hosts = {}, {}
+    arms = {}
     for label, conv in (("bf16", None), ("nvfp4", every)):
         prof = profile(activities=acts)
         t, _, _ = _arm(cfg, device, conv, steps=steps, warmup=3, prof=prof)
-        per[label] = (t, _kernel_ms(prof, steps))
-        hosts[label] = _host_calls(prof, steps)
+        arms[label] = (t, profiling.kernel_ms(prof, steps), profiling.host_calls(prof, steps))
     watch = None
     if device == "cuda":  # which lines make the host wait for the GPU inside one eager NVFP4 step
-        watch = _SyncWatch()
+        watch = profiling.SyncWatch()
         _arm(cfg, device, every, steps=1, warmup=2, prof=watch)
-    (tb, kb), (tn, kn) = per["bf16"], per["nvfp4"]
-    kind = _kind if device == "cuda" else (lambda name: "CPU operator")
-    kinds: dict[str, list[float]] = {}
-    for name in set(kb) | set(kn):
-        row = kinds.setdefault(kind(name), [0.0, 0.0])
-        row[0] += kb.get(name, 0.0)
-        row[1] += kn.get(name, 0.0)
-    unit = "device ms / step" if device == "cuda" else "CPU self ms / step (no GPU: operators, not kernels)"
-    lines = ["# Profile of one training step: BF16 against every-block NVFP4 (fpsim.torch, gemm=blas)", "",
-             f"{datetime.date.today().isoformat()}, {torch.cuda.get_device_name(0) if device == 'cuda' else 'CPU'}, "
-             f"torch {torch.__version__}; the benchmark's GPT ({cfg['layers']} blocks, d_model {cfg['d']}, "
-             f"{cfg['batch']} × {cfg['seq']} tokens); {steps} profiled eager steps after 3 warm-up steps; {unit}. "
-             f"Wall time per profiled step: BF16 {tb * 1e3:.1f} ms, NVFP4 {tn * 1e3:.1f} ms (the profiler adds "
-             "host time).", "", "| kind | BF16 | NVFP4 | difference |", "|---|---:|---:|---:|"]
-    for k, (b, n) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
-        lines.append(f"| {k} | {b:.2f} | {n:.2f} | {n - b:+.2f} |")
-    lines.append(f"| **all** | **{sum(kb.values()):.2f}** | **{sum(kn.values()):.2f}** | "
-                 f"**{sum(kn.values()) - sum(kb.values()):+.2f}** |")
-    lines += ["", "Kernels by their NVFP4 time (the 40 largest):", "", "| kernel | kind | BF16 | NVFP4 | difference |",
-              "|---|---|---:|---:|---:|"]
-    for name in sorted(kn, key=lambda k: -kn[k])[:40]:
-        lines.append(f"| `{name[:90]}` | {kind(name)} | {kb.get(name, 0.0):.3f} | {kn[name]:.3f} | "
-                     f"{kn[name] - kb.get(name, 0.0):+.3f} |")
-    lines += ["", "Host side per step: top-level operators' host time, and the CUDA runtime calls that copy or "
-              "wait (a wait inside the step keeps the host from running ahead of the GPU; one synchronize per step "
-              "is the benchmark's own, at the end of each timed step):", "",
-              "| arm | host ms in operators | calls that copy or wait (per step: count, host ms) |", "|---|---:|---|"]
-    for label in ("bf16", "nvfp4"):
-        calls, top = hosts[label]
-        listed = ", ".join(f"{k} {n:.1f}× {ms:.2f} ms" for k, (n, ms) in sorted(calls.items())) or "none"
-        lines.append(f"| {label} | {top:.2f} | {listed} |")
-    if watch is None:
-        lines += ["", "Implicit synchronisations: not measured (no GPU: `torch.cuda.set_sync_debug_mode` needs CUDA)."]
-    else:
-        lines += ["", "Implicit synchronisations in one eager NVFP4 step (`torch.cuda.set_sync_debug_mode(\"warn\")`; "
-                  "the calling line and how often):", ""]
-        lines += [f"- `{k}` × {n}" for k, n in sorted(watch.seen.items(), key=lambda kv: -kv[1])] or ["- none"]
-    text = "\n".join(lines) + "\n"
+    text = profiling.report(
+        "Profile of one training step: BF16 against every-block NVFP4 (fpsim.torch, gemm=blas)",
+        f"the benchmark's GPT ({cfg['layers']} blocks, d_model {cfg['d']}, {cfg['batch']} × {cfg['seq']} tokens); "
+        f"{steps} profiled eager steps after 3 warm-up steps", arms, device, watch)
     if out:
         atomic_write(Path(out), text)
     print(text)

@@ -188,6 +188,22 @@ def test_the_sizes_parameter_counts_and_budgets_are_the_models():
     assert {r["size"] for r in batch.plan_runs("size", lr=1e-3)} == {"s20m"}
 
 
+def test_a_profiled_run_reports_both_arms_and_leaves_no_scratch(tmp_path):
+    """``--profile``: a few profiled steps of BF16 and of the arm (tables by kind that add up), the record's
+    profiled time, and nothing left in the output folder but the report."""
+    import re
+
+    text = crun.profile_run("nvfp4", "tiny", 4 * 64 * 16, 3e-3, tmp_path / "out", tmp_path / "p.md", batch=4,
+                            corpus=_corpus(), device="cpu", steps=2, val_tokens=64 * 64)
+    assert (tmp_path / "p.md").read_text() == text and list((tmp_path / "out").iterdir()) == []
+    total = re.search(r"^\| \*\*all\*\* \| \*\*([\d.]+)\*\* \| \*\*([\d.]+)\*\* \|", text, re.M)
+    assert total and float(total.group(2)) > float(total.group(1)) > 0
+    assert "| bf16 |" in text and "| nvfp4 |" in text and "not measured (no GPU" in text
+    rec = crun.train("nvfp4", 1, "tiny", 4 * 64 * 16, 3e-3, tmp_path / "r", batch=4, corpus=_corpus(), device="cpu",
+                     log_every=1, stop_at=5, prof=__import__("contextlib").nullcontext(), val_tokens=64 * 64)
+    assert rec["profiled_steps"] == 2 and rec["profiled_s"] > 0 and rec["status"] == "partial"
+
+
 def test_too_small_a_validation_stream_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match="held-out packages held hold"):
         _train(tmp_path, "bf16", corpus=_corpus(n_val=500))

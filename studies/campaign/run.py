@@ -32,7 +32,7 @@ from studies.campaign.arms import ARMS, apply_arm
 from studies.campaign.data import python_sources
 from studies.campaign.model import SIZES, Llama, non_embedding_params
 
-__all__ = ["run_id", "batches", "lr_at", "train", "main"]
+__all__ = ["run_id", "batches", "lr_at", "train", "profile_run", "main"]
 
 CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss", "tokens_per_s")
 EVALS = 20
@@ -123,7 +123,7 @@ def _val_loss(model, val: torch.Tensor, ctx: int, device: str, batch: int = 64) 
 def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
           max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
           log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False,
-          stop_at: int | None = None) -> dict:
+          stop_at: int | None = None, prof=None) -> dict:
     """Train (or resume) one run; returns its JSON record (also written next to its CSV).
 
     ``cuda_graph`` (CUDA only): after three eager warm-up steps (again after a recipe switch) the training step
@@ -132,7 +132,9 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     device tensor (``capturable=True``), which gives the eager run's bits (a GPU test checks it).
 
     ``stop_at``: checkpoint and stop (status ``"partial"``) at the first log point at or past this step, as
-    ``max_seconds`` does by time (tests and throughput probes)."""
+    ``max_seconds`` does by time (tests and throughput probes).  ``prof``: a context (a ``torch.profiler``
+    profile, :class:`studies.profiling.SyncWatch`) entered three steps after the start and left when the run
+    stops; the record then holds ``profiled_s`` and ``profiled_steps``."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     graph_mode = bool(cuda_graph) and device == "cuda"
     cfg, a = SIZES[size], ARMS[arm]
@@ -173,9 +175,16 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
         return loss
 
     stepper = ft.GraphStep(body, model, opt) if graph_mode else None
+    prof_at, prof_t0, prof_n = start + 3, None, 0
     for step, xb in batches(corpus.train, ctx, batch, seed, start):
         if step >= steps:
             break
+        if prof is not None and step == prof_at:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            prof.__enter__()
+            prof_t0 = time.perf_counter()
+        prof_n += prof_t0 is not None
         if a.switch_at is not None and not switched and step >= math.ceil(a.switch_at * steps):
             ft.set_recipe(model, "bf16")  # also when a resumed run starts past the switch
             switched = True
@@ -214,6 +223,12 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
                 _save(ckpt, model, opt, step + 1)
                 status = "partial"
                 break
+    prof_s = None
+    if prof_t0 is not None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        prof_s = time.perf_counter() - prof_t0
+        prof.__exit__(None, None, None)
     atomic_write(csv_path, "\n".join((",".join(CSV_COLUMNS), *rows)) + "\n")
     done_tokens = int(rows[-1].split(",")[1]) if rows else 0
     rec = {"run": rid, "arm": arm, "recipe": a.build().name, "seed": seed, "size": size, "config": vars(cfg),
@@ -223,6 +238,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
            "device": torch.cuda.get_device_name(0)
            if device == "cuda" else "cpu", "seconds_this_call": round(time.perf_counter() - t_start, 1),
            "corpus": corpus.manifest(), "layers": [list(r) for r in ft.summary(model)]}
+    if prof_s is not None:
+        rec.update(profiled_s=round(prof_s, 4), profiled_steps=prof_n)
     prev = out / f"{rid}.json"
     if prev.exists():
         rec["seconds_total"] = round(json.loads(prev.read_text()).get("seconds_total", 0) + rec["seconds_this_call"], 1)
@@ -230,6 +247,47 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
         rec["seconds_total"] = rec["seconds_this_call"]
     atomic_write(prev, dumps(rec))
     return rec
+
+
+def profile_run(arm: str, size: str, tokens: float, lr: float, out: Path, report_path: Path, *, batch: int = 32,
+                holdout: tuple[str, ...] | None = None, steps: int = 3, corpus=None, device: str | None = None,
+                val_tokens: int = 1 << 20) -> str:
+    """Profile ``steps`` eager steps of BF16 and of ``arm`` (after three warm-up steps each, the run's own
+    schedule and data), and one more step of ``arm`` for implicit synchronisations; the tables of
+    :func:`studies.profiling.report` to ``report_path``.  The runs go to a scratch folder under ``out``, removed
+    after; every step is a log point (the loss is read back each step, as at the run's own log points)."""
+    import shutil
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from studies import profiling
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    corpus = corpus or (python_sources(holdout=holdout) if holdout else python_sources())
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    Path(out).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="profile-", dir=out))
+    kw = dict(batch=batch, corpus=corpus, device=device, log_every=1, stop_at=3 + steps, val_tokens=val_tokens)
+    try:
+        arms, watch = {}, None
+        for label in ("bf16", arm):
+            prof = profile(activities=acts)
+            rec = train(label, 0, size, tokens, lr, scratch / label, prof=prof, **kw)
+            arms[label] = (rec["profiled_s"] / rec["profiled_steps"], profiling.kernel_ms(prof, rec["profiled_steps"]),
+                           profiling.host_calls(prof, rec["profiled_steps"]))
+        if device == "cuda":
+            watch = profiling.SyncWatch()
+            train(arm, 0, size, tokens, lr, scratch / "sync", prof=watch, **{**kw, "stop_at": 4})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    cfg = SIZES[size]
+    text = profiling.report(
+        f"Profile of one campaign step: BF16 against {ARMS[arm].label} ({size})",
+        f"the campaign's model {size} (d {cfg.d}, {cfg.layers} blocks, {batch} × {cfg.ctx} tokens per step); "
+        f"{steps} profiled eager steps after 3 warm-up steps", arms, device, watch)
+    atomic_write(Path(report_path), text)
+    return text
 
 
 def main(argv=None) -> None:
@@ -244,8 +302,13 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--holdout", default=None, help="comma-separated packages held out for validation")
     ap.add_argument("--cuda-graph", action="store_true", help="capture the training step as a CUDA graph")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="instead of a run: profile a few steps of BF16 and of --arm, Markdown tables to this file")
     a = ap.parse_args(argv)
     hold = tuple(a.holdout.split(",")) if a.holdout else None
+    if a.profile:
+        print(profile_run(a.arm, a.size, a.tokens, a.lr, a.out, a.profile, batch=a.batch, holdout=hold))
+        return
     rec = train(a.arm, a.seed, a.size, a.tokens, a.lr, a.out, batch=a.batch, max_seconds=a.max_seconds, holdout=hold,
                 cuda_graph=a.cuda_graph)
     print(json.dumps({k: rec[k] for k in ("run", "status", "tokens_done", "seconds_this_call")}))
