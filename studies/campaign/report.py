@@ -282,7 +282,8 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         name = f"campaign_{size}_{budget // 1_000_000}m.png"
         save_fig(fig, out_dir / name)
         figs.append(name)
-    tput = val.groupby("arm").tokens_per_s.median().rename(index=lambda a: ARMS[a].label).reset_index()
+    tput = (val.groupby("arm").tokens_per_s.median().rename(index=lambda a: ARMS[a].label)
+            .rename("tokens/s (median)").reset_index())
     blocks.append("Median training throughput per run (tokens/s at the validation points; each run shared the GPU "
                   "with the other runs of its batch, `--parallel` in the ledger's commands, so these are shares of "
                   "the GPU, not a run alone):\n\n" + md_table(tput, ".0f"))
