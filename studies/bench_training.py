@@ -10,6 +10,9 @@ head) under bf16 autocast, AdamW.  Arms, each timed in the same process after wa
 * the same with :func:`fpsim.torch.monitor` at ``every=100`` (its overhead);
 * BF16 and every-block NVFP4 with the step captured as one CUDA graph (:class:`fpsim.torch.GraphKeys`;
   CUDA only): what is left when the host's launch overhead is gone;
+* the every-block graph arm with ``fpsim.torch.fastpath.GEMM = "triton"``: each scaled product as one Triton
+  GEMM that applies alpha to its FP32 accumulator tiles (no FP32 product written and read back), against
+  cuBLAS plus the epilogue kernel;
 * ``gemm=fp32`` (the bit-defined accumulator model) on a shorter run.
 
     python -m studies.bench_training --out reports/bench_training.md            (GPU)
@@ -33,6 +36,7 @@ import torch.nn.functional as F
 import fpsim.torch as ft
 from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
+from fpsim.torch import fastpath
 from fpsim.torch.launch import direct_enabled
 from studies import profiling
 from studies.benchlib import write_report
@@ -69,6 +73,10 @@ class GPT(torch.nn.Module):
         for blk in self.blocks:
             x = blk(x)
         return self.lm_head(self.norm(x))
+
+
+#: The arm whose scaled products run as one Triton GEMM with alpha on the accumulator (fpsim.torch.fastpath.GEMM).
+TRITON_GEMM_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, fused Triton GEMM (alpha on the accumulator)"
 
 
 def _loss(model, idx, vocab: int, device, cache: bool = True):
@@ -197,6 +205,8 @@ def main(argv=None) -> None:
         ("bf16 (nn.Linear, autocast), CUDA graph", None, "graph", a.steps),
         ("nvfp4_paper, every block, gemm=blas, CUDA graph",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps),
+        (TRITON_GEMM_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
+         a.steps),
         ("nvfp4_paper, every block, gemm=fp32",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, 1),
     ]
@@ -208,6 +218,7 @@ def main(argv=None) -> None:
     base = None
     for name, conv, mon, steps in arms:
         graph = mon == "graph"
+        fastpath.GEMM = "triton" if name == TRITON_GEMM_ARM else "cublas"
         t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
@@ -215,6 +226,7 @@ def main(argv=None) -> None:
                      steps + (1 if "fp32" in name else 4 if graph else 3)))
         mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
+    fastpath.GEMM = "cublas"
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
     direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"

@@ -102,6 +102,59 @@ def test_alpha_epilogue_is_the_bit_defined_alpha(amaxes, out):
     assert np.array_equal(_bits(got)[~np.isnan(got)], _bits(want)[~np.isnan(want)])
 
 
+def _scaled_pair(m, n, k, seed=5, zero_b=False):
+    rng = np.random.default_rng(seed)
+    plan = lower("nvfp4")
+    xa = torch.from_numpy((rng.standard_t(3, (m, k)) * 4).astype(np.float32)).to(DEV).to(torch.bfloat16)
+    xb = torch.zeros((n, k), device=DEV, dtype=torch.bfloat16) if zero_b else \
+        torch.from_numpy((rng.standard_normal((n, k)) * 0.02).astype(np.float32)).to(DEV).to(torch.bfloat16)
+    return fp.make_copy(xa, plan), fp.make_copy(xb, plan)
+
+
+@pytest.mark.parametrize("shape", [(48, 40, 80), (130, 257, 96), (16, 16, 16)], ids=["small", "ragged", "one-tile"])
+@pytest.mark.parametrize("out", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["rows", "b-transposed-view"])
+def test_the_fused_scaled_gemm_is_the_epilogue_path_up_to_fp32_summation_order(shape, out, layout):
+    """fastpath.scaled_mm (one Triton GEMM, alpha on the accumulator) against the cuBLAS-then-epilogue path:
+    both within FP32 summation error of fl(exact A·Bᵀ · alpha), the same alpha (bit-equal outputs wherever
+    the two FP32 sums agree), B as a transposed view as Dgrad passes Fprop's W copy."""
+    m, n, k = shape
+    a, b = _scaled_pair(m, n, k)
+    if layout == "b-transposed-view":  # B = (Bᵀ)ᵀ: the values a strided view, as fp.transposed makes them
+        b = b._replace(values=b.values.t().contiguous().t())
+        assert not b.values.is_contiguous()
+    dt = getattr(torch, out)
+    got = fp.scaled_mm(a, b, dt).float().cpu().numpy().astype(np.float64)
+    ref = fp.alpha_epilogue(fp.mm_f32(a.values, b.values), a, b, dt).float().cpu().numpy().astype(np.float64)
+    av, bv = (c.values.float().cpu().numpy().astype(np.float64) for c in (a, b))
+    alpha = float(second_level_alpha(a.amax, b.amax, a.num, b.num))
+    exact = (av @ bv.T) * alpha
+    scale = (np.abs(av) @ np.abs(bv).T) * alpha
+    ulp = 2.0 ** -8 if out == "bfloat16" else 2.0 ** -23
+    bound = k * 2.0 ** -24 * scale + ulp * np.abs(exact) + 1e-45
+    assert np.all(np.abs(got - exact) <= bound) and np.all(np.abs(ref - exact) <= bound)
+    same = np.isclose(got, ref, rtol=0, atol=0)
+    assert same.mean() > 0.5  # most sums round alike: a wrong alpha or a wrong tile would break every one
+
+
+def test_the_fused_scaled_gemm_takes_the_epilogues_alpha_rules():
+    """An all-zero operand (amax 0: alpha falls back to S_dec_a · S_dec_b) gives exact zeros, as the epilogue
+    path does; the fast Linear path dispatches to it under fastpath.GEMM = "triton"."""
+    a, b = _scaled_pair(32, 24, 48, zero_b=True)
+    got = fp.scaled_mm(a, b, torch.float32).cpu().numpy()
+    ref = fp.alpha_epilogue(fp.mm_f32(a.values, b.values), a, b, torch.float32).cpu().numpy()
+    assert np.array_equal(_bits(got), _bits(ref)) and not got.any()
+    a, b = _scaled_pair(32, 24, 48)
+    old = fp.GEMM
+    try:
+        fp.GEMM = "triton"
+        y = fp.mm(a, b, torch.bfloat16)
+    finally:
+        fp.GEMM = old
+    assert np.array_equal(y.view(torch.int16).cpu().numpy(), fp.scaled_mm(a, b, torch.bfloat16).view(torch.int16)
+                          .cpu().numpy())
+
+
 def _recipes():
     base = get_recipe("nvfp4_paper")
     return [base, base.without("sr"), base.without("rht"), base.without("2d"), base.only("forward"),

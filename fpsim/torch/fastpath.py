@@ -31,10 +31,15 @@ from .launch import launch
 from .quantize import absmax, quantize_fused, triton_unsupported
 from .runtime import hw_cvt, kernels, torch_module, use_triton
 
-__all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "alpha_epilogue", "enabled", "IMPL"]
+__all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "scaled_mm", "alpha_epilogue", "enabled",
+           "IMPL", "GEMM"]
 
 #: ``impl`` of the fast path's kernels: "auto" (CUDA tensors only) or "triton" (any device: the interpreter, tests).
 IMPL = "auto"
+#: How a scaled × scaled product is computed: ``"cublas"`` (``torch.mm`` with FP32 output, then the alpha
+#: epilogue kernel) or ``"triton"`` (:func:`scaled_mm`: one Triton GEMM with alpha applied to its accumulator
+#: tiles, no FP32 product in memory).  Both accumulate exact BF16 products in FP32, in their own orders.
+GEMM = "cublas"
 
 _BF16_PRECISION = 8  # significant bits of BFloat16
 _BF16_MIN_EXP = -133  # exponent of its smallest subnormal
@@ -162,11 +167,42 @@ def _epilogue_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
             "OUT_BF16": out_bf16, "HW_CVT": hw, "num_warps": 4}
 
 
+_MM_TILES = {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+@functools.lru_cache(maxsize=64)
+def _mm_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
+    """The scaled GEMM's keywords for one pair of second-level numerators (built once per configuration)."""
+    ep = _epilogue_kw(num_a, num_b, out_bf16, hw)
+    return {**{k: ep[k] for k in ("NUM_A", "NUM_B", "NUM_AB", "OUT_BF16", "HW_CVT")}, **_MM_TILES}
+
+
+def scaled_mm(a: Copy, b: Copy, out_dtype):
+    """fl(A·Bᵀ · alpha) of two scaled copies in one Triton kernel (float32 or BF16 out; see :data:`GEMM`)."""
+    K = kernels()
+
+    torch = torch_module()
+    A, B = a.values, b.values
+    (M, k), N = A.shape, B.shape[0]
+    if B.shape[1] != k:
+        raise ValueError(f"reduction lengths differ: {k} and {B.shape[1]}")
+    out = torch.empty((M, N), dtype=out_dtype, device=A.device)
+    if out.numel():
+        bf16 = out_dtype == torch.bfloat16
+        grid = (-(-M // _MM_TILES["BM"]) * -(-N // _MM_TILES["BN"]),)
+        launch(K.scaled_mm_kernel, grid, (A, B, out.view(torch.int16) if bf16 else out, a.amax, b.amax, M, N, k,
+                                          A.stride(0), A.stride(1), B.stride(0), B.stride(1), N),
+               _mm_kw(a.num, b.num, bf16, hw_cvt()))
+    return out
+
+
 def mm(a: Copy, b: Copy, out_dtype):
     """``A · Bᵀ`` of two copies in ``out_dtype``: BF16 tensor cores with FP32 accumulation for scaled × scaled
     (then × alpha) and exact × exact; a float32 GEMM of the dequantized values otherwise."""
     torch = torch_module()
     if a.kind == b.kind == "scaled":
+        if GEMM == "triton" and out_dtype in (torch.float32, torch.bfloat16):
+            return scaled_mm(a, b, out_dtype)
         return alpha_epilogue(mm_f32(a.values, b.values), a, b, out_dtype)
     if (a.kind == b.kind == "quantized" and not a.plan.element.name == b.plan.element.name == "float8_e5m2"
             and all(n % 16 == 0 for n in (*a.values.shape, *b.values.shape))):  # torch._scaled_mm's shapes

@@ -481,19 +481,61 @@ def _alpha_ok(amax, NUM: tl.constexpr):
 
 
 @triton.jit
-def alpha_epilogue_kernel(acc_ptr, out_ptr, amax_a_ptr, amax_b_ptr, n, NUM_A: tl.constexpr, NUM_B: tl.constexpr,
-                          NUM_AB: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
-    """out = fl(acc · alpha) (float32, or rounded to BF16) with SPEC §8's alpha = fl(fl(amax_a · amax_b) / NUM_AB),
-    NUM_AB = fl(N_a · N_b), or fl(S_dec_a · S_dec_b) where that formula fails (fpsim.torch.gemm.second_level_alpha's
-    operations, computed per program from the two amax values: no host work, no extra launch)."""
+def _alpha(amax_a_ptr, amax_b_ptr, NUM_A: tl.constexpr, NUM_B: tl.constexpr, NUM_AB: tl.constexpr):
+    """SPEC §8's alpha of two scaled copies from their amax values (see :func:`alpha_epilogue_kernel`)."""
     aa = tl.load(amax_a_ptr)
     ab = tl.load(amax_b_ptr)
     alpha = tl.math.div_rn(aa * ab, NUM_AB)
     good = _alpha_ok(aa, NUM_A) & _alpha_ok(ab, NUM_B) & (tl.abs(alpha) < float("inf")) & (alpha > 0.0)
     _, sd_a = scales_of(aa, NUM_A)
     _, sd_b = scales_of(ab, NUM_B)
-    alpha = tl.where(good, alpha, sd_a * sd_b)
+    return tl.where(good, alpha, sd_a * sd_b)
+
+
+@triton.jit
+def alpha_epilogue_kernel(acc_ptr, out_ptr, amax_a_ptr, amax_b_ptr, n, NUM_A: tl.constexpr, NUM_B: tl.constexpr,
+                          NUM_AB: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, HW_CVT: tl.constexpr):
+    """out = fl(acc · alpha) (float32, or rounded to BF16) with SPEC §8's alpha = fl(fl(amax_a · amax_b) / NUM_AB),
+    NUM_AB = fl(N_a · N_b), or fl(S_dec_a · S_dec_b) where that formula fails (fpsim.torch.gemm.second_level_alpha's
+    operations, computed per program from the two amax values: no host work, no extra launch)."""
+    alpha = _alpha(amax_a_ptr, amax_b_ptr, NUM_A, NUM_B, NUM_AB)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     v = tl.load(acc_ptr + offs, mask=m, other=0.0) * alpha
     store_f32_or_bf16(out_ptr + offs, v, m, OUT_BF16, HW_CVT)
+
+
+@triton.jit
+def scaled_mm_kernel(a_ptr, b_ptr, out_ptr, amax_a_ptr, amax_b_ptr, M, N, K, s_am, s_ak, s_bn, s_bk, s_om,
+                     NUM_A: tl.constexpr, NUM_B: tl.constexpr, NUM_AB: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, OUT_BF16: tl.constexpr,
+                     HW_CVT: tl.constexpr):
+    """out = fl(A·Bᵀ · alpha) in one kernel: the BF16 copies A (M×K) and B (N×K, any strides) on the tensor
+    cores with FP32 accumulation, then :func:`alpha_epilogue_kernel`'s alpha and store (float32, or RNE BF16
+    into an int16 view) on the accumulator tile, so the FP32 product never goes through memory.  Programs walk
+    the output in groups of GROUP_M tile rows (neighbouring programs share B tiles in L2)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gm = tl.minimum(num_m - first_m, GROUP_M)
+    pm = first_m + (pid % group) % gm
+    pn = (pid % group) // gm
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_rows = a_ptr + rm[:, None].to(tl.int64) * s_am
+    b_cols = b_ptr + rn[None, :].to(tl.int64) * s_bn
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + rk
+        a = tl.load(a_rows + kk[None, :] * s_ak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_cols + kk[:, None] * s_bk, mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
+        if HW_CVT:
+            acc = tl.dot(a, b, acc)  # BF16 tensor cores, FP32 accumulation
+        else:  # the interpreter's dot gave wrong products on BF16 tiles (Triton 3.x); widened, the same exact values
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    v = acc * _alpha(amax_a_ptr, amax_b_ptr, NUM_A, NUM_B, NUM_AB)
+    offs = rm[:, None].to(tl.int64) * s_om + rn[None, :]
+    store_f32_or_bf16(out_ptr + offs, v, (rm[:, None] < M) & (rn[None, :] < N), OUT_BF16, HW_CVT)
