@@ -158,15 +158,12 @@ def _graph_arm(cfg, device, model, idx, steps, warmup):
 def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
     """Where the emulated step's time goes: the BF16 arm against the every-block NVFP4 arm (eager steps, so each
     launch is one profiled kernel), as :func:`studies.profiling.report` tables, to ``out`` (or printed)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     every = lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas")  # noqa: E731
     arms = {}
     for label, conv in (("bf16", None), ("nvfp4", every)):
-        prof = profile(activities=acts)
+        prof = profiling.profiler(device)
         t, _, _ = _arm(cfg, device, conv, steps=steps, warmup=3, prof=prof)
-        arms[label] = (t, profiling.kernel_ms(prof, steps), profiling.host_calls(prof, steps))
+        arms[label] = profiling.arm_entry(prof, t, steps)
     watch = None
     if device == "cuda":  # which lines make the host wait for the GPU inside one eager NVFP4 step
         watch = profiling.SyncWatch()

@@ -9,7 +9,20 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["kernel_ms", "host_calls", "SyncWatch", "kind", "report"]
+__all__ = ["profiler", "arm_entry", "kernel_ms", "host_calls", "SyncWatch", "kind", "report"]
+
+def profiler(device: str):
+    """A ``torch.profiler`` profile of the host, and of CUDA kernels on a GPU (a context, entered around the steps
+    to profile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []))
+
+
+def arm_entry(prof, seconds_per_step: float, steps: int) -> tuple:
+    """One arm of :func:`report` from its finished profile of ``steps`` steps."""
+    return seconds_per_step, kernel_ms(prof, steps), host_calls(prof, steps)
+
 
 _GEMM_NAMES = ("gemm", "nvjet", "xmma", "cutlass", "cublas", "_mm_")
 

@@ -191,6 +191,7 @@ def test_the_sizes_parameter_counts_and_budgets_are_the_models():
 def test_a_profiled_run_reports_both_arms_and_leaves_no_scratch(tmp_path):
     """``--profile``: a few profiled steps of BF16 and of the arm (tables by kind that add up), the record's
     profiled time, and nothing left in the output folder but the report."""
+    import contextlib
     import re
 
     text = crun.profile_run("nvfp4", "tiny", 4 * 64 * 16, 3e-3, tmp_path / "out", tmp_path / "p.md", batch=4,
@@ -200,7 +201,7 @@ def test_a_profiled_run_reports_both_arms_and_leaves_no_scratch(tmp_path):
     assert total and float(total.group(2)) > float(total.group(1)) > 0
     assert "| bf16 |" in text and "| nvfp4 |" in text and "not measured (no GPU" in text
     rec = crun.train("nvfp4", 1, "tiny", 4 * 64 * 16, 3e-3, tmp_path / "r", batch=4, corpus=_corpus(), device="cpu",
-                     log_every=1, stop_at=5, prof=__import__("contextlib").nullcontext(), val_tokens=64 * 64)
+                     log_every=1, stop_at=5, prof=contextlib.nullcontext(), val_tokens=64 * 64)
     assert rec["profiled_steps"] == 2 and rec["profiled_s"] > 0 and rec["status"] == "partial"
 
 

@@ -159,12 +159,17 @@ def alpha_epilogue(acc, a: Copy, b: Copy, out_dtype):
 _EPILOGUE_BLOCK = 2048
 
 
+def _alpha_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
+    """The keywords every alpha-applying kernel takes: the two second-level numerators, their float32 product
+    (SPEC §8's NUM_AB) and the output switches."""
+    na, nb = np.float32(num_a), np.float32(num_b)
+    return {"NUM_A": float(na), "NUM_B": float(nb), "NUM_AB": float(na * nb), "OUT_BF16": out_bf16, "HW_CVT": hw}
+
+
 @functools.lru_cache(maxsize=64)
 def _epilogue_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
     """The epilogue kernel's keywords for one pair of second-level numerators (built once per configuration)."""
-    na, nb = np.float32(num_a), np.float32(num_b)
-    return {"NUM_A": float(na), "NUM_B": float(nb), "NUM_AB": float(na * nb), "BLOCK": _EPILOGUE_BLOCK,
-            "OUT_BF16": out_bf16, "HW_CVT": hw, "num_warps": 4}
+    return {**_alpha_kw(num_a, num_b, out_bf16, hw), "BLOCK": _EPILOGUE_BLOCK, "num_warps": 4}
 
 
 _MM_TILES = {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
@@ -173,8 +178,7 @@ _MM_TILES = {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_
 @functools.lru_cache(maxsize=64)
 def _mm_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
     """The scaled GEMM's keywords for one pair of second-level numerators (built once per configuration)."""
-    ep = _epilogue_kw(num_a, num_b, out_bf16, hw)
-    return {**{k: ep[k] for k in ("NUM_A", "NUM_B", "NUM_AB", "OUT_BF16", "HW_CVT")}, **_MM_TILES}
+    return {**_alpha_kw(num_a, num_b, out_bf16, hw), **_MM_TILES}
 
 
 def scaled_mm(a: Copy, b: Copy, out_dtype):

@@ -13,14 +13,13 @@ device-time entry ``<plan>/ledger.json``; unpack it into ``studies/data/campaign
 records each run's status and :func:`add_ledger` appends the entry to ``sessions.json`` (delete the
 ``ledger.json`` after: the next batch's has the same name).
 
-Measured on the H200 (2026-12-01, s10m, batch 64 × 512): BF16 alone-of-four 339 k tokens/s per run; the NVFP4
-recipe alone 360 k; six runs side by side (BF16 and five NVFP4 arms) 222 k (BF16) and 140–150 k (NVFP4 arms)
-each, GPU 100 % busy: the processes time-slice the GPU, so about 1 M tokens/s in all (the six runs summed) is
-the ceiling.  A 265 M token run then needs ~1,200 s with four side by side: four runs per session (three
-chained commands of ≤ 600 s):
+Measured on the H200 (s10m, batch 64 × 512, eager steps): the NVFP4 recipe alone 368 k tokens/s; six runs side
+by side (2026-12-01) 224 k (BF16) and 144–154 k (NVFP4 arms) each; three side by side (2026-12-02) 440 k (BF16),
+287 k and 303 k (the recipe with and without SR), 1.03 M in all.  The processes time-slice the GPU, so about
+1 M tokens/s in all is the ceiling: three 265 M-token runs take ~840 s, two chained commands:
 
-    python -m studies.campaign.batch --plan main --runs 0:4 --work /tmp/campaign --out $OUT --parallel 4 \\
-        --max-seconds 520          # the same command three times in a row; then --runs 4:8 next session, …
+    python -m studies.campaign.batch --plan main --runs 3:6 --work /tmp/campaign --out $OUT --parallel 3 \\
+        --max-seconds 480          # the same command again at once (--max-seconds 540) to finish them; …
 
 ``--cuda-graph`` runs each training step as a captured CUDA graph (:class:`fpsim.torch.GraphStep`), which takes
 the host's per-layer launch work off the step (every-block NVFP4 on the benchmark GPT: 79.2 → 45.9 ms per step on

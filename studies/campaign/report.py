@@ -169,6 +169,8 @@ def _probe_figure(data: Path, out_dir: Path) -> str | None:
 TOKENS_PER_S = 1.03e6
 #: Device seconds a session can spend on runs: 30 minutes less a cold start (~60 s) and the gaps between calls.
 SESSION_S = 1_650
+#: Runs a batch keeps side by side (``--parallel``), each getting about that share of the rate.
+SIDE_BY_SIDE = 3
 
 
 def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
@@ -183,14 +185,15 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
         sec = sum(r["tokens"] for r in left) * cost / TOKENS_PER_S
         parts.append(f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
                      f"(~{sec / SESSION_S:.0f} sessions)")
-        # three runs side by side each get about a third of the rate; a run must end within one session
-        if runs and runs[0]["tokens"] * cost * 3 / TOKENS_PER_S > SESSION_S:
+        # a run side by side with others gets its share of the rate, and must end within one session
+        if runs and runs[0]["tokens"] * cost * SIDE_BY_SIDE / TOKENS_PER_S > SESSION_S:
             blocked.append(f"{plan} ({runs[0]['tokens'] / 1e6:,.0f} M tokens, which needs ≥ "
                            f"{runs[0]['tokens'] / SESSION_S / 1e6:.2f} M tokens/s for the run itself)")
-    text = (f"GPU time at the measured {TOKENS_PER_S / 1e6:.2f} M tokens/s in all (three runs side by side) and "
-            f"~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
+    text = (f"GPU time at the measured {TOKENS_PER_S / 1e6:.2f} M tokens/s in all ({SIDE_BY_SIDE} runs side by "
+            f"side) and ~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
     if blocked:
-        text += (f" Three side by side, a run of the {' and the '.join(blocked)} plan{'s' if len(blocked) > 1 else ''} "
+        text += (f" With {SIDE_BY_SIDE} side by side, a run of the {' and the '.join(blocked)} "
+                 f"plan{'s' if len(blocked) > 1 else ''} "
                  f"cannot finish within one session at that rate, and no checkpoint survives from one session to the "
                  f"next on the device machine (a s10m checkpoint is 130 MB; at most 64 MiB travels each way): "
                  f"{'they wait' if len(blocked) > 1 else 'it waits'} for faster steps (CUDA-graph steps, to be "
@@ -209,16 +212,20 @@ def _per_seed(arm: dict, base: dict) -> str:
     return ", ".join(f"s{s}: {arm[s] - base[s]:+.4f}" for s in sorted(set(arm) & set(base)))
 
 
+def _gap_cells(arm: dict, base: dict):
+    """(the paired gap of ``arm`` over ``base`` (seed → final loss), its table cells: mean, interval, per seed)."""
+    gap = paired_gap(arm, base)
+    return gap, {"gap": gap.mean, "95 % CI": _ci(gap), "per seed": _per_seed(arm, base)}
+
+
 def _gap_rows(final: pd.DataFrame) -> list[dict]:
     rows = []
     base = final[final.arm == "bf16"].set_index("seed").val_loss.to_dict()
     for arm, g in final.groupby("arm", sort=False):
         if arm == "bf16" or not base:
             continue
-        losses = g.set_index("seed").val_loss.to_dict()
-        gap = paired_gap(losses, base)
-        rows.append({"arm": ARMS[arm].label, "seeds": gap.n, "gap vs BF16 (nats/byte)": gap.mean,
-                     "95 % CI": _ci(gap), "per seed": _per_seed(losses, base)})
+        gap, cells = _gap_cells(g.set_index("seed").val_loss.to_dict(), base)
+        rows.append({"arm": ARMS[arm].label, "seeds": gap.n, "gap vs BF16 (nats/byte)": cells.pop("gap"), **cells})
     return rows
 
 
@@ -251,11 +258,10 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         per_arm = final.groupby("arm")
         for name, without, with_, claim in COMPONENTS:
             if without in per_arm.groups and with_ in per_arm.groups:
-                wo = per_arm.get_group(without).set_index("seed").val_loss.to_dict()
-                wi = per_arm.get_group(with_).set_index("seed").val_loss.to_dict()
-                gap = paired_gap(wo, wi)
-                comp.append({"component": name, "claim": claim, "gap (nats/byte)": gap.mean, "95 % CI": _ci(gap),
-                             "per seed": _per_seed(wo, wi), "verdict": verdict(gap, claim)})
+                gap, cells = _gap_cells(*(per_arm.get_group(a).set_index("seed").val_loss.to_dict()
+                                          for a in (without, with_)))
+                comp.append({"component": name, "claim": claim, "gap (nats/byte)": cells.pop("gap"), **cells,
+                             "verdict": verdict(gap, claim)})
         if comp:
             blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
                           + md_table(pd.DataFrame(comp), ".4f"))

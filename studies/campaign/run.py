@@ -263,23 +263,20 @@ def profile_run(arm: str, size: str, tokens: float, lr: float, out: Path, report
     import shutil
     import tempfile
 
-    from torch.profiler import ProfilerActivity, profile
-
     from studies import profiling
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     corpus = corpus or (python_sources(holdout=holdout) if holdout else python_sources())
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     Path(out).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="profile-", dir=out))
     kw = dict(batch=batch, corpus=corpus, device=device, log_every=1, stop_at=3 + steps, val_tokens=val_tokens)
     try:
         arms, watch = {}, None
         for label in ("bf16", arm):
-            prof = profile(activities=acts)
+            prof = profiling.profiler(device)
             rec = train(label, 0, size, tokens, lr, scratch / label, prof=prof, **kw)
-            arms[label] = (rec["profiled_s"] / rec["profiled_steps"], profiling.kernel_ms(prof, rec["profiled_steps"]),
-                           profiling.host_calls(prof, rec["profiled_steps"]))
+            n = rec["profiled_steps"]
+            arms[label] = profiling.arm_entry(prof, rec["profiled_s"] / n, n)
         if device == "cuda":
             watch = profiling.SyncWatch()
             train(arm, 0, size, tokens, lr, scratch / "sync", prof=watch, **{**kw, "stop_at": 4})
