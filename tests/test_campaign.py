@@ -203,6 +203,10 @@ def test_a_profiled_run_reports_both_arms_and_leaves_no_scratch(tmp_path):
     rec = crun.train("nvfp4", 1, "tiny", 4 * 64 * 16, 3e-3, tmp_path / "r", batch=4, corpus=_corpus(), device="cpu",
                      log_every=1, stop_at=5, prof=contextlib.nullcontext(), val_tokens=64 * 64)
     assert rec["profiled_steps"] == 2 and rec["profiled_s"] > 0 and rec["status"] == "partial"
+    assert any((tmp_path / "r" / "ckpt").iterdir())  # a partial run checkpoints by default ...
+    rec = crun.train("nvfp4", 1, "tiny", 4 * 64 * 16, 3e-3, tmp_path / "q", batch=4, corpus=_corpus(), device="cpu",
+                     log_every=1, stop_at=3, checkpoint=False, val_tokens=64 * 64)
+    assert rec["status"] == "partial" and not (tmp_path / "q" / "ckpt").exists()  # ... a profile does not
 
 
 def test_too_small_a_validation_stream_is_one_clear_error(tmp_path):

@@ -4,7 +4,7 @@ gradients of the two shards averaged, bit for bit, with each rank's quantized co
 
 from __future__ import annotations
 
-import socket
+import datetime
 
 import numpy as np
 import pytest
@@ -30,11 +30,17 @@ def _shard(rank: int):
     return torch.randn(TOK, DIN, generator=g), torch.randn(TOK, 8, generator=g)
 
 
-def _worker(rank: int, world: int, port: int, out: str, wrap: str) -> None:
+def _worker(rank: int, world: int, store: str, out: str, wrap: str) -> None:
+    import faulthandler
     import warnings
 
+    faulthandler.enable()  # a native abort in a rank prints that rank's Python stack into the test's stderr
     torch.set_num_threads(1)  # two ranks on a 2-core CI machine: no oversubscribed intra-op pools
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # A file store, not tcp://: no port picked by the parent and released before rank 0 binds it, and no TCPStore
+    # server thread; gloo's pairs on the loopback device (GLOO_SOCKET_IFNAME, set by the parent), whatever the
+    # machine's host name resolves to.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # e.g. FSDP's warning about module outputs that are views
@@ -57,14 +63,8 @@ def _worker(rank: int, world: int, port: int, out: str, wrap: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
-def test_distributed_gradients_are_the_shards_gradients_averaged(tmp_path, wrap):
+def test_distributed_gradients_are_the_shards_gradients_averaged(tmp_path, wrap, monkeypatch):
     import torch.multiprocessing as mp
 
     if wrap == "fsdp":
@@ -74,7 +74,8 @@ def test_distributed_gradients_are_the_shards_gradients_averaged(tmp_path, wrap)
         if not hasattr(fsdp, "fully_shard"):
             pytest.skip("this torch has no FSDP2 fully_shard")
     out = str(tmp_path / f"{wrap}.npz")
-    mp.spawn(_worker, args=(2, _free_port(), out, wrap), nprocs=2, join=True)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # inherited by the spawned ranks
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), out, wrap), nprocs=2, join=True)
     got = np.load(out)
     grads = []
     for rank in (0, 1):

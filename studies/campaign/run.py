@@ -127,7 +127,7 @@ def _val_loss(model, val: torch.Tensor, ctx: int, device: str, batch: int = 64) 
 def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
           max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
           log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False,
-          stop_at: int | None = None, prof=None) -> dict:
+          stop_at: int | None = None, prof=None, checkpoint: bool = True) -> dict:
     """Train (or resume) one run; returns its JSON record (also written next to its CSV).
 
     ``cuda_graph`` (CUDA only): after three eager warm-up steps (again after a recipe switch) the training step
@@ -136,7 +136,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     device tensor (``capturable=True``), which gives the eager run's bits (a GPU test checks it).
 
     ``stop_at``: checkpoint and stop (status ``"partial"``) at the first log point at or past this step, as
-    ``max_seconds`` does by time (tests and throughput probes).  ``prof``: a context (a ``torch.profiler``
+    ``max_seconds`` does by time (tests and throughput probes); ``checkpoint=False`` stops without writing the
+    checkpoint (profiles, which resume nothing).  ``prof``: a context (a ``torch.profiler``
     profile, :class:`studies.profiling.SyncWatch`) entered three steps after the start and left when the run
     stops; the record then holds ``profiled_s`` and ``profiled_steps``."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -224,7 +225,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
                 break
             out_of_time = time.perf_counter() - t_start > max_seconds
             if (out_of_time or (stop_at is not None and step + 1 >= stop_at)) and step + 1 < steps:
-                _save(ckpt, model, opt, step + 1)
+                if checkpoint:
+                    _save(ckpt, model, opt, step + 1)
                 status = "partial"
                 break
     prof_s = None
@@ -269,7 +271,8 @@ def profile_run(arm: str, size: str, tokens: float, lr: float, out: Path, report
     corpus = corpus or (python_sources(holdout=holdout) if holdout else python_sources())
     Path(out).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="profile-", dir=out))
-    kw = dict(batch=batch, corpus=corpus, device=device, log_every=1, stop_at=3 + steps, val_tokens=val_tokens)
+    kw = dict(batch=batch, corpus=corpus, device=device, log_every=1, stop_at=3 + steps, val_tokens=val_tokens,
+              checkpoint=False)  # ~130 MB per arm at s10m that nothing resumes
     try:
         arms, watch = {}, None
         for label in ("bf16", arm):
