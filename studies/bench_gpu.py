@@ -18,10 +18,11 @@ import numpy as np
 import torch
 
 import fpsim
+from fpsim.plan import lower
 from fpsim.torch import backend as tb
 from fpsim.torch import codecs as tcodecs
 from fpsim.torch import gemm as tgemm
-from fpsim.torch.quantize import absmax
+from fpsim.torch.quantize import absmax, quantize_fused
 
 
 def cuda_time(fn, reps: int = 10) -> float:
@@ -162,6 +163,16 @@ def main() -> None:
         lambda: tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True), gb)
     row("  the same as transpose copy + RHT + amax pass (three kernels, the path before)",
         lambda: absmax(tb.rht(xbf.t().contiguous(), 16, out_dtype=torch.bfloat16)), gb)
+    nv_sr = lower("nvfp4", rounding="sr")
+
+    def wgrad_two_kernels():
+        xt, am = tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True)
+        return quantize_fused(xt, nv_sr, am, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, seed=1)
+
+    row("Wgrad's scaled NVFP4 SR copy of RHT(Xᵀ): `rht_transposed` + fused quantize (writes and rereads Xᵀ)",
+        wgrad_two_kernels, gb)
+    row("  the same, amax pass + RHT and quantize in registers (`rht_transposed_scaled`, Xᵀ never written)",
+        lambda: tb.rht_transposed_scaled(xbf, nv_sr, 16, seed=1), gb)
     xbf = None
 
     checks = bit_identity(x)

@@ -318,3 +318,63 @@ def test_transposed_rht_over_several_programs_along_the_tokens():
     got, amax = tb.rht_transposed(x, 16, "recipe", out_dtype=torch.bfloat16, amax=True, impl="triton")
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert torch.equal(amax.view(torch.int32), absmax(want).view(torch.int32))
+
+
+@pytest.mark.parametrize("name,opts", [("nvfp4", {}), ("nvfp4", {"rounding": "sr"}), ("nvfp4", {"block": (1, 32)}),
+                                       ("nvfp4", {"nan_amax": "ignore"}), ("nvfp4", {"rounding": "sr", "k": 4})],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_wgrad_scaled_copy_in_two_passes_is_the_four_transfer_copy(name, opts, dtype, nan):
+    """fpsim.torch.rht.rht_transposed_scaled (an amax pass that stores nothing, then RHT + quantize in registers)
+    writes the bits of rht_transposed followed by the scaled fake quantization of the stored Xᵀ, with the same
+    amax; over several programs along the tokens, a ragged feature count, SR with the seed or the key words read
+    from a device table (CUDA graphs), a NaN input under both NaN policies."""
+    from fpsim.random import seed_key
+    from fpsim.torch.quantize import quantize_fused
+    from fpsim.torch.rht import rht_transposed_scaled, scaled_fusable
+
+    d = (opts.get("block") or (1, 16))[1]
+    signs = "recipe" if d == 16 else 12345  # the recipe's fixed vector has 16 entries
+    plan = lower(name, **opts)
+    assert scaled_fusable(plan, d) and fp.copy_kind(plan) == "scaled"
+    x = torch.from_numpy(_data((d * 8 * 2 + 3 * d, 70), 5)).to(DEV, getattr(torch, dtype))
+    x[-2, 3] = 6.0e4  # the largest |value|, in the last, partial program along the tokens
+    if nan:
+        x[7, 66] = float("nan")
+    seed = 1234 if plan.is_sr else None
+    xt, amax_want = tb.rht_transposed(x, d, signs, out_dtype=torch.bfloat16, amax=True,
+                                      ignore_nan=plan.ignore_nan, impl="triton")
+    want = quantize_fused(xt, plan, amax_want, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16,
+                          **({} if seed is None else {"seed": seed}))
+    keys = [seed]
+    if seed is not None:
+        keys.append(torch.tensor(np.array(seed_key(seed), np.uint32).view(np.int32), device=DEV))
+    for key in keys:
+        got, amax = rht_transposed_scaled(x, plan, d, signs, seed=key)
+        assert got.dtype == torch.bfloat16 and got.shape == (70, x.shape[0])
+        if torch.isnan(amax_want):
+            assert torch.isnan(amax)
+        else:
+            assert torch.equal(amax.view(torch.int32), amax_want.view(torch.int32))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), type(key)
+    if nan and not plan.ignore_nan:
+        assert torch.isnan(got.float()).all()  # a NaN amax: every value NaN, as in the two-pass copy
+
+
+def test_wgrad_scaled_copy_refuses_the_plans_it_does_not_fuse():
+    from fpsim.torch.rht import rht_transposed_scaled, scaled_fusable
+
+    x = torch.zeros((32, 16), device=DEV)
+    import dataclasses
+
+    from fpsim.schemes import get_scheme
+
+    nv = get_scheme("nvfp4")
+    for plan in (lower("nvfp4", block=(16, 16)), lower("mxfp4"), lower(dataclasses.replace(nv, four_over_six=True)),
+                 lower(dataclasses.replace(nv, per_row_scale=True)), lower("nvfp4", block=(1, 32))):
+        assert not scaled_fusable(plan, 16)
+        with pytest.raises(ValueError, match="not a one-tensor-scale two-level plan"):
+            rht_transposed_scaled(x, plan, 16)
+    with pytest.raises(ValueError, match="not a multiple of the Hadamard size 16"):
+        rht_transposed_scaled(torch.zeros((24, 16), device=DEV), lower("nvfp4"), 16)

@@ -443,10 +443,11 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
 @triton.jit
 def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr,
                  BF: tl.constexpr, TILES: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr,
-                 AMAX: tl.constexpr, IGNORE_NAN: tl.constexpr):
+                 AMAX: tl.constexpr, IGNORE_NAN: tl.constexpr, STORE: tl.constexpr = True):
     """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program takes TILES tiles of D rows × BF columns of the
     row-major X (R × C, R a multiple of D), transforms each column's D values (the rows of Xᵀ) by
-    :func:`hadamard_rows`, and stores them into ``out`` (C × R).  AMAX: also the max of the stored values' |bits|
+    :func:`hadamard_rows`, and stores them into ``out`` (C × R); STORE=False stores nothing (the amax pass of
+    :func:`fpsim.torch.kernels_quant.rht_t_two_level_kernel`).  AMAX: also the max of the stored values' |bits|
     over its tiles, then one atomic max into ``amax_ptr`` (int32, zeroed; TILES tiles per atomic keep the atomics on
     that one address few; NaN propagates unless IGNORE_NAN), read back from the stored dtype as
     :func:`absmax_kernel` would read it.  A NaN amax's payload is not specified: compiled for the H200, the BF16
@@ -465,7 +466,8 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
         v = hadamard_rows(v, sg, inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
         m = (f[:, None] < C) & (row[None, :] < R)
         st = v.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + f[:, None].to(tl.int64) * R + row[None, :], st, mask=m)
+        if STORE:
+            tl.store(out_ptr + f[:, None].to(tl.int64) * R + row[None, :], st, mask=m)
         if AMAX:
             a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
             if IGNORE_NAN:

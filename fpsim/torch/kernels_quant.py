@@ -32,6 +32,7 @@ from .kernels import (
     encode_elem,
     encode_rne,
     encode_sr,
+    hadamard_rows,
     pack_words,
     second_level,
     sr_bits,
@@ -279,6 +280,54 @@ def two_level_quant_2d_kernel(
     else:
         _store_codes(q_ptr, g, gm, code, W * BT, W, PACK4)
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
+
+
+@triton.jit(do_not_specialize=["k0", "k1", "counter0"])
+def rht_t_two_level_kernel(
+    x_ptr, s_ptr, f_ptr, dec_ptr, amax_ptr, R, C, NB, inv_sqrt, k0, k1, counter0,
+    D: tl.constexpr, LOG2D: tl.constexpr, BF: tl.constexpr, TILES: tl.constexpr, IGNORE_NAN: tl.constexpr,
+    NUM: tl.constexpr, INV_T: tl.constexpr, BOUND: tl.constexpr, TENSOR_SCALE: tl.constexpr,
+    S_MBITS: tl.constexpr, S_EMIN_B: tl.constexpr, S_Q: tl.constexpr, S_MAX_CODE: tl.constexpr,
+    S_NAN_CODE: tl.constexpr,
+    E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
+    SIGN_SHIFT: tl.constexpr, SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8,
+    HW_CVT: tl.constexpr = True, key_ptr=0, KEY_PTR: tl.constexpr = False,
+):
+    """Wgrad's scaled copy of Xᵀ in one pass over the row-major X (R × C, R a multiple of D): the tiles of
+    :func:`fpsim.torch.kernels.rht_t_kernel` (TILES tiles of D rows × BF columns per program; each column's D
+    values, a row of Xᵀ, through :func:`hadamard_rows` with BF16 rounding in and out), and each transformed row
+    of D values quantized as one two-level block of Xᵀ, as :func:`two_level_quant_kernel` quantizes the stored
+    Xᵀ (FAKE, APPLY_SDEC=False, OUT_BF16): block g = row of Xᵀ · NB + tile (NB = R / D), the same Philox counters,
+    the exact e · s_b written as BF16 bits into the int16 view ``f_ptr`` (C × R).  The tensor amax at
+    ``amax_ptr`` is the transformed copy's, from the STORE=False amax pass of ``rht_t_kernel``.  The values
+    quantized are those the two-pass path reads back from BF16 (the rounded float32 ``v``), so the codes and
+    scales are its bits; a NaN input's payload can differ, and NaN encodes by the NaN policy either way."""
+    f = tl.program_id(1) * BF + tl.arange(0, BF)
+    i = tl.arange(0, D)
+    sg = tl.load(s_ptr + i)[None, :]
+    s_enc, s_dec = second_level(amax_ptr, f, f < C, NB, NUM, BF, TENSOR_SCALE, False)
+    if SR:
+        u0, u1 = sr_key(k0, k1, key_ptr, KEY_PTR)
+    for t in tl.static_range(TILES):
+        b = tl.program_id(0).to(tl.int64) * TILES + t
+        row = b * D + i  # rows of X in tile b (columns of Xᵀ); past R (b ≥ NB) the tile is masked out
+        xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=(row[:, None] < R) & (f[None, :] < C),
+                     other=0.0).to(tl.float32)
+        v = hadamard_rows(tl.trans(xt), sg, inv_sqrt, BF, D, LOG2D, True, True, False)  # [BF, D]: block (f, b)
+        m = (f[:, None] < C) & (row[None, :] < R)
+        g = f.to(tl.int64) * NB + b
+        gm = (f < C) & (b < NB)
+        vmax = block_vmax(v, g, gm, 0, NB, 1, False, IGNORE_NAN)
+        sb, sv, enc = _block_scale(vmax, s_enc, s_dec, BF, INV_T, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
+                                   S_NAN_CODE)
+        if SR:
+            rb = sr_bits(g, counter0, u0, u1, BF, D, K, WIDTH)
+        else:
+            rb = 0
+        code = tl.where(m, _encode_scaled(v * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                                          SIGN_SHIFT), 0)
+        out = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
+        store_f32_or_bf16(f_ptr + f[:, None].to(tl.int64) * R + row[None, :], canonical_nan(out), m, True, HW_CVT)
 
 
 @triton.jit

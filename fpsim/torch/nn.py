@@ -100,28 +100,30 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
     x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
     plan = None if st.scheme is None else lower(st.scheme)
     amax = None
-    if st.rht and x.dim() == 2 and x.stride(0) == 1 and x.shape[1] > 1 and fp.enabled(x):
+    wgrad_t = st.rht and x.dim() == 2 and x.stride(0) == 1 and x.shape[1] > 1 and fp.enabled(x)
+    need = wgrad_t and plan is not None and fp.copy_kind(plan) == "scaled"
+    if need and tb.scaled_fusable(plan, st.rht) and not (OBSERVERS and plan.ignore_nan):
+        # Wgrad's scaled dYᵀ and Xᵀ copies in two passes over the untransposed tensor (an amax pass, then the RHT
+        # and the quantization in registers): the transposed BF16 tensor is never written.  An observer's "all
+        # finite" flag of an ignore-NaN copy needs that tensor, so such a copy takes the path below.
+        sr = _graph_key(policy, plan, st.seed, seed=seed, layer=layer, step=step, role=role)
+        v, amax = tb.rht_transposed_scaled(x.t(), plan, st.rht, st.signs, **({} if sr is None else {"seed": sr}))
+        c = fp.Copy(v, "scaled", amax, float(plan.two_level.num), plan)
+        for ob in OBSERVERS:
+            note = getattr(ob, "note", None)
+            if note is not None:
+                note(layer, role, step, None, c)  # the flag is the copy's NaN-propagating amax
+        return c
+    if wgrad_t:
         # Wgrad's dYᵀ and Xᵀ: one pass reads the untransposed tensor, writes the RHT'd transpose as BF16 (exact:
         # the reference's RHT rounds its output to BF16) and takes the amax a scaled copy needs
-        need = plan is not None and fp.copy_kind(plan) == "scaled"
         x, amax = tb.rht_transposed(x.t(), st.rht, st.signs, out_dtype=torch.bfloat16, amax=need,
                                     ignore_nan=need and plan.ignore_nan, impl=fp.IMPL)
     elif st.rht:  # BF16 in, BF16-rounded out, stored as BF16: exact, half the bytes
         x = tb.rht(x.contiguous(), st.rht, st.signs, out_dtype=torch.bfloat16, impl=fp.IMPL)
     elif plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
         x = x.contiguous()
-    sr = st.seed
-    keys = graphs.active()
-    if keys is not None:  # under CUDA-graph capture the kernels read the key from the table (fpsim.torch.graphs)
-        if policy.rht and policy.rht_signs == "per_call":
-            raise ValueError(f"layer {layer!r}, copy {role}: per-call RHT signs change every step, which a CUDA "
-                             f"graph cannot follow; use per-layer or fixed signs, or run without graphs")
-        if sr is not None:
-            if fp.copy_kind(plan) not in ("scaled", "exact"):
-                raise ValueError(f"layer {layer!r}, copy {role}: stochastic rounding of {plan.element.name} "
-                                 f"({plan.kind.value} scaling) runs outside the fused kernels, which a CUDA graph "
-                                 f"cannot re-key; run without graphs")
-            sr = keys.key(layer, role, seed, step)
+    sr = _graph_key(policy, plan, st.seed, seed=seed, layer=layer, step=step, role=role)
     if plan is None:
         c = fp.Copy(x.to(torch.float32), "f32")
     else:
@@ -131,6 +133,24 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         if note is not None:
             note(layer, role, step, x, c)
     return c
+
+
+def _graph_key(policy, plan, sr, *, seed: int, layer: str, step: int, role: str):
+    """The SR seed of a fast-path copy: ``sr`` itself, or under CUDA-graph capture the device words the kernels
+    read from the key table (:mod:`fpsim.torch.graphs`); a copy a graph cannot follow is one clear error."""
+    keys = graphs.active()
+    if keys is None:
+        return sr
+    if policy.rht and policy.rht_signs == "per_call":
+        raise ValueError(f"layer {layer!r}, copy {role}: per-call RHT signs change every step, which a CUDA "
+                         f"graph cannot follow; use per-layer or fixed signs, or run without graphs")
+    if sr is None:
+        return None
+    if fp.copy_kind(plan) not in ("scaled", "exact"):
+        raise ValueError(f"layer {layer!r}, copy {role}: stochastic rounding of {plan.element.name} "
+                         f"({plan.kind.value} scaling) runs outside the fused kernels, which a CUDA graph "
+                         f"cannot re-key; run without graphs")
+    return keys.key(layer, role, seed, step)
 
 
 def _reuse_fprop_w(rec: Recipe) -> bool:

@@ -25,7 +25,7 @@ from .launch import launch
 from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, hw_cvt, kernels, layout, torch_module
 
 __all__ = ["triton_unsupported", "eager_unsupported", "absmax", "amax_bits", "tile_absmax", "quantize_fused",
-           "quantize_eager", "pack_codes", "e8m0_bytes"]
+           "quantize_eager", "pack_codes", "e8m0_bytes", "sr_kw", "two_level_kw"]
 
 _INF = 0x7F800000
 
@@ -129,7 +129,7 @@ def tile_absmax(X, tr: int, bw: int, ignore_nan: bool):
 # Fused Triton launchers
 
 
-def _sr_kw(plan: Plan, seed, counter: int) -> dict:
+def sr_kw(plan: Plan, seed, counter: int) -> dict:
     """Kernel arguments of stochastic rounding with the CPU quantizer's Philox stream (zeros for RNE).
 
     ``seed``: the 64-bit seed, or a device tensor of the two int32 key words (:mod:`fpsim.torch.graphs`), which
@@ -151,7 +151,8 @@ def _elem_kw(plan: Plan) -> dict:
 
 
 @functools.lru_cache(maxsize=512)
-def _two_level_kw(plan: Plan) -> dict:
+def two_level_kw(plan: Plan) -> dict:
+    """The two-level constants and the element format of ``plan`` as the kernels' named constexpr arguments."""
     tl_ = plan.two_level
     sa = tl_.scale_arith
     return {"NUM": float(tl_.num), "INV_T": float(tl_.inv_t), "BOUND": float(tl_.bound),
@@ -225,13 +226,13 @@ def _two_level_launch_kw(plan: Plan, R: int, C: int, fake: bool, out_bf16: bool 
     tl_ = plan.two_level
     w, br = triton_block_width(plan), plan.block[0]
     out = {"FAKE": True, "OUT_BF16": out_bf16, "HW_CVT": hw, "APPLY_SDEC": apply_s_dec} if fake else {"FAKE": False}
-    sr = {} if plan.is_sr else _sr_kw(plan, None, 0)
+    sr = {} if plan.is_sr else sr_kw(plan, None, 0)
     fos = {"FOS": int(tl_.four_over_six), "INV_T46": float(tl_.inv_t46)}
     if br == 16 == w:
-        return {"BT": _BT_2D, "W": w, "IGNORE_NAN": plan.ignore_nan, **out, **sr, **_two_level_kw(plan), **fos,
+        return {"BT": _BT_2D, "W": w, "IGNORE_NAN": plan.ignore_nan, **out, **sr, **two_level_kw(plan), **fos,
                 "num_warps": WARPS}
     return {**out, "BB": max(2048 // w, 1), "W": w, "TR": br, "TILE": br > 1, "IGNORE_NAN": plan.ignore_nan,
-            "PER_ROW": tl_.per_row, **fos, **layout(R, C, w), **sr, **_two_level_kw(plan)}
+            "PER_ROW": tl_.per_row, **fos, **layout(R, C, w), **sr, **two_level_kw(plan)}
 
 
 def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_s_dec: bool = True,
@@ -253,7 +254,7 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
         kw = _two_level_launch_kw(plan, R, C, False)
         q, sc, f = out.view(torch.int32), s, d8
     if plan.is_sr:
-        kw = {**kw, **_sr_kw(plan, seed, counter)}
+        kw = {**kw, **sr_kw(plan, seed, counter)}
     if br == 16 == w:  # one pass: the tile amax is taken inside the program
         launch(KQ.two_level_quant_2d_kernel, (-(-R // 16), -(-nb // _BT_2D)), (X, q, sc, f, dec, amax, R, C, nb), kw)
     else:
@@ -275,7 +276,7 @@ def _mx_fused(X, plan: Plan, fake: bool, seed, counter: int, out_dtype=None):
     bb = max(2048 // w, 1)
     dec = code_table("dec", plan.element, device=dev)
     kw = dict(BB=bb, W=w, TR=br, RULE=p2.rule_id, EMAX=p2.emax, TILE=br > 1, IGNORE_NAN=plan.ignore_nan,
-              **_elem_kw(plan), **layout(R, C, w), **_sr_kw(plan, seed, counter))
+              **_elem_kw(plan), **layout(R, C, w), **sr_kw(plan, seed, counter))
     grid = (-(-nblk // bb),)
     d8 = dummy(dev, "int32")
     inv_max = float(p2.inv_max)

@@ -7,12 +7,13 @@ import functools
 
 import numpy as np
 
+from ..schemes import Kind
 from ..transforms import sign_vector
 from .codecs import bf16_round
 from .launch import launch
 from .runtime import WARPS, kernels, torch_module, use_triton
 
-__all__ = ["rht", "rht_transposed"]
+__all__ = ["rht", "rht_transposed", "rht_transposed_scaled", "scaled_fusable"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -105,15 +106,66 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
         from .quantize import absmax
 
         return out, absmax(out, ignore_nan)
-    K = kernels()
-    s = _signs_on(d, signs, x.device)
-    x = x.contiguous()
     out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
+    return out, _rht_t_pass(x, d, signs, out, amax, ignore_nan)
+
+
+def _rht_t_pass(x, d: int, signs, out, amax: bool, ignore_nan: bool, store: bool = True):
+    """One launch of rht_t_kernel over the 2-D ``x`` into ``out`` (or, ``store=False``, into nothing: a 1-element
+    placeholder of the output dtype); the 0-d float32 amax of the result, or None."""
+    torch = torch_module()
+    R, C = x.shape
+    x = x.contiguous()
     acc = torch.zeros(1, dtype=torch.int32, device=x.device)
     if R and C:
-        inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan))
-        launch(K.rht_t_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)), (x, s, out, acc, R, C, inv_sqrt), kw)
-    return out, (acc.view(torch.float32).reshape(()) if amax else None)
+        inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan), bool(store))
+        launch(kernels().rht_t_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)),
+               (x, _signs_on(d, signs, x.device), out, acc, R, C, inv_sqrt), kw)
+    return acc.view(torch.float32).reshape(()) if amax else None
+
+
+def scaled_fusable(plan, d: int) -> bool:
+    """Whether :func:`rht_transposed_scaled` takes ``plan`` after a size-``d`` RHT: a two-level plan with one tensor
+    scale (no per-row scales, no four-over-six) and 1 × d blocks, d ≤ 64, whose e · s_b are exact in BF16 (the
+    caller's :func:`fpsim.torch.fastpath.copy_kind` ``"scaled"``)."""
+    tl_ = plan.two_level
+    return (plan.kind is Kind.TWO_LEVEL and tl_.tensor_scale and not tl_.per_row and not int(tl_.four_over_six)
+            and plan.block == (1, d) and d in (16, 32, 64))
+
+
+def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, counter: int = 0):
+    """Wgrad's scaled copy of ``rht(x.T, d, signs)`` (BF16 in and out) under ``plan`` (:func:`scaled_fusable`):
+    ``(v, amax)`` with ``v`` the exact e · s_b of every element of the transformed Xᵀ as a C × R BF16 tensor (the
+    "scaled" copy of :mod:`fpsim.torch.fastpath`, S_dec not applied) and ``amax`` its tensor amax (0-d float32).
+
+    Two passes over ``x`` instead of four transfers: an amax pass that transforms without storing, then one
+    kernel that transforms again and quantizes in registers (the transform is a few adds per value; the
+    transposed BF16 tensor the two-pass path writes and reads back is never made).  The same bits as
+    :func:`rht_transposed` followed by ``quantize_fused(fake=True, apply_s_dec=False, out_dtype=bfloat16)``,
+    including stochastic rounding's counters (``seed``: the 64-bit seed or the device key table of
+    :mod:`fpsim.torch.graphs`).  Triton only (CUDA, or the interpreter)."""
+    from .codecs import code_table
+    from .quantize import sr_kw
+    from .runtime import dummy, hw_cvt
+
+    torch = torch_module()
+    R, C = x.shape
+    d = int(d)
+    if R % d:
+        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
+    if not scaled_fusable(plan, d):
+        raise ValueError(f"plan {plan.scheme.name!r} is not a one-tensor-scale two-level plan with 1 × {d} blocks")
+    dev = str(x.device)
+    out = torch.empty((C, R), dtype=torch.bfloat16, device=x.device)
+    amax = _rht_t_pass(x, d, signs, dummy(dev, "bfloat16"), True, plan.ignore_nan, store=False)
+    if R and C:
+        kw = {**_rht_t_scaled_kw(plan, d, hw_cvt()), **sr_kw(plan, seed, counter)}
+        inv_sqrt = _rht_t_kw(d, True, plan.ignore_nan, False)[0]
+        launch(kernels("kernels_quant").rht_t_two_level_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)),
+               (x.contiguous(), _signs_on(d, signs, x.device), out.view(torch.int16),
+                code_table("dec" if plan.packed else "byte", plan.element, device=dev), amax.reshape(1), R, C, R // d,
+                inv_sqrt), kw)
+    return out, amax
 
 
 _RHT_T_BF = 64  # columns of X (rows of Xᵀ) per program of rht_t_kernel
@@ -121,8 +173,18 @@ _RHT_T_TILES = 8  # D-row tiles per program: one atomic amax per 8 tiles (a 1024
 
 
 @functools.lru_cache(maxsize=64)
-def _rht_t_kw(d: int, amax: bool, ignore_nan: bool) -> tuple[float, dict]:
+def _rht_t_kw(d: int, amax: bool, ignore_nan: bool, store: bool = True) -> tuple[float, dict]:
     """fl(1/√d) and the keyword arguments of one rht_t_kernel configuration (built once: the Wgrad hot path)."""
     return float(np.float32(1.0 / np.sqrt(d))), {
         "D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "TILES": _RHT_T_TILES, "BF16_IN": True,
-        "BF16_OUT": True, "AMAX": amax, "IGNORE_NAN": ignore_nan, "num_warps": WARPS}
+        "BF16_OUT": True, "AMAX": amax, "IGNORE_NAN": ignore_nan, "STORE": store, "num_warps": WARPS}
+
+
+@functools.lru_cache(maxsize=64)
+def _rht_t_scaled_kw(plan, d: int, hw: bool) -> dict:
+    """The constexpr arguments of rht_t_two_level_kernel for one plan (the SR key aside), built once."""
+    from .quantize import two_level_kw
+
+    kw = {k: v for k, v in two_level_kw(plan).items() if k != "PACK4"}  # fake output only: no packed codes
+    return {"D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "TILES": _RHT_T_TILES,
+            "IGNORE_NAN": plan.ignore_nan, "HW_CVT": hw, "num_warps": WARPS, **kw}
