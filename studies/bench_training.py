@@ -184,6 +184,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of two steps of the every-block arm")
     ap.add_argument("--skip-fp32", action="store_true", help="leave out the (slow) bit-defined gemm=fp32 arm")
+    ap.add_argument("--mm-tiles", default=None, metavar="BM,BN,BK,GROUP_M,WARPS,STAGES",
+                    help="the fused Triton GEMM arm's tiling (fastpath.MMTiles; default fastpath.MM_TILES), e.g. "
+                         "the fastest of studies.bench_scaled_mm --best")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = (dict(vocab=256, d=64, layers=12, heads=4, seq=64, batch=2) if a.tiny
@@ -211,11 +214,14 @@ def main(argv=None) -> None:
         arms = [arm for arm in arms if "fp32" not in arm[0]]
     if device != "cuda":
         arms = [arm for arm in arms if arm[2] != "graph"]
+    tiles = fastpath.MMTiles(*map(int, a.mm_tiles.split(","))) if a.mm_tiles else fastpath.MM_TILES
+    default_tiles = fastpath.MM_TILES
     rows = []
     base = None
     for name, conv, mon, steps in arms:
         graph = mon == "graph"
         fastpath.GEMM = "triton" if name == TRITON_GEMM_ARM else "cublas"
+        fastpath.MM_TILES = tiles if name == TRITON_GEMM_ARM else default_tiles
         t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
@@ -223,7 +229,7 @@ def main(argv=None) -> None:
                      steps + (1 if "fp32" in name else 4 if graph else 3)))
         mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
-    fastpath.GEMM = "cublas"
+    fastpath.GEMM, fastpath.MM_TILES = "cublas", default_tiles
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
     direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"
@@ -234,7 +240,8 @@ def main(argv=None) -> None:
         f"d_model {cfg['d']}, {cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']} ({tok} tokens/step), "
         f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench_training` (median step of the timed "
         "steps after warm-up; ratios against the BF16 arm of the same run). Direct Triton launches "
-        f"(`fpsim.torch.launch`) at the end of the run: {direct}.",
+        f"(`fpsim.torch.launch`) at the end of the run: {direct}. The fused Triton GEMM arm's tiling "
+        f"(BM, BN, BK, GROUP_M, warps, stages): {tuple(tiles)}.",
         "",
         "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | steps run | loss after them |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

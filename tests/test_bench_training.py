@@ -27,6 +27,8 @@ def test_the_profile_splits_each_arms_time_by_kind_and_the_kinds_add_up(tmp_path
 
 def test_the_benchmark_table_leaves_memory_empty_without_a_gpu(tmp_path):
     out = tmp_path / "bench.md"
-    bench_training.main(["--tiny", "--steps", "1", "--skip-fp32", "--out", str(out)])
+    bench_training.main(["--tiny", "--steps", "1", "--skip-fp32", "--out", str(out), "--mm-tiles", "128,256,64,8,8,4"])
     text = out.read_text()
     assert text.count("| — | — |") == 4 and "no GPU here" in text and "nan" not in text
+    assert "(BM, BN, BK, GROUP_M, warps, stages): (128, 256, 64, 8, 8, 4)." in text
+    assert bench_training.fastpath.MM_TILES == bench_training.fastpath.MMTiles()  # the default restored

@@ -32,7 +32,7 @@ from .quantize import absmax, quantize_fused, triton_unsupported
 from .runtime import hw_cvt, kernels, torch_module, use_triton
 
 __all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "scaled_mm", "alpha_epilogue", "enabled",
-           "IMPL", "GEMM"]
+           "IMPL", "GEMM", "MMTiles", "MM_TILES"]
 
 #: ``impl`` of the fast path's kernels: "auto" (CUDA tensors only) or "triton" (any device: the interpreter, tests).
 IMPL = "auto"
@@ -172,17 +172,32 @@ def _epilogue_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
     return {**_alpha_kw(num_a, num_b, out_bf16, hw), "BLOCK": _EPILOGUE_BLOCK, "num_warps": 4}
 
 
-_MM_TILES = {"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+class MMTiles(NamedTuple):
+    """The tiling of :func:`scaled_mm`: output tiles BM × BN, K steps of BK, GROUP_M tile rows per program group,
+    warps and pipeline stages.  Fixed, not tuned per call: the FP32 sums' order follows BK, so a timing-based
+    choice would change the bits from run to run (``studies/bench_scaled_mm.py`` sweeps candidates offline)."""
+
+    BM: int = 128
+    BN: int = 128
+    BK: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+#: The tiling every scaled_mm call uses.
+MM_TILES = MMTiles()
 
 
 @functools.lru_cache(maxsize=64)
-def _mm_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
-    """The scaled GEMM's keywords for one pair of second-level numerators (built once per configuration)."""
-    return {**_alpha_kw(num_a, num_b, out_bf16, hw), **_MM_TILES}
+def _mm_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool, tiles: MMTiles) -> dict:
+    """The scaled GEMM's keywords for one pair of second-level numerators and one tiling (built once)."""
+    return {**_alpha_kw(num_a, num_b, out_bf16, hw), **tiles._asdict()}
 
 
-def scaled_mm(a: Copy, b: Copy, out_dtype):
-    """fl(A·Bᵀ · alpha) of two scaled copies in one Triton kernel (float32 or BF16 out; see :data:`GEMM`)."""
+def scaled_mm(a: Copy, b: Copy, out_dtype, tiles: MMTiles | None = None):
+    """fl(A·Bᵀ · alpha) of two scaled copies in one Triton kernel (float32 or BF16 out; see :data:`GEMM`), tiled
+    by ``tiles`` (default :data:`MM_TILES`)."""
     K = kernels()
 
     torch = torch_module()
@@ -193,10 +208,11 @@ def scaled_mm(a: Copy, b: Copy, out_dtype):
     out = torch.empty((M, N), dtype=out_dtype, device=A.device)
     if out.numel():
         bf16 = out_dtype == torch.bfloat16
-        grid = (-(-M // _MM_TILES["BM"]) * -(-N // _MM_TILES["BN"]),)
+        t = MM_TILES if tiles is None else tiles
+        grid = (-(-M // t.BM) * -(-N // t.BN),)
         launch(K.scaled_mm_kernel, grid, (A, B, out.view(torch.int16) if bf16 else out, a.amax, b.amax, M, N, k,
                                           A.stride(0), A.stride(1), B.stride(0), B.stride(1), N),
-               _mm_kw(a.num, b.num, bf16, hw_cvt()))
+               _mm_kw(a.num, b.num, bf16, hw_cvt(), t))
     return out
 
 
