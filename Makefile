@@ -25,21 +25,25 @@ OUT ?= /tmp/gpu
 bench-gpu:
 	mkdir -p $(OUT)
 	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
-	$(PYTHON) -m studies.bench_training --out $(OUT)/bench_training.md
+	$(PYTHON) -m studies.bench_scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
+	$(PYTHON) -m studies.bench_training --mm-tiles $$(cat $(OUT)/mm_tiles) --out $(OUT)/bench_training.md
 	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
 	$(PYTHON) -m studies.campaign.run --arm nvfp4 --size s10m --tokens 265e6 --lr 2e-3 --batch 64 \
 		--out /tmp/fpsim-profile --profile $(OUT)/profile_campaign.md
 
 # On the H200 device, each in one command of under ten minutes (OUT, default /tmp/gpu, receives the tables; a
 # failing test does not stop the benchmark: read the output).
-# test-gpu: the torch side's GPU tests (compiled kernels, direct launches, CUDA graphs) and the training-step
-# benchmark without its slow bit-defined arm.
+# test-gpu: the torch side's GPU tests (compiled kernels, direct launches, CUDA graphs), the fused GEMM's tiling
+# sweep, and the training-step benchmark without its slow bit-defined arm (its fused-GEMM arm on the sweep's
+# fastest tiling).
 test-gpu:
 	mkdir -p $(OUT)
 	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
 		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py \
-		tests/test_campaign.py
-	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --out $(OUT)/bench_training.md
+		tests/test_campaign.py tests/test_bench_scaled_mm.py
+	$(PYTHON) -m studies.bench_scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
+	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --mm-tiles $$(cat $(OUT)/mm_tiles) \
+		--out $(OUT)/bench_training.md
 	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
 	$(PYTHON) -m studies.campaign.run --arm nvfp4 --size s10m --tokens 265e6 --lr 2e-3 --batch 64 \
 		--out /tmp/fpsim-profile --profile $(OUT)/profile_campaign.md

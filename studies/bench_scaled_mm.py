@@ -141,12 +141,14 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--tiny", action="store_true", help="CPU smoke test: small shapes under Triton's interpreter")
+    ap.add_argument("--tiny", action="store_true",
+                    help="smoke test: small shapes (without a GPU under Triton's interpreter: not a timing)")
     ap.add_argument("--best", type=Path, default=None,
                     help="also write the fastest tiling as BM,BN,BK,GROUP_M,WARPS,STAGES (bench_training --mm-tiles)")
     a = ap.parse_args(argv)
-    if a.tiny:
-        device, shapes, cands, blocks = "cpu", step_shapes(16, 32, 32), [fp.MMTiles(16, 16, 16, 1, 1, 1)], 1
+    if a.tiny:  # on the GPU where there is one (compiled kernels), else under the interpreter
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        shapes, cands, blocks = step_shapes(16, 32, 32), [fp.MMTiles(16, 16, 16, 1, 1, 1)], 1
         fp.IMPL = "triton"
     else:
         if not torch.cuda.is_available():
@@ -154,6 +156,8 @@ def main(argv=None) -> None:
         device, shapes, cands, blocks = "cuda", step_shapes(), CANDIDATES, 12
     rows = sweep(shapes, cands, device, 2 if a.tiny else a.reps)
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (Triton interpreter: not a timing)"
+    if a.tiny:
+        gpu += ", smoke-test sizes"
     text = (f"# Scaled GEMMs of one training step, per tiling ({datetime.date.today()}, {gpu}, torch "
             f"{torch.__version__})\n\nmean ms per call over {a.reps if not a.tiny else 2} calls after one warm-up; "
             f"NVFP4 copies (exact e · s_b in BF16) of N(0, 1) data.\n\n" + report(rows, cands, blocks, device))
