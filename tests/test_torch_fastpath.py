@@ -378,3 +378,55 @@ def test_wgrad_scaled_copy_refuses_the_plans_it_does_not_fuse():
             rht_transposed_scaled(x, plan, 16)
     with pytest.raises(ValueError, match="not a multiple of the Hadamard size 16"):
         rht_transposed_scaled(torch.zeros((24, 16), device=DEV), lower("nvfp4"), 16)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_one_read_gives_the_plain_and_the_transformed_amax(dtype, nan):
+    """fpsim.torch.rht.rht_t_amaxes: amax(X) as absmax takes it and amax(RHT(Xᵀ)) as rht_transposed takes it,
+    from one pass, each under its own NaN policy; several programs along the tokens, ragged features."""
+    from fpsim.torch.quantize import absmax
+
+    x = torch.from_numpy(_data((16 * 8 * 2 + 48, 70), 6)).to(DEV, getattr(torch, dtype))
+    x[-5, 69] = -9.0e4  # the largest |value|: last partial program, last column
+    if nan:
+        x[3, 40] = float("nan")
+    for ign_rht in (False, True):
+        for ign_plain in (False, True):
+            plain, trans = tb.rht_t_amaxes(x, 16, "recipe", ignore_nan=ign_rht, plain_ignore_nan=ign_plain)
+            want_p = absmax(x, ign_plain)
+            _, want_t = tb.rht_transposed(x, 16, "recipe", out_dtype=torch.bfloat16, amax=True, ignore_nan=ign_rht,
+                                          impl="triton")
+            for got, want in ((plain, want_p), (trans, want_t)):
+                assert got.shape == () and got.dtype == torch.float32
+                if torch.isnan(want):
+                    assert torch.isnan(got)
+                else:
+                    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (ign_rht, ign_plain)
+            assert bool(torch.isnan(plain)) == (nan and not ign_plain)
+
+
+def test_a_fast_nvfp4_linear_reads_x_and_dy_once_for_their_amaxes(monkeypatch):
+    """Under nvfp4_paper the Fprop copy of X and Wgrad's RHT'd Xᵀ (and Dgrad's dY and Wgrad's dYᵀ) take their tensor
+    amax from one shared pass: the only separate amax pass left is W's; the bits are the reference's (the test
+    above checks every copy)."""
+    import fpsim.torch.rht as trht
+
+    calls = {"absmax": 0, "shared": 0, "rht_amax_pass": 0}
+    absmax, shared, one_pass = fp.absmax, tb.rht_t_amaxes, trht._rht_t_pass
+
+    def count(key, fn):
+        def wrapped(*a, **k):
+            calls[key] += 1
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(fp, "absmax", count("absmax", absmax))
+    monkeypatch.setattr(tb, "rht_t_amaxes", count("shared", shared))
+    monkeypatch.setattr(trht, "_rht_t_pass", lambda *a, **k: (calls.__setitem__("rht_amax_pass", calls[
+        "rht_amax_pass"] + (k.get("plain") is None)), one_pass(*a, **k))[1])
+    layer = fnn.Linear(64, 48, bias=False, recipe="nvfp4_paper", name="blocks.1.qkv", seed=3, gemm="blas").to(DEV)
+    x = torch.randn(32, 64, device=DEV, requires_grad=True)
+    layer(x).backward(torch.randn(32, 48, device=DEV))
+    assert calls == {"absmax": 1, "shared": 2, "rht_amax_pass": 0}, calls
+    assert x.grad is not None and layer.weight.grad is not None

@@ -443,11 +443,15 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
 @triton.jit
 def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr,
                  BF: tl.constexpr, TILES: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr,
-                 AMAX: tl.constexpr, IGNORE_NAN: tl.constexpr, STORE: tl.constexpr = True):
+                 AMAX: tl.constexpr, IGNORE_NAN: tl.constexpr, STORE: tl.constexpr = True, plain_ptr=0,
+                 PLAIN: tl.constexpr = False, PLAIN_IGNORE_NAN: tl.constexpr = False):
     """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program takes TILES tiles of D rows × BF columns of the
     row-major X (R × C, R a multiple of D), transforms each column's D values (the rows of Xᵀ) by
     :func:`hadamard_rows`, and stores them into ``out`` (C × R); STORE=False stores nothing (the amax pass of
-    :func:`fpsim.torch.kernels_quant.rht_t_two_level_kernel`).  AMAX: also the max of the stored values' |bits|
+    :func:`fpsim.torch.kernels_quant.rht_t_two_level_kernel`).  PLAIN: also the amax of X itself, as
+    :func:`absmax_kernel` takes it (NaN-propagating unless PLAIN_IGNORE_NAN), one atomic max into ``plain_ptr``
+    per program: the Fprop or Dgrad copy of the same tensor then needs no amax pass of its own.
+    AMAX: also the max of the stored values' |bits|
     over its tiles, then one atomic max into ``amax_ptr`` (int32, zeroed; TILES tiles per atomic keep the atomics on
     that one address few; NaN propagates unless IGNORE_NAN), read back from the stored dtype as
     :func:`absmax_kernel` would read it.  A NaN amax's payload is not specified: compiled for the H200, the BF16
@@ -457,11 +461,17 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
     i = tl.arange(0, D)
     sg = tl.load(s_ptr + i)[None, :]
     acc = tl.zeros([BF, D], tl.int32)
+    accp = tl.zeros([D, BF], tl.int32)
     for t in tl.static_range(TILES):
         b = tl.program_id(0).to(tl.int64) * TILES + t
         row = b * D + i  # rows of X in tile b; past R (b ≥ NT) the tile is masked out
         m_in = (row[:, None] < R) & (f[None, :] < C)
         xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
+        if PLAIN:  # masked loads are +0, which no amax exceeds from below
+            ap = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            if PLAIN_IGNORE_NAN:
+                ap = tl.where(ap > 0x7F800000, 0, ap)
+            accp = tl.maximum(accp, ap)
         v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
         v = hadamard_rows(v, sg, inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
         m = (f[:, None] < C) & (row[None, :] < R)
@@ -475,6 +485,8 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
             acc = tl.maximum(acc, tl.where(m, a, 0))
     if AMAX:
         tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
+    if PLAIN:
+        tl.atomic_max(plain_ptr, tl.max(tl.max(accp, axis=1), axis=0))
 
 
 @triton.jit

@@ -94,12 +94,13 @@ def _mm(qa, qb, gemm: str) -> torch.Tensor:
     return tb.gemm(qa, qb, gemm)
 
 
-def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str) -> fp.Copy:
-    """:func:`_copy` on the fast path: the same steps, written as a :class:`fpsim.torch.fastpath.Copy`."""
+def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str, amax=None) -> fp.Copy:
+    """:func:`_copy` on the fast path: the same steps, written as a :class:`fpsim.torch.fastpath.Copy`.
+    ``amax``: the copy's tensor amax from :func:`_shared_amaxes` (its own amax pass is then skipped)."""
     st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
     x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
     plan = None if st.scheme is None else lower(st.scheme)
-    amax = None
+    given, amax = amax, None
     wgrad_t = st.rht and x.dim() == 2 and x.stride(0) == 1 and x.shape[1] > 1 and fp.enabled(x)
     need = wgrad_t and plan is not None and fp.copy_kind(plan) == "scaled"
     if need and tb.scaled_fusable(plan, st.rht) and not (OBSERVERS and plan.ignore_nan):
@@ -107,7 +108,8 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         # and the quantization in registers): the transposed BF16 tensor is never written.  An observer's "all
         # finite" flag of an ignore-NaN copy needs that tensor, so such a copy takes the path below.
         sr = _graph_key(policy, plan, st.seed, seed=seed, layer=layer, step=step, role=role)
-        v, amax = tb.rht_transposed_scaled(x.t(), plan, st.rht, st.signs, **({} if sr is None else {"seed": sr}))
+        v, amax = tb.rht_transposed_scaled(x.t(), plan, st.rht, st.signs, amax=given,
+                                           **({} if sr is None else {"seed": sr}))
         c = fp.Copy(v, "scaled", amax, float(plan.two_level.num), plan)
         for ob in OBSERVERS:
             note = getattr(ob, "note", None)
@@ -121,8 +123,10 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
                                     ignore_nan=need and plan.ignore_nan, impl=fp.IMPL)
     elif st.rht:  # BF16 in, BF16-rounded out, stored as BF16: exact, half the bytes
         x = tb.rht(x.contiguous(), st.rht, st.signs, out_dtype=torch.bfloat16, impl=fp.IMPL)
-    elif plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
-        x = x.contiguous()
+    else:
+        amax = given  # a copy of the tensor itself: its amax is the plain one
+        if plan is None or fp.copy_kind(plan) != "cast":  # a BF16 cast keeps the view: the GEMM takes strides
+            x = x.contiguous()
     sr = _graph_key(policy, plan, st.seed, seed=seed, layer=layer, step=step, role=role)
     if plan is None:
         c = fp.Copy(x.to(torch.float32), "f32")
@@ -133,6 +137,25 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         if note is not None:
             note(layer, role, step, x, c)
     return c
+
+
+def _shared_amaxes(t: torch.Tensor, plain, trans, *, seed: int, layer: str, step: int, roles: tuple[str, str]):
+    """The tensor amax values of two copies of the 2-D ``t`` from one read (:func:`fpsim.torch.rht.rht_t_amaxes`):
+    ``plain`` (policy of roles[0], e.g. Fprop's X) quantizes ``t`` itself, ``trans`` (roles[1], Wgrad's Xᵀ) its
+    RHT'd transpose; both scaled copies, the second one :func:`_fast_copy` fuses.  None where that does not hold
+    (each copy then takes its own amax pass)."""
+    if not (t.dim() == 2 and t.is_contiguous() and t.dtype in (torch.float32, torch.bfloat16) and t.shape[1] > 1
+            and fp.enabled(t)):
+        return None
+    sp = operand_steps(plain, seed=seed, layer=layer, step=step, role=roles[0])
+    st = operand_steps(trans, seed=seed, layer=layer, step=step, role=roles[1])
+    if sp.rht or not st.rht or sp.scheme is None or st.scheme is None or t.shape[0] % st.rht:
+        return None
+    pp, pt = lower(sp.scheme), lower(st.scheme)
+    if (fp.copy_kind(pp) != "scaled" or fp.copy_kind(pt) != "scaled" or not tb.scaled_fusable(pt, st.rht)
+            or (OBSERVERS and pt.ignore_nan)):
+        return None
+    return tb.rht_t_amaxes(t, st.rht, st.signs, ignore_nan=pt.ignore_nan, plain_ignore_nan=pp.ignore_nan)
 
 
 def _graph_key(policy, plan, sr, *, seed: int, layer: str, step: int, role: str):
@@ -170,19 +193,25 @@ def _reuse_fprop_w(rec: Recipe) -> bool:
 
 class _Ops(NamedTuple):
     """One GEMM path: how a copy is made, how two copies are multiplied (``(a, b, out_dtype)``), what a copy's
-    float32 values are, and how the Fprop copy of W becomes Dgrad's (None: Dgrad quantizes Wᵀ itself)."""
+    float32 values are, how the Fprop copy of W becomes Dgrad's (None: Dgrad quantizes Wᵀ itself), and how two
+    copies of one tensor share its read for their amax values (None: each copy takes its own)."""
 
     copy: Callable
     mm: Callable
     values: Callable
     transposed: Callable | None
+    shared: Callable | None = None
 
 
 def _reference_ops(gemm: str) -> _Ops:
     return _Ops(_copy, lambda a, b, dt: _mm(a, b, gemm).to(dt), _values, None)
 
 
-_FAST = _Ops(_fast_copy, fp.mm, fp.values, fp.transposed)
+_FAST = _Ops(_fast_copy, fp.mm, fp.values, fp.transposed, _shared_amaxes)
+
+
+def _amax_kw(shared, i: int) -> dict:
+    return {} if shared is None else {"amax": shared[i]}
 
 
 class _QLinearFn(torch.autograd.Function):
@@ -195,7 +224,11 @@ class _QLinearFn(torch.autograd.Function):
         kw = {"seed": seed, "layer": name, "step": stp}
         x2d = x.reshape(-1, x.shape[-1])
         qw = ops.copy(weight, rec.fprop_w, role="fprop_w", **kw)
-        y = ops.mm(ops.copy(x2d, rec.fprop_x, role="fprop_x", **kw), qw, out_dtype)
+        # one read of X for the amax of Fprop's copy and of Wgrad's RHT'd Xᵀ, kept for backward
+        shared = ops.shared(x2d, rec.fprop_x, rec.wgrad_x, roles=("fprop_x", "wgrad_x"), **kw) \
+            if ops.shared is not None and ctx.needs_input_grad[1] else None
+        y = ops.mm(ops.copy(x2d, rec.fprop_x, role="fprop_x", **kw, **_amax_kw(shared, 0)), qw, out_dtype)
+        ctx.wgrad_x_amax = None if shared is None else shared[1]
         ctx.save_for_backward(x2d, weight)
         ctx.cfg = cfg
         ctx.qw = ops.transposed(qw) if ops.transposed is not None and _reuse_fprop_w(rec) else None
@@ -212,15 +245,20 @@ class _QLinearFn(torch.autograd.Function):
         dy = dy.reshape(-1, dy.shape[-1])
         kw = {"seed": seed, "layer": name, "step": stp}
         dx = dw = None
-        if ctx.needs_input_grad[0]:
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        shared = ops.shared(dy, rec.dgrad_dy, rec.wgrad_dy, roles=("dgrad_dy", "wgrad_dy"), **kw) \
+            if ops.shared is not None and need_dx and need_dw else None
+        if need_dx:
             qwt = ctx.qw
             if qwt is None:
                 w = ctx.w_fprop if ctx.w_fprop is not None else weight
                 qwt = ops.copy(w.t(), rec.dgrad_w, role="dgrad_w", **kw)
-            dx = ops.mm(ops.copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw), qwt, x2d.dtype).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            dw = ops.mm(ops.copy(dy.t(), rec.wgrad_dy, role="wgrad_dy", **kw),
-                        ops.copy(x2d.t(), rec.wgrad_x, role="wgrad_x", **kw), weight.dtype)
+            dx = ops.mm(ops.copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw, **_amax_kw(shared, 0)), qwt,
+                        x2d.dtype).reshape(ctx.x_shape)
+        if need_dw:
+            wx = {} if ctx.wgrad_x_amax is None else {"amax": ctx.wgrad_x_amax}
+            dw = ops.mm(ops.copy(dy.t(), rec.wgrad_dy, role="wgrad_dy", **kw, **_amax_kw(shared, 1)),
+                        ops.copy(x2d.t(), rec.wgrad_x, role="wgrad_x", **kw, **wx), weight.dtype)
         return dx, dw, None
 
 

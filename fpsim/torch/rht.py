@@ -11,9 +11,9 @@ from ..schemes import Kind
 from ..transforms import sign_vector
 from .codecs import bf16_round
 from .launch import launch
-from .runtime import WARPS, kernels, torch_module, use_triton
+from .runtime import WARPS, dummy, hw_cvt, kernels, torch_module, use_triton
 
-__all__ = ["rht", "rht_transposed", "rht_transposed_scaled", "scaled_fusable"]
+__all__ = ["rht", "rht_transposed", "rht_transposed_scaled", "rht_t_amaxes", "scaled_fusable"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -110,18 +110,37 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
     return out, _rht_t_pass(x, d, signs, out, amax, ignore_nan)
 
 
-def _rht_t_pass(x, d: int, signs, out, amax: bool, ignore_nan: bool, store: bool = True):
+def _rht_t_pass(x, d: int, signs, out, amax: bool, ignore_nan: bool, store: bool = True, plain=None):
     """One launch of rht_t_kernel over the 2-D ``x`` into ``out`` (or, ``store=False``, into nothing: a 1-element
-    placeholder of the output dtype); the 0-d float32 amax of the result, or None."""
+    placeholder of the output dtype); the 0-d float32 amax of the result, or None.  ``plain`` (None, or the NaN
+    policy's ``ignore_nan`` of a copy of ``x`` itself): also that amax of ``x``, returned as a second value."""
     torch = torch_module()
     R, C = x.shape
     x = x.contiguous()
-    acc = torch.zeros(1, dtype=torch.int32, device=x.device)
+    acc = torch.zeros(2 if plain is not None else 1, dtype=torch.int32, device=x.device)
     if R and C:
         inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan), bool(store))
+        if plain is not None:
+            kw = {**kw, "plain_ptr": acc[1:], "PLAIN": True, "PLAIN_IGNORE_NAN": bool(plain)}
         launch(kernels().rht_t_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)),
                (x, _signs_on(d, signs, x.device), out, acc, R, C, inv_sqrt), kw)
-    return acc.view(torch.float32).reshape(()) if amax else None
+    v = acc.view(torch.float32)
+    am = v[0].reshape(()) if amax else None
+    return am if plain is None else (am, v[1].reshape(()))
+
+
+def rht_t_amaxes(x, d: int = 16, signs="recipe", *, ignore_nan: bool = False, plain_ignore_nan: bool = False):
+    """``(amax of x, amax of rht(x.T, d, signs))`` of a 2-D ``x`` (tokens × features, the token count a multiple of
+    ``d``) from one read of ``x``: the tensor amax of its Fprop (or Dgrad) copy, as
+    :func:`fpsim.torch.quantize.absmax` takes it, and that of its Wgrad copy, as :func:`rht_transposed` takes it,
+    each under its own NaN policy.  Triton only (CUDA, or the interpreter); 0-d float32 tensors."""
+    R, C = x.shape
+    d = int(d)
+    if R % d:
+        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
+    rht_amax, plain = _rht_t_pass(x, d, signs, dummy(str(x.device), "bfloat16"), True, ignore_nan, store=False,
+                                  plain=bool(plain_ignore_nan))
+    return plain, rht_amax
 
 
 def scaled_fusable(plan, d: int) -> bool:
@@ -133,7 +152,7 @@ def scaled_fusable(plan, d: int) -> bool:
             and plan.block == (1, d) and d in (16, 32, 64))
 
 
-def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, counter: int = 0):
+def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, counter: int = 0, amax=None):
     """Wgrad's scaled copy of ``rht(x.T, d, signs)`` (BF16 in and out) under ``plan`` (:func:`scaled_fusable`):
     ``(v, amax)`` with ``v`` the exact e · s_b of every element of the transformed Xᵀ as a C × R BF16 tensor (the
     "scaled" copy of :mod:`fpsim.torch.fastpath`, S_dec not applied) and ``amax`` its tensor amax (0-d float32).
@@ -143,10 +162,10 @@ def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, co
     transposed BF16 tensor the two-pass path writes and reads back is never made).  The same bits as
     :func:`rht_transposed` followed by ``quantize_fused(fake=True, apply_s_dec=False, out_dtype=bfloat16)``,
     including stochastic rounding's counters (``seed``: the 64-bit seed or the device key table of
-    :mod:`fpsim.torch.graphs`).  Triton only (CUDA, or the interpreter)."""
+    :mod:`fpsim.torch.graphs`).  ``amax``: the transformed tensor's amax where the caller has it
+    (:func:`rht_t_amaxes`), which skips the amax pass.  Triton only (CUDA, or the interpreter)."""
     from .codecs import code_table
     from .quantize import sr_kw
-    from .runtime import dummy, hw_cvt
 
     torch = torch_module()
     R, C = x.shape
@@ -157,7 +176,8 @@ def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, co
         raise ValueError(f"plan {plan.scheme.name!r} is not a one-tensor-scale two-level plan with 1 × {d} blocks")
     dev = str(x.device)
     out = torch.empty((C, R), dtype=torch.bfloat16, device=x.device)
-    amax = _rht_t_pass(x, d, signs, dummy(dev, "bfloat16"), True, plan.ignore_nan, store=False)
+    if amax is None:
+        amax = _rht_t_pass(x, d, signs, dummy(dev, "bfloat16"), True, plan.ignore_nan, store=False)
     if R and C:
         kw = {**_rht_t_scaled_kw(plan, d, hw_cvt()), **sr_kw(plan, seed, counter)}
         inv_sqrt = _rht_t_kw(d, True, plan.ignore_nan, False)[0]
