@@ -122,6 +122,7 @@ def test_a_run_writes_its_curve_and_record_and_is_deterministic(tmp_path):
     assert list(df.columns) == list(crun.CSV_COLUMNS) and df["step"].iloc[-1] == 8
     assert df["val_loss"].notna().sum() >= 4 and np.isfinite(df["train_loss"]).all()
     assert rec["status"] == "done" and rec["tokens_done"] == 8 * 4 * 64 and rec["corpus"]["train"]["sha256"]
+    assert rec["gemm_path"] == crun.GEMM_PATH == "cublas"  # pinned for every arm (the fast path's default may move)
     assert any(r[1] == "bf16" for r in rec["layers"]) and any(r[1] == "nvfp4_paper" for r in rec["layers"])
     again = _train(tmp_path / "b", "nvfp4")
     a, b = (pd.read_csv(tmp_path / d / f"{rec['run']}.csv") for d in ("a", "b"))

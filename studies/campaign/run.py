@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import fpsim.torch as ft
 from fpsim.io import atomic_write, dumps
+from fpsim.torch import fastpath
 from studies.campaign.arms import ARMS, apply_arm
 from studies.campaign.data import python_sources
 from studies.campaign.model import SIZES, Llama, non_embedding_params
@@ -35,6 +36,10 @@ from studies.campaign.model import SIZES, Llama, non_embedding_params
 __all__ = ["run_id", "batches", "lr_at", "train", "profile_run", "main"]
 
 CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss", "tokens_per_s")
+#: How every run multiplies two scaled copies (fpsim.torch.fastpath.GEMM), pinned: the paths sum the same exact
+#: products in different FP32 orders, so a default changed mid-campaign would make arms differ by more than the
+#: recipe.  The runs so far used cuBLAS + the alpha epilogue.
+GEMM_PATH = "cublas"
 EVALS = 20
 
 
@@ -142,6 +147,7 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     stops; the record then holds ``profiled_s`` and ``profiled_steps``."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     graph_mode = bool(cuda_graph) and device == "cuda"
+    fastpath.GEMM = GEMM_PATH
     cfg, a = SIZES[size], ARMS[arm]
     rid = run_id(arm, seed, size, tokens)
     out = Path(out)
@@ -239,7 +245,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     done_tokens = int(rows[-1].split(",")[1]) if rows else 0
     rec = {"run": rid, "arm": arm, "recipe": a.build().name, "seed": seed, "size": size, "config": vars(cfg),
            "non_embedding_params": n_params, "tokens_budget": int(tokens), "tokens_done": done_tokens,
-           "steps": steps, "batch": batch, "lr": lr, "cuda_graph": stepper is not None and stepper.failed is None,
+           "steps": steps, "batch": batch, "lr": lr, "gemm_path": GEMM_PATH,
+           "cuda_graph": stepper is not None and stepper.failed is None,
            "cuda_graph_failure": None if stepper is None else stepper.failed, "status": status,
            "device": torch.cuda.get_device_name(0)
            if device == "cuda" else "cpu", "seconds_this_call": round(time.perf_counter() - t_start, 1),
