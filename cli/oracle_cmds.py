@@ -271,16 +271,24 @@ def _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_o
 @click.option("--shape", default=None, help="Shape of the raw codes, e.g. 4,32 (default: rows of the input).")
 @click.option("--swizzled", is_flag=True, help="Candidate scales are in the Blackwell swizzled layout.")
 @click.option("--unpacked", is_flag=True, help="4-bit candidate codes are one per byte (not two).")
+@click.option("--rounding", type=click.Choice(["rne", "sr"]), default="rne", show_default=True,
+              help="The candidate's element rounding; sr: stochastic (fpsim's bits with --seed; without, every code "
+                   "checked against the two neighbours of x·enc_b and the away-roundings tested for bias).")
+@click.option("--seed", type=int, default=None, help="--rounding sr: the seed of fpsim's Philox stream (SPEC §3).")
+@click.option("--sr-bits", type=click.IntRange(1, 24), default=None,
+              help="--rounding sr: random bits per element K (default the scheme's, 8 for NVFP4).")
 @_scheme_options
 def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_scales, shape, swizzled, unpacked,
-         scale_rule, block, tensor_scale, per_row_scale, four_over_six, nan_amax, scale_min):
+         rounding, seed, sr_bits, scale_rule, block, tensor_scale, per_row_scale, four_over_six, nan_amax, scale_min):
     """Compare a kernel's codes and scales with fpsim's; exit 0 identical, 1 different, 2 bad input.
 
     CANDIDATE is a .npz or .safetensors file with the keys ``codes`` (uint8,
     quantized axis last, 4-bit codes packed two per byte, element 2j in the low
     nibble), ``scales`` (raw scale bytes [rows, blocks]; float32 for FP32
     scales) and optionally ``amax`` (float32); or give --raw-codes and
-    --raw-scales.
+    --raw-scales.  With --rounding sr and no --seed there are no bits to
+    compare: exit 0 means consistent (every code a neighbour of its scaled
+    value, fpsim's scales, away-roundings those of a stochastic rounding).
     """
     from fpsim.oracle import diff as run_diff
     from fpsim.oracle import load_arrays
@@ -322,7 +330,8 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
                                  f"{', '.join(sorted(arrays)) or 'none'}; expected codes, scales[, amax])")
             codes, scales, amax = arrays["codes"], arrays["scales"], arrays.get("amax")
         rep = run_diff(codes, scales, x, sch, axis=axis, candidate_amax=amax, packed=not unpacked,
-                       swizzled=swizzled, show=max(show, 0), nan_amax=nan_amax, scale_min=smin)
+                       swizzled=swizzled, show=max(show, 0), nan_amax=nan_amax, scale_min=smin, rounding=rounding,
+                       seed=seed, sr_bits=sr_bits)
     except (ValueError, TypeError) as e:
         _fail(str(e).splitlines()[0], 2)
     if out_format == "json":

@@ -25,6 +25,7 @@ from ..schemes import BlockScheme, Kind, get_scheme
 from .common import f32_class, hex32
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
 from .model import Convention, TensorView, model_bytes
+from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, neighbour_check, other_k, rounding_findings, sr_causes
 
 __all__ = ["CAUSES", "DiffReport", "diff"]
 
@@ -60,8 +61,17 @@ CAUSES: dict[str, str] = {
     "in the low nibble)",
     "swizzled scale layout": "the candidate's scales are ours in the Blackwell swizzled layout (or the plain "
     "layout where swizzled was declared)",
+    "stochastic rounding": "fpsim compared round-to-nearest, and the candidate's differing codes are all the other "
+    "neighbour of x·enc_b with unbiased away-roundings: it rounds stochastically (compare with rounding='sr')",
+    "SR random bits": "the code is the other neighbour of x·enc_b: the candidate rounds stochastically with "
+    "other random bits than fpsim's for this seed (another stream, seed, counter layout or K; SPEC §3)",
+    "not a rounding of x·enc_b": "the code is neither neighbour of the scaled value: no rounding of x·enc_b gives "
+    "it (look at the block scale and the element encoder)",
     "other": "no hypothesis explains it; look at the input bits and both codes",
 }
+
+#: Cause indices past the hypotheses' (see _assign: −1 none, −2 the layout finding; rounding.sr_causes).
+_SR_LIKE, _OFF_GRID = SR_LIKE, OFF_GRID
 
 
 @dataclass
@@ -89,6 +99,9 @@ class DiffReport:
     findings: list = field(default_factory=list)
     hypotheses: list = field(default_factory=list)
     explained_by: list = field(default_factory=list)
+    rounding: str = "rne"
+    seed: int | None = None
+    rounding_check: NeighbourCheck | None = None
 
     @property
     def code_mismatch_rate(self) -> float | None:
@@ -100,13 +113,28 @@ class DiffReport:
 
     @property
     def identical(self) -> bool:
-        return self.n_code_mismatches == 0 and self.n_scale_mismatches == 0 and self.amax_match is not False
+        """Every byte fpsim's; with ``rounding="sr"`` and no seed (no bits to compare): every code a neighbour of
+        its x·enc_b, the scales fpsim's, and the away-roundings those of an unbiased stochastic rounding."""
+        same = self.n_code_mismatches == 0 and self.n_scale_mismatches == 0 and self.amax_match is not False
+        if self.rounding == "sr" and self.seed is None:
+            return same and (self.rounding_check is None or self.rounding_check.z is None
+                             or self.rounding_check.stochastic)
+        return same
+
+    @property
+    def _verdict(self) -> str:
+        if self.rounding == "sr" and self.seed is None:
+            return "CONSISTENT with stochastic rounding" if self.identical else "INCONSISTENT with stochastic rounding"
+        return "IDENTICAL" if self.identical else "DIFFERENT"
 
     def to_dict(self) -> dict:
         """JSON-ready dict (``fpsim.io.to_json``: NaN and ±inf are ``null``; ``amax.*_class`` says which)."""
         return to_json({
             "scheme": self.scheme,
             "identical": self.identical,
+            "rounding": self.rounding,
+            "seed": self.seed,
+            "rounding_check": None if self.rounding_check is None else self.rounding_check.to_dict(),
             "elements": self.n_elements,
             "code_mismatches": self.n_code_mismatches,
             "code_mismatch_rate": self.code_mismatch_rate,
@@ -127,7 +155,9 @@ class DiffReport:
     def format_table(self) -> str:
         """A human-readable report."""
         lines = [
-            f"scheme {self.scheme}: " + ("IDENTICAL" if self.identical else "DIFFERENT"),
+            f"scheme {self.scheme}" + ("" if self.rounding == "rne" else
+                                       f", stochastic rounding, seed {'none' if self.seed is None else self.seed}")
+            + f": {self._verdict}",
             f"codes:  {self.n_code_mismatches} / {self.n_elements} differ ({_pct(self.code_mismatch_rate)})",
             f"scales: {self.n_scale_mismatches} / {self.n_blocks} differ ({_pct(self.scale_mismatch_rate)})",
         ]
@@ -135,7 +165,9 @@ class DiffReport:
             lines.append(f"amax:   ours {self.amax_ours}  candidate {self.amax_candidate}  "
                          + ("match" if self.amax_match else "DIFFER"))
         lines += [f"finding: {f}" for f in self.findings]
-        if not self.identical:
+        if self.rounding_check is not None:
+            lines.append(f"rounding: {self.rounding_check.summary()}")
+        if not self.identical and (self.explained_by or self.rounding == "rne"):
             if self.explained_by:
                 lines.append("explained by (every byte): " + self.explained_by[0])
                 lines += [f"  also explained by: {n}" for n in self.explained_by[1:4]]
@@ -244,14 +276,14 @@ def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_
                      f"for {what}")
 
 
-def _reference(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention):
+def _reference(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, seed: int | None = None):
     """fpsim's bytes: the 2-D view, codes [R, nb·BC], scales [R, nb], amax (fpsim.quantize unless the
-    reference uses a convention only the model has, e.g. a scale clamp)."""
+    reference uses a convention only the model has, e.g. a scale clamp); ``seed``: stochastic rounding's."""
     X = np.ascontiguousarray(np.moveaxis(x32, ax, -1)).reshape(-1, x32.shape[ax])
     view = TensorView(X, sch.block)
     model_only = {k for k in ref.changes() if k != "nan_amax"}
     if not model_only:
-        q = quantize(x32, sch, axis=ax, nan_amax=ref.nan_amax)
+        q = quantize(x32, sch, axis=ax, nan_amax=ref.nan_amax, seed=seed)
         c = (unpack_fp4(q.data) if sch.element.bits == 4 else q.data).reshape(view.R, -1)
         codes = np.zeros((view.R, view.nb * view.BC), np.uint8)
         codes[:, : view.C] = c[:, : view.C]
@@ -288,7 +320,8 @@ def _assign(ev: Evaluator, order: list[Outcome], layout_c, layout_s):
 
 def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, candidate_amax=None,
          packed: bool = True, swizzled: bool = False, show: int = 10, nan_amax: str = "propagate",
-         scale_min: float | None = None) -> DiffReport:
+         scale_min: float | None = None, rounding: str = "rne", seed: int | None = None,
+         sr_bits: int | None = None) -> DiffReport:
     """Compare another implementation's codes and scales with fpsim's, and find the conventions that explain them.
 
     fpsim quantizes ``x`` with ``scheme`` (SPEC §4–§6).  Every hypothesis of :mod:`fpsim.oracle.hypotheses`
@@ -320,6 +353,14 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     nan_amax, scale_min
         Reference options: NaN policy of every amax (``"propagate"`` or ``"ignore"``, SPEC §9); a lower
         clamp on the two-level block scale before it is encoded (torchao: ``2**-6``; fpsim: none).
+    rounding, seed, sr_bits
+        The candidate's element rounding: ``"rne"`` (the hypotheses above; where none explains the codes and
+        every differing one is a neighbour of x·enc_b with unbiased away-roundings, the cause is "stochastic
+        rounding") or ``"sr"`` (also implied by an SR scheme): with ``seed`` fpsim's bits for that seed and
+        ``sr_bits`` (default the scheme's K) are the reference, and a mismatch is checked against other K;
+        without a seed there are no bits to compare, so a code "mismatches" when it is neither neighbour of
+        x·enc_b, and the away-roundings are tested for bias (:mod:`fpsim.oracle.rounding`).  The block scales
+        do not depend on the rounding; the scale hypotheses run for ``"rne"`` only.
 
     Returns
     -------
@@ -328,8 +369,18 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     sch = get_scheme(scheme)
     if sch.kind is Kind.CAST or sch.block is None:
         raise ValueError(f"diff compares block-scaled schemes (nvfp4, mx*, fp8_block128), not {sch.name}")
-    if sch.rounding is Rounding.SR:
-        raise ValueError("diff compares deterministic (RNE) quantization; stochastic rounding needs the same bits")
+    if rounding not in ("rne", "sr"):
+        raise ValueError(f"rounding must be 'rne' or 'sr', not {rounding!r}")
+    sr = rounding == "sr" or sch.rounding is Rounding.SR
+    if not sr and (seed is not None or sr_bits is not None):
+        raise ValueError("seed and sr_bits are stochastic rounding's: give rounding='sr' (--rounding sr)")
+    if sr and (scale_min is not None or sch.four_over_six):
+        raise ValueError("diff with stochastic rounding takes no scale_min and no four-over-six")
+    if sr_bits is not None and not 1 <= int(sr_bits) <= 24:
+        raise ValueError("sr_bits must be in 1..24")
+    k = int(sr_bits) if sr_bits is not None else sch.k
+    rne_sch = sch.replace(rounding=Rounding.RNE) if sch.rounding is not Rounding.RNE else sch
+    sr_sch = sch.replace(rounding=Rounding.SR, sr_bits=k) if sr else None
     if nan_amax not in ("propagate", "ignore"):
         raise ValueError("nan_amax must be 'propagate' or 'ignore'")
     if scale_min is not None and sch.kind is not Kind.TWO_LEVEL:
@@ -341,30 +392,15 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     if not -x32.ndim <= axis < x32.ndim:
         raise ValueError(f"axis {axis} out of range for shape {x32.shape}")
     ax = axis % x32.ndim
-    view, ours_p, ours_s, amax_ours = _reference(x32, sch, ax, ref)
+    bits_sch = sr_sch if sr and seed is not None else rne_sch
+    view, ours_p, ours_s, amax_ours = _reference(x32, bits_sch, ax, ref, seed if sr else None)
+    sch = rne_sch  # the hypotheses' and the listings' scheme: the scales are the same under either rounding
     R, C, BC, nb = view.R, view.C, view.BC, view.nb
     moved = tuple(x32.shape[:ax] + x32.shape[ax + 1:] + (x32.shape[ax],))
     what = f"x of shape {x32.shape} along axis {ax}"
     findings: list[str] = []
-    cand, swapped = _candidate_codes(candidate_codes, R, C, nb, BC, sch.element, packed, what)
-    ours = ours_p[:, :C]
-    layout_c = np.zeros(ours_p.shape, bool)
-    n_plain = int(np.count_nonzero(cand != ours))
-    swapped = swapped() if swapped is not None and n_plain else None
-    if swapped is not None and np.count_nonzero(swapped != ours) < n_plain / 2:
-        findings.append("nibble packing order: the candidate puts element 2j in the HIGH nibble "
-                        "(fpsim, cvt.*.e2m1x2 and cuBLAS: low nibble)")
-        layout_c[:, :C] = (cand != ours) & (swapped == ours)
-        fixed = swapped
-    else:
-        fixed = cand
-    cand_s, alt_s, note = _candidate_scales(candidate_scales, R, nb, sch, ours_s, swizzled, what)
-    layout_s = np.zeros(ours_s.shape, bool)
-    fixed_s = cand_s
-    if note is not None:
-        findings.append(note)
-        layout_s = (cand_s != ours_s) & (alt_s == ours_s)
-        fixed_s = alt_s
+    cand, fixed, layout_c = _codes_layout(candidate_codes, ours_p, view, sch, packed, what, findings)
+    cand_s, fixed_s, layout_s = _scales_layout(candidate_scales, ours_s, view, sch, swizzled, what, findings)
     amax_cand = amax_match = None
     if candidate_amax is not None and sch.tensor_scale:
         if np.size(candidate_amax) != amax_ours.size:
@@ -376,33 +412,82 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     cand_p = ours_p.copy()
     cand_p[:, :C] = fixed
     ev = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
-    ranked, order, explained = _diagnose(ev, sch, ref, amax_ours, amax_cand)
+    ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, amax_ours, amax_cand)
     if not ev.n_bad and (layout_c.any() or layout_s.any()):
         explained = [f.split(":")[0] for f in findings if f.startswith(("nibble", "swizzled"))]
     ci, si = _assign(ev, order, layout_c, layout_s)
     bad_c = np.zeros(ours_p.shape, bool)
-    bad_c[:, :C] = cand != ours
+    bad_c[:, :C] = cand != ours_p[:, :C]
     bad_s = ~_same_scales(cand_s, ours_s)
     hyps = [o.hyp for o in order]
     cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
+    check = None
+    if sr or (ev.bad_c.any() and not explained):
+        check, on_grid, compared = _neighbours(ev, fixed_s, ours_s, cand_p, ours_p, k)
+        if sr and seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
+            bad_c = compared & ~on_grid
+            bad_c[:, C:] = False
+        elif sr and ev.n_bad and _same_scales(fixed_s, ours_s).all():
+            explained = other_k(lambda kk: _reference(x32, sr_sch.replace(sr_bits=kk), ax, ref, seed)[1], k, cand_p)
+        cidx = sr_causes(cidx, bad_c, on_grid, compared, sr or check.stochastic, sr)
+        findings += rounding_findings(check, sr, seed, k, bool(explained))
     report = DiffReport(
         scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
         n_scale_mismatches=int(bad_s.sum()),
         amax_ours=amax_ours.tolist() if sch.tensor_scale else None,
         amax_candidate=None if amax_cand is None else amax_cand.tolist(), amax_match=amax_match,
         findings=findings, explained_by=explained,
-        hypotheses=[o.to_dict(ev.n_bad) for o in ranked],
+        hypotheses=[o.to_dict(ev.n_bad) for o in ranked], rounding="sr" if sr else "rne",
+        seed=None if seed is None else int(seed), rounding_check=check,
     )
+    sr_cause = "SR random bits" if sr else "stochastic rounding"
     causes: Counter = Counter()
-    for k, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
-        causes[_cause_name(int(k), hyps, "nibble packing order")] += int(n)
-    for k, n in zip(*np.unique(si[bad_s], return_counts=True)):
-        causes[_cause_name(int(k), hyps, "swizzled scale layout")] += int(n)
+    for kk, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
+        causes[_cause_name(int(kk), hyps, "nibble packing order", sr_cause)] += int(n)
+    for kk, n in zip(*np.unique(si[bad_s], return_counts=True)):
+        causes[_cause_name(int(kk), hyps, "swizzled scale layout", sr_cause)] += int(n)
     report.causes = dict(causes)
     report.code_mismatches = _code_listing(ev, sch, cidx, detail_own, hyps, bad_c, ours_p, cand_p if not
-                                           layout_c.any() else _pad(cand, ours_p), show, moved, ax)
+                                           layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause)
     report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show)
     return report
+
+
+def _neighbours(ev: Evaluator, cand_s, ours_s, cand_p, ours_p, k: int):
+    """:func:`fpsim.oracle.rounding.neighbour_check` over the blocks whose scale bytes are fpsim's: the counts,
+    and the masks [R, nb·BC] of the codes that are a neighbour of x·enc_b and of the elements compared."""
+    same = np.repeat(_same_scales(cand_s, ours_s), ev.view.BC, axis=1) & ev.valid
+    check, fin, on = neighbour_check(ev.y_ref().reshape(same.shape), ev.sch.element, same, cand_p, ours_p, k)
+    return check, on, fin
+
+
+def _codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, packed: bool, what: str,
+                  findings: list):
+    """The candidate's codes as given, as compared (the nibbles swapped where that fixes most of them, with a
+    finding) and the mask [R, nb·BC] of the codes the swap fixes."""
+    C = view.C
+    cand, swapped = _candidate_codes(candidate_codes, view.R, C, view.nb, view.BC, sch.element, packed, what)
+    ours = ours_p[:, :C]
+    layout_c = np.zeros(ours_p.shape, bool)
+    n_plain = int(np.count_nonzero(cand != ours))
+    swapped = swapped() if swapped is not None and n_plain else None
+    if swapped is not None and np.count_nonzero(swapped != ours) < n_plain / 2:
+        findings.append("nibble packing order: the candidate puts element 2j in the HIGH nibble "
+                        "(fpsim, cvt.*.e2m1x2 and cuBLAS: low nibble)")
+        layout_c[:, :C] = (cand != ours) & (swapped == ours)
+        return cand, swapped, layout_c
+    return cand, cand, layout_c
+
+
+def _scales_layout(candidate_scales, ours_s, view: TensorView, sch: BlockScheme, swizzled: bool, what: str,
+                   findings: list):
+    """The candidate's scale bytes as given, as compared (the other layout where that matches, with a finding)
+    and the mask of the bytes the layout explains."""
+    cand_s, alt_s, note = _candidate_scales(candidate_scales, view.R, view.nb, sch, ours_s, swizzled, what)
+    if note is None:
+        return cand_s, cand_s, np.zeros(ours_s.shape, bool)
+    findings.append(note)
+    return cand_s, alt_s, (cand_s != ours_s) & (alt_s == ours_s)
 
 
 def _pad(cand: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -444,7 +529,7 @@ def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours, amax_
 def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC: int):
     """Code cause indices, with "codes from the candidate's own scales" replaced by the cause of the block's
     scale byte where it has one; and the mask of the codes so replaced."""
-    own = np.array([h.own_scales for h in hyps] + [False, False], bool)  # indices −2, −1 read the tail
+    own = np.array([h.own_scales for h in hyps] + [False] * 4, bool)  # indices −4 … −1 read the tail
     is_own = own[ci]
     if not is_own.any():
         return ci, is_own
@@ -454,7 +539,11 @@ def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC
     return out, is_own
 
 
-def _cause_name(k: int, hyps: list[Hypothesis], layout: str) -> str:
+def _cause_name(k: int, hyps: list[Hypothesis], layout: str, sr_cause: str = "stochastic rounding") -> str:
+    if k == _SR_LIKE:
+        return sr_cause
+    if k == _OFF_GRID:
+        return "not a rounding of x·enc_b"
     if k == -2:
         return layout
     if k == -1:
@@ -468,7 +557,8 @@ def _detail(k: int, own: bool, hyps: list[Hypothesis]) -> str:
     return hyps[k].name if k >= 0 else ""
 
 
-def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_p, cand_p, show: int, moved, ax):
+def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_p, cand_p, show: int, moved, ax,
+                  sr_cause: str = "stochastic rounding"):
     rows, cols = np.nonzero(bad_c)
     rows, cols = rows[:show], cols[:show]
     BC = ev.view.BC
@@ -490,7 +580,7 @@ def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_
             "x": float(x[i]), "x_hex": hex32(x[i]), "scaled": float(y[i]), "scaled_hex": hex32(y[i]),
             "ours": o, "ours_hex": f"0x{o:X}", "candidate": k, "candidate_hex": f"0x{k:X}",
             "ours_value": float(table[o]), "candidate_value": float(table[k]),
-            "cause": _cause_name(kk, hyps, "nibble packing order"),
+            "cause": _cause_name(kk, hyps, "nibble packing order", sr_cause),
             "detail": _detail(kk, bool(own[r, c]), hyps),
         })
     return out
