@@ -101,13 +101,15 @@ def neighbour_check(y: np.ndarray, el, compare: np.ndarray, cand: np.ndarray, ou
     c = cand[fin]
     off = (c != lo) & (c != hi)
     inexact = lo != hi
-    table = np.abs(el.decode_table().astype(np.float64))
-    a = np.abs(yv[inexact].astype(np.float64))
+    # float32 is exact here: adjacent grid values differ by a power of two (ulp), and |y| − |lo|, |hi| − |y| are
+    # exact by Sterbenz (or |y| itself where lo = 0); only the sums below are taken in float64
+    table = np.abs(el.decode_table().astype(np.float32))
+    a = np.abs(yv[inexact])
     vlo, vhi = table[lo[inexact]], table[hi[inexact]]
     ulp = vhi - vlo
-    p = np.clip((a - vlo) / ulp, 0.0, 1.0)
-    scale = float(2 ** int(k))
-    pk = np.clip(scale - np.ceil((vhi - a) * scale / ulp), 0.0, scale) / scale
+    p = (a - vlo) / ulp
+    scale = np.float32(2 ** int(k))
+    pk = np.clip(scale - np.ceil((vhi - a) * (scale / ulp)), 0, scale) / scale
     went = c[inexact] == hi[inexact]
     sgn, pbin = neg[inexact], np.searchsorted(_P_EDGES, p, side="right")
     worst = None
@@ -117,8 +119,8 @@ def neighbour_check(y: np.ndarray, el, compare: np.ndarray, cand: np.ndarray, ou
             m = (sgn == s) & (pbin == b)
             if not m.any():
                 continue
-            sd = math.sqrt(float((p[m] * (1 - p[m])).sum()))
-            e = (float(pk[m].sum()), float(p[m].sum()))
+            sd = math.sqrt(float((p[m] * (1 - p[m])).sum(dtype=np.float64)))
+            e = (float(pk[m].sum(dtype=np.float64)), float(p[m].sum(dtype=np.float64)))
             z = _z(int(went[m].sum()), *e, sd)
             if worst is None or abs(z) > abs(worst["z"]):
                 worst = {"sign": "< 0" if s else "> 0", "p": [edges[b], edges[b + 1]], "away": int(went[m].sum()),
@@ -127,8 +129,9 @@ def neighbour_check(y: np.ndarray, el, compare: np.ndarray, cand: np.ndarray, ou
     on[fin] = ~off
     check = NeighbourCheck(
         elements=int(fin.sum()), inexact=int(inexact.sum()), off_grid=int(off.sum()),
-        differ=int((c != ours[fin]).sum()), away=int(went.sum()), expected_away=(float(pk.sum()), float(p.sum())),
-        sd_away=float(math.sqrt(float((p * (1 - p)).sum()))), k=int(k), worst=worst)
+        differ=int((c != ours[fin]).sum()), away=int(went.sum()),
+        expected_away=(float(pk.sum(dtype=np.float64)), float(p.sum(dtype=np.float64))),
+        sd_away=float(math.sqrt(float((p * (1 - p)).sum(dtype=np.float64)))), k=int(k), worst=worst)
     return check, fin, on
 
 
