@@ -25,7 +25,7 @@ from ..schemes import BlockScheme, Kind, get_scheme
 from .common import f32_class, hex32
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
 from .model import Convention, TensorView, model_bytes
-from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, neighbour_check, other_k, rounding_findings, sr_causes
+from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
 
 __all__ = ["CAUSES", "DiffReport", "diff"]
 
@@ -70,8 +70,6 @@ CAUSES: dict[str, str] = {
     "other": "no hypothesis explains it; look at the input bits and both codes",
 }
 
-#: Cause indices past the hypotheses' (see _assign: −1 none, −2 the layout finding; rounding.sr_causes).
-_SR_LIKE, _OFF_GRID = SR_LIKE, OFF_GRID
 
 
 @dataclass
@@ -299,6 +297,30 @@ def _reference(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, seed
     return view, codes, scales, amax
 
 
+def _schemes(scheme, rounding: str, seed, sr_bits, scale_min, nan_amax: str):
+    """The checked arguments of :func:`diff`: the scheme, whether the candidate rounds stochastically, its K, and
+    the scheme under round-to-nearest and under stochastic rounding (None unless ``sr``)."""
+    sch = get_scheme(scheme)
+    if sch.kind is Kind.CAST or sch.block is None:
+        raise ValueError(f"diff compares block-scaled schemes (nvfp4, mx*, fp8_block128), not {sch.name}")
+    if rounding not in ("rne", "sr"):
+        raise ValueError(f"rounding must be 'rne' or 'sr', not {rounding!r}")
+    sr = rounding == "sr" or sch.rounding is Rounding.SR
+    if not sr and (seed is not None or sr_bits is not None):
+        raise ValueError("seed and sr_bits are stochastic rounding's: give rounding='sr' (--rounding sr)")
+    if sr and (scale_min is not None or sch.four_over_six):
+        raise ValueError("diff with stochastic rounding takes no scale_min and no four-over-six")
+    if sr_bits is not None and not 1 <= int(sr_bits) <= 24:
+        raise ValueError("sr_bits must be in 1..24")
+    if nan_amax not in ("propagate", "ignore"):
+        raise ValueError("nan_amax must be 'propagate' or 'ignore'")
+    if scale_min is not None and sch.kind is not Kind.TWO_LEVEL:
+        raise ValueError(f"scale_min applies to two-level (E4M3-scaled) schemes, not {sch.name}")
+    k = int(sr_bits) if sr_bits is not None else sch.k
+    rne_sch = sch.replace(rounding=Rounding.RNE) if sch.rounding is not Rounding.RNE else sch
+    return sch, sr, k, rne_sch, sch.replace(rounding=Rounding.SR, sr_bits=k) if sr else None
+
+
 def _assign(ev: Evaluator, order: list[Outcome], layout_c, layout_s):
     """Per mismatching code / scale byte, the index in ``order`` of the first outcome that explains it (−1 none;
     −2 the layout finding)."""
@@ -366,25 +388,7 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     -------
     DiffReport
     """
-    sch = get_scheme(scheme)
-    if sch.kind is Kind.CAST or sch.block is None:
-        raise ValueError(f"diff compares block-scaled schemes (nvfp4, mx*, fp8_block128), not {sch.name}")
-    if rounding not in ("rne", "sr"):
-        raise ValueError(f"rounding must be 'rne' or 'sr', not {rounding!r}")
-    sr = rounding == "sr" or sch.rounding is Rounding.SR
-    if not sr and (seed is not None or sr_bits is not None):
-        raise ValueError("seed and sr_bits are stochastic rounding's: give rounding='sr' (--rounding sr)")
-    if sr and (scale_min is not None or sch.four_over_six):
-        raise ValueError("diff with stochastic rounding takes no scale_min and no four-over-six")
-    if sr_bits is not None and not 1 <= int(sr_bits) <= 24:
-        raise ValueError("sr_bits must be in 1..24")
-    k = int(sr_bits) if sr_bits is not None else sch.k
-    rne_sch = sch.replace(rounding=Rounding.RNE) if sch.rounding is not Rounding.RNE else sch
-    sr_sch = sch.replace(rounding=Rounding.SR, sr_bits=k) if sr else None
-    if nan_amax not in ("propagate", "ignore"):
-        raise ValueError("nan_amax must be 'propagate' or 'ignore'")
-    if scale_min is not None and sch.kind is not Kind.TWO_LEVEL:
-        raise ValueError(f"scale_min applies to two-level (E4M3-scaled) schemes, not {sch.name}")
+    sch, sr, k, rne_sch, sr_sch = _schemes(scheme, rounding, seed, sr_bits, scale_min, nan_amax)
     ref = Convention(nan_amax=nan_amax, scale_min=None if scale_min is None else float(scale_min))
     x32 = as_float32(x)
     if x32.ndim == 0:
@@ -423,7 +427,7 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
     check = None
     if sr or (ev.bad_c.any() and not explained):
-        check, on_grid, compared = _neighbours(ev, fixed_s, ours_s, cand_p, ours_p, k)
+        check, on_grid, compared = check_blocks(ev, _same_scales(fixed_s, ours_s), cand_p, ours_p, k)
         if sr and seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
             bad_c = compared & ~on_grid
             bad_c[:, C:] = False
@@ -451,14 +455,6 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
                                            layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause)
     report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show)
     return report
-
-
-def _neighbours(ev: Evaluator, cand_s, ours_s, cand_p, ours_p, k: int):
-    """:func:`fpsim.oracle.rounding.neighbour_check` over the blocks whose scale bytes are fpsim's: the counts,
-    and the masks [R, nb·BC] of the codes that are a neighbour of x·enc_b and of the elements compared."""
-    same = np.repeat(_same_scales(cand_s, ours_s), ev.view.BC, axis=1) & ev.valid
-    check, fin, on = neighbour_check(ev.y_ref().reshape(same.shape), ev.sch.element, same, cand_p, ours_p, k)
-    return check, on, fin
 
 
 def _codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, packed: bool, what: str,
@@ -540,9 +536,9 @@ def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC
 
 
 def _cause_name(k: int, hyps: list[Hypothesis], layout: str, sr_cause: str = "stochastic rounding") -> str:
-    if k == _SR_LIKE:
+    if k == SR_LIKE:
         return sr_cause
-    if k == _OFF_GRID:
+    if k == OFF_GRID:
         return "not a rounding of x·enc_b"
     if k == -2:
         return layout

@@ -23,8 +23,8 @@ import numpy as np
 
 from .model import round_codes
 
-__all__ = ["NeighbourCheck", "neighbour_check", "other_k", "rounding_findings", "sr_causes", "Z_LIMIT", "SR_LIKE",
-           "OFF_GRID"]
+__all__ = ["NeighbourCheck", "neighbour_check", "check_blocks", "other_k", "rounding_findings", "sr_causes",
+           "Z_LIMIT", "SR_LIKE", "OFF_GRID"]
 
 #: Cause indices of :func:`fpsim.oracle.diff` for a code that is the other neighbour of x·enc_b, and for one that
 #: is neither (past its −1 "none" and −2 "layout").
@@ -133,6 +133,15 @@ def neighbour_check(y: np.ndarray, el, compare: np.ndarray, cand: np.ndarray, ou
         expected_away=(float(pk.sum(dtype=np.float64)), float(p.sum(dtype=np.float64))),
         sd_away=float(math.sqrt(float((p * (1 - p)).sum(dtype=np.float64)))), k=int(k), worst=worst)
     return check, fin, on
+
+
+def check_blocks(ev, same_blocks: np.ndarray, cand_p: np.ndarray, ours_p: np.ndarray, k: int):
+    """:func:`neighbour_check` over the blocks whose scale bytes are fpsim's (``same_blocks`` [R, nb]) of a
+    :class:`fpsim.oracle.hypotheses.Evaluator`'s view: the check, and the masks [R, nb·BC] of the codes that are a
+    neighbour of x·enc_b and of the elements compared."""
+    same = np.repeat(same_blocks, ev.view.BC, axis=1) & ev.valid
+    check, fin, on = neighbour_check(ev.y_ref().reshape(same.shape), ev.sch.element, same, cand_p, ours_p, k)
+    return check, on, fin
 
 
 def sr_causes(cidx: np.ndarray, bad: np.ndarray, on_grid: np.ndarray, compared: np.ndarray, stochastic: bool,
