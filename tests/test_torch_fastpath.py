@@ -406,13 +406,13 @@ def test_one_read_gives_the_plain_and_the_transformed_amax(dtype, nan):
             assert bool(torch.isnan(plain)) == (nan and not ign_plain)
 
 
-def test_a_fast_nvfp4_linear_reads_x_and_dy_once_for_their_amaxes(monkeypatch):
+def test_a_fast_nvfp4_linear_reads_x_and_dy_twice_each(monkeypatch):
     """Under nvfp4_paper the Fprop copy of X and Wgrad's RHT'd Xᵀ (and Dgrad's dY and Wgrad's dYᵀ) take their tensor
-    amax from one shared pass: the only separate amax pass left is W's; the bits are the reference's (the test
-    above checks every copy)."""
+    amax values from one shared pass and are written by one more: the only separate amax pass and quantize launch
+    left are W's; the bits are the reference's (the test above checks every copy)."""
     import fpsim.torch.rht as trht
 
-    calls = {"absmax": 0, "shared": 0, "rht_amax_pass": 0}
+    calls = {"absmax": 0, "shared": 0, "rht_amax_pass": 0, "quantize": 0, "pair": 0}
     absmax, shared, one_pass = fp.absmax, tb.rht_t_amaxes, trht._rht_t_pass
 
     def count(key, fn):
@@ -423,10 +423,49 @@ def test_a_fast_nvfp4_linear_reads_x_and_dy_once_for_their_amaxes(monkeypatch):
 
     monkeypatch.setattr(fp, "absmax", count("absmax", absmax))
     monkeypatch.setattr(tb, "rht_t_amaxes", count("shared", shared))
+    monkeypatch.setattr(fp, "quantize_fused", count("quantize", fp.quantize_fused))
+    monkeypatch.setattr(tb, "rht_transposed_scaled_pair", count("pair", tb.rht_transposed_scaled_pair))
     monkeypatch.setattr(trht, "_rht_t_pass", lambda *a, **k: (calls.__setitem__("rht_amax_pass", calls[
         "rht_amax_pass"] + (k.get("plain") is None)), one_pass(*a, **k))[1])
     layer = fnn.Linear(64, 48, bias=False, recipe="nvfp4_paper", name="blocks.1.qkv", seed=3, gemm="blas").to(DEV)
     x = torch.randn(32, 64, device=DEV, requires_grad=True)
     layer(x).backward(torch.randn(32, 48, device=DEV))
-    assert calls == {"absmax": 1, "shared": 2, "rht_amax_pass": 0}, calls
+    # W's copy alone takes its own amax pass and quantize launch; X and dY each one amax read and one pair launch
+    assert calls == {"absmax": 1, "shared": 2, "rht_amax_pass": 0, "quantize": 1, "pair": 2}, calls
     assert x.grad is not None and layer.weight.grad is not None
+
+
+@pytest.mark.parametrize("name,opts", [("nvfp4", {}), ("nvfp4", {"rounding": "sr"}), ("nvfp4", {"block": (1, 32)}),
+                                       ("nvfp4", {"nan_amax": "ignore"}), ("nvfp4", {"rounding": "sr", "k": 4})],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_both_copies_of_a_tensor_from_one_read_are_the_separate_copies(name, opts, dtype, nan):
+    """fpsim.torch.rht.rht_transposed_scaled_pair: the scaled copy of X (1 × W blocks along its rows, as make_copy
+    writes it) and Wgrad's of RHT(Xᵀ), from one pass, each with its own amax and SR key (seeds, or the device
+    key tables of CUDA graphs): the bits of the two separate kernels; ragged features (partial row blocks)."""
+    from fpsim.random import seed_key
+    from fpsim.torch.quantize import quantize_fused
+    from fpsim.torch.rht import rht_t_amaxes, rht_transposed_scaled, rht_transposed_scaled_pair
+
+    d = (opts.get("block") or (1, 16))[1]
+    signs = "recipe" if d == 16 else 12345
+    plan = lower(name, **opts)
+    x = torch.from_numpy(_data((d * 8 * 2 + 3 * d, 70), 7)).to(DEV, getattr(torch, dtype))
+    x[-2, 68] = 6.0e4
+    if nan:
+        x[9, 2] = float("nan")
+    plain_amax, amax = rht_t_amaxes(x, d, signs, ignore_nan=plan.ignore_nan, plain_ignore_nan=plan.ignore_nan)
+    seeds = (None, None) if not plan.is_sr else (1234, 99)
+    want_p = quantize_fused(x.contiguous(), plan, plain_amax, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16,
+                            **({} if seeds[1] is None else {"seed": seeds[1]}))
+    want_t, _ = rht_transposed_scaled(x, plan, d, signs, amax=amax, **({} if seeds[0] is None else {"seed": seeds[0]}))
+    keys = [seeds]
+    if plan.is_sr:
+        keys.append(tuple(torch.tensor(np.array(seed_key(s), np.uint32).view(np.int32), device=DEV) for s in seeds))
+    for s_t, s_p in keys:
+        got_p, got_t = rht_transposed_scaled_pair(x, plan, d, signs, amax=amax, plain_amax=plain_amax, seed=s_t,
+                                                  plain_seed=s_p)
+        assert got_p.shape == x.shape and got_t.shape == x.t().shape
+        assert torch.equal(got_p.view(torch.int16), want_p.view(torch.int16)), type(s_t)
+        assert torch.equal(got_t.view(torch.int16), want_t.view(torch.int16)), type(s_t)

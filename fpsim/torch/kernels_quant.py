@@ -282,7 +282,22 @@ def two_level_quant_2d_kernel(
         tl.store(s_ptr + g, sb.to(tl.uint8), mask=gm)
 
 
-@triton.jit(do_not_specialize=["k0", "k1", "counter0"])
+@triton.jit
+def _scaled_values(x, m, g, gm, s_enc, s_dec, rb, dec_ptr, NB, BB: tl.constexpr, IGNORE_NAN: tl.constexpr,
+                   INV_T: tl.constexpr, BOUND: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN_B: tl.constexpr,
+                   S_Q: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, SR: tl.constexpr,
+                   K: tl.constexpr, E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr,
+                   MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
+    """The exact e · s_b of the [BB, W] two-level blocks ``x`` (ids ``g``, element mask ``m``; random bits ``rb``
+    under SR): :func:`two_level_quant_kernel`'s FAKE, APPLY_SDEC=False values, canonical NaN."""
+    vmax = block_vmax(x, g, gm, 0, NB, 1, False, IGNORE_NAN)
+    sb, sv, enc = _block_scale(vmax, s_enc, s_dec, BB, INV_T, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE, S_NAN_CODE)
+    code = tl.where(m, _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                                      SIGN_SHIFT), 0)
+    return canonical_nan(_elem_values(code, dec_ptr, E2M1) * sv[:, None])
+
+
+@triton.jit(do_not_specialize=["k0", "k1", "counter0", "k0p", "k1p"])
 def rht_t_two_level_kernel(
     x_ptr, s_ptr, f_ptr, dec_ptr, amax_ptr, R, C, NB, inv_sqrt, k0, k1, counter0,
     D: tl.constexpr, LOG2D: tl.constexpr, BF: tl.constexpr, TILES: tl.constexpr, IGNORE_NAN: tl.constexpr,
@@ -292,6 +307,7 @@ def rht_t_two_level_kernel(
     E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
     SIGN_SHIFT: tl.constexpr, SR: tl.constexpr = False, K: tl.constexpr = 8, WIDTH: tl.constexpr = 8,
     HW_CVT: tl.constexpr = True, key_ptr=0, KEY_PTR: tl.constexpr = False,
+    fp_ptr=0, amax_p_ptr=0, NBP=0, k0p=0, k1p=0, key_p_ptr=0, PLAIN: tl.constexpr = False, W: tl.constexpr = 16,
 ):
     """Wgrad's scaled copy of Xᵀ in one pass over the row-major X (R × C, R a multiple of D): the tiles of
     :func:`fpsim.torch.kernels.rht_t_kernel` (TILES tiles of D rows × BF columns per program; each column's D
@@ -301,13 +317,25 @@ def rht_t_two_level_kernel(
     the exact e · s_b written as BF16 bits into the int16 view ``f_ptr`` (C × R).  The tensor amax at
     ``amax_ptr`` is the transformed copy's, from the STORE=False amax pass of ``rht_t_kernel``.  The values
     quantized are those the two-pass path reads back from BF16 (the rounded float32 ``v``), so the codes and
-    scales are its bits; a NaN input's payload can differ, and NaN encodes by the NaN policy either way."""
+    scales are its bits; a NaN input's payload can differ, and NaN encodes by the NaN policy either way.
+
+    PLAIN: from the same tiles also the scaled copy of X itself (the same plan, 1 × W blocks along its rows,
+    block id row · NBP + column block, its own tensor amax at ``amax_p_ptr`` and SR key ``k0p, k1p`` or
+    ``key_p_ptr``; counters from ``counter0``) into the int16 view ``fp_ptr`` (R × C): Fprop's X or Dgrad's dY
+    copy beside Wgrad's, from one read."""
     f = tl.program_id(1) * BF + tl.arange(0, BF)
     i = tl.arange(0, D)
     sg = tl.load(s_ptr + i)[None, :]
     s_enc, s_dec = second_level(amax_ptr, f, f < C, NB, NUM, BF, TENSOR_SCALE, False)
     if SR:
         u0, u1 = sr_key(k0, k1, key_ptr, KEY_PTR)
+    if PLAIN:
+        NQ: tl.constexpr = BF // W  # plain blocks per tile row
+        sp_enc, sp_dec = second_level(amax_p_ptr, f, f < C, NB, NUM, BF, TENSOR_SCALE, False)
+        fb = tl.reshape(tl.broadcast_to((tl.program_id(1) * NQ + tl.arange(0, NQ))[None, :], [D, NQ]), [D * NQ])
+        colp = fb[:, None] * W + tl.arange(0, W)[None, :]
+        if SR:
+            p0, p1 = sr_key(k0p, k1p, key_p_ptr, KEY_PTR)
     for t in tl.static_range(TILES):
         b = tl.program_id(0).to(tl.int64) * TILES + t
         row = b * D + i  # rows of X in tile b (columns of Xᵀ); past R (b ≥ NB) the tile is masked out
@@ -317,17 +345,28 @@ def rht_t_two_level_kernel(
         m = (f[:, None] < C) & (row[None, :] < R)
         g = f.to(tl.int64) * NB + b
         gm = (f < C) & (b < NB)
-        vmax = block_vmax(v, g, gm, 0, NB, 1, False, IGNORE_NAN)
-        sb, sv, enc = _block_scale(vmax, s_enc, s_dec, BF, INV_T, BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE,
-                                   S_NAN_CODE)
         if SR:
             rb = sr_bits(g, counter0, u0, u1, BF, D, K, WIDTH)
         else:
             rb = 0
-        code = tl.where(m, _encode_scaled(v * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
-                                          SIGN_SHIFT), 0)
-        out = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
-        store_f32_or_bf16(f_ptr + f[:, None].to(tl.int64) * R + row[None, :], canonical_nan(out), m, True, HW_CVT)
+        out = _scaled_values(v, m, g, gm, s_enc, s_dec, rb, dec_ptr, NB, BF, IGNORE_NAN, INV_T, BOUND, S_MBITS,
+                             S_EMIN_B, S_Q, S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                             SIGN_SHIFT)
+        store_f32_or_bf16(f_ptr + f[:, None].to(tl.int64) * R + row[None, :], out, m, True, HW_CVT)
+        if PLAIN:  # row-major reshape: block q of the tile is row q // NQ, column block q % NQ
+            xp = tl.reshape(xt, [D * NQ, W])
+            rp = tl.reshape(tl.broadcast_to(row[:, None], [D, NQ]), [D * NQ])
+            gp = rp * NBP + fb
+            gpm = (rp < R) & (fb < NBP)
+            mp = gpm[:, None] & (colp < C)
+            if SR:
+                rbp = sr_bits(gp, counter0, p0, p1, D * NQ, W, K, WIDTH)
+            else:
+                rbp = 0
+            outp = _scaled_values(xp, mp, gp, gpm, sp_enc, sp_dec, rbp, dec_ptr, NBP, D * NQ, IGNORE_NAN, INV_T,
+                                  BOUND, S_MBITS, S_EMIN_B, S_Q, S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B,
+                                  MAX_CODE, NAN_CODE, SIGN_SHIFT)
+            store_f32_or_bf16(fp_ptr + rp[:, None] * C + colp, outp, mp, True, HW_CVT)
 
 
 @triton.jit

@@ -96,7 +96,7 @@ def _mm(qa, qb, gemm: str) -> torch.Tensor:
 
 def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str, amax=None) -> fp.Copy:
     """:func:`_copy` on the fast path: the same steps, written as a :class:`fpsim.torch.fastpath.Copy`.
-    ``amax``: the copy's tensor amax from :func:`_shared_amaxes` (its own amax pass is then skipped)."""
+    ``amax``: the copy's tensor amax from :func:`_fast_pair` (its own amax pass is then skipped)."""
     st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
     x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
     plan = None if st.scheme is None else lower(st.scheme)
@@ -139,11 +139,22 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
     return c
 
 
-def _shared_amaxes(t: torch.Tensor, plain, trans, *, seed: int, layer: str, step: int, roles: tuple[str, str]):
-    """The tensor amax values of two copies of the 2-D ``t`` from one read (:func:`fpsim.torch.rht.rht_t_amaxes`):
-    ``plain`` (policy of roles[0], e.g. Fprop's X) quantizes ``t`` itself, ``trans`` (roles[1], Wgrad's Xᵀ) its
-    RHT'd transpose; both scaled copies, the second one :func:`_fast_copy` fuses.  None where that does not hold
-    (each copy then takes its own amax pass)."""
+class _Pair(NamedTuple):
+    """Two copies of one tensor from one read: ``plain`` quantizes it, ``trans`` its RHT'd transpose (Fprop's X and
+    Wgrad's Xᵀ, or Dgrad's dY and Wgrad's dYᵀ); where the two plans differ only their tensor amax values are
+    shared (``plain``/``trans`` None: each copy is made by :func:`_fast_copy` with its amax)."""
+
+    amax_plain: object
+    amax_trans: object
+    plain: fp.Copy | None = None
+    trans: fp.Copy | None = None
+
+
+def _fast_pair(t: torch.Tensor, plain, trans, *, seed: int, layer: str, step: int, roles: tuple[str, str]):
+    """A :class:`_Pair` of the 2-D ``t`` (policies ``plain`` and ``trans`` of roles[0] and roles[1]) where both are
+    scaled copies, the first without an RHT and the second one :func:`_fast_copy` fuses; else None (each copy
+    then takes its own passes).  One read takes both amax values (:func:`fpsim.torch.rht.rht_t_amaxes`); with
+    one plan one more read writes both copies (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`)."""
     if not (t.dim() == 2 and t.is_contiguous() and t.dtype in (torch.float32, torch.bfloat16) and t.shape[1] > 1
             and fp.enabled(t)):
         return None
@@ -153,9 +164,23 @@ def _shared_amaxes(t: torch.Tensor, plain, trans, *, seed: int, layer: str, step
         return None
     pp, pt = lower(sp.scheme), lower(st.scheme)
     if (fp.copy_kind(pp) != "scaled" or fp.copy_kind(pt) != "scaled" or not tb.scaled_fusable(pt, st.rht)
-            or (OBSERVERS and pt.ignore_nan)):
+            or (OBSERVERS and (pt.ignore_nan or pp.ignore_nan))):
         return None
-    return tb.rht_t_amaxes(t, st.rht, st.signs, ignore_nan=pt.ignore_nan, plain_ignore_nan=pp.ignore_nan)
+    am_p, am_t = tb.rht_t_amaxes(t, st.rht, st.signs, ignore_nan=pt.ignore_nan, plain_ignore_nan=pp.ignore_nan)
+    if pp != pt:
+        return _Pair(am_p, am_t)
+    s_p = _graph_key(plain, pp, sp.seed, seed=seed, layer=layer, step=step, role=roles[0])
+    s_t = _graph_key(trans, pt, st.seed, seed=seed, layer=layer, step=step, role=roles[1])
+    vp, vt = tb.rht_transposed_scaled_pair(t, pp, st.rht, st.signs, amax=am_t, plain_amax=am_p, seed=s_t,
+                                           plain_seed=s_p)
+    num = float(pp.two_level.num)
+    pair = _Pair(am_p, am_t, fp.Copy(vp, "scaled", am_p, num, pp), fp.Copy(vt, "scaled", am_t, num, pt))
+    for ob in OBSERVERS:  # NaN-propagating amax values: the copies' "all finite" flags (an ignore-NaN copy: above)
+        note = getattr(ob, "note", None)
+        if note is not None:
+            note(layer, roles[0], step, None, pair.plain)
+            note(layer, roles[1], step, None, pair.trans)
+    return pair
 
 
 def _graph_key(policy, plan, sr, *, seed: int, layer: str, step: int, role: str):
@@ -200,18 +225,24 @@ class _Ops(NamedTuple):
     mm: Callable
     values: Callable
     transposed: Callable | None
-    shared: Callable | None = None
+    pair: Callable | None = None
 
 
 def _reference_ops(gemm: str) -> _Ops:
     return _Ops(_copy, lambda a, b, dt: _mm(a, b, gemm).to(dt), _values, None)
 
 
-_FAST = _Ops(_fast_copy, fp.mm, fp.values, fp.transposed, _shared_amaxes)
+_FAST = _Ops(_fast_copy, fp.mm, fp.values, fp.transposed, _fast_pair)
 
 
-def _amax_kw(shared, i: int) -> dict:
-    return {} if shared is None else {"amax": shared[i]}
+def _pair_copy(pair, side: str, ops: _Ops, t, policy, role: str, kw: dict):
+    """The ``side`` ("plain" or "trans") copy of a :class:`_Pair`, or the copy made with the pair's amax, or
+    without a pair the copy made on its own."""
+    c = None if pair is None else getattr(pair, side)
+    if c is not None:
+        return c
+    extra = {} if pair is None else {"amax": getattr(pair, "amax_" + side)}
+    return ops.copy(t, policy, role=role, **kw, **extra)
 
 
 class _QLinearFn(torch.autograd.Function):
@@ -224,12 +255,14 @@ class _QLinearFn(torch.autograd.Function):
         kw = {"seed": seed, "layer": name, "step": stp}
         x2d = x.reshape(-1, x.shape[-1])
         qw = ops.copy(weight, rec.fprop_w, role="fprop_w", **kw)
-        # one read of X for the amax of Fprop's copy and of Wgrad's RHT'd Xᵀ, kept for backward
-        shared = ops.shared(x2d, rec.fprop_x, rec.wgrad_x, roles=("fprop_x", "wgrad_x"), **kw) \
-            if ops.shared is not None and ctx.needs_input_grad[1] else None
-        y = ops.mm(ops.copy(x2d, rec.fprop_x, role="fprop_x", **kw, **_amax_kw(shared, 0)), qw, out_dtype)
-        ctx.wgrad_x_amax = None if shared is None else shared[1]
-        ctx.save_for_backward(x2d, weight)
+        # Fprop's X copy and Wgrad's RHT'd Xᵀ (or their amax values) from shared reads; Wgrad's is kept for
+        # backward, which then needs X itself no more
+        pair = ops.pair(x2d, rec.fprop_x, rec.wgrad_x, roles=("fprop_x", "wgrad_x"), **kw) \
+            if ops.pair is not None and ctx.needs_input_grad[1] else None
+        y = ops.mm(_pair_copy(pair, "plain", ops, x2d, rec.fprop_x, "fprop_x", kw), qw, out_dtype)
+        ctx.wgrad_x = pair
+        ctx.x_dtype = x2d.dtype
+        ctx.save_for_backward(None if pair is not None and pair.trans is not None else x2d, weight)
         ctx.cfg = cfg
         ctx.qw = ops.transposed(qw) if ops.transposed is not None and _reuse_fprop_w(rec) else None
         ctx.w_fprop = ops.values(qw) if rec.dgrad_w_from_fprop else None
@@ -246,19 +279,19 @@ class _QLinearFn(torch.autograd.Function):
         kw = {"seed": seed, "layer": name, "step": stp}
         dx = dw = None
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        shared = ops.shared(dy, rec.dgrad_dy, rec.wgrad_dy, roles=("dgrad_dy", "wgrad_dy"), **kw) \
-            if ops.shared is not None and need_dx and need_dw else None
+        pair = ops.pair(dy, rec.dgrad_dy, rec.wgrad_dy, roles=("dgrad_dy", "wgrad_dy"), **kw) \
+            if ops.pair is not None and need_dx and need_dw else None
         if need_dx:
             qwt = ctx.qw
             if qwt is None:
                 w = ctx.w_fprop if ctx.w_fprop is not None else weight
                 qwt = ops.copy(w.t(), rec.dgrad_w, role="dgrad_w", **kw)
-            dx = ops.mm(ops.copy(dy, rec.dgrad_dy, role="dgrad_dy", **kw, **_amax_kw(shared, 0)), qwt,
-                        x2d.dtype).reshape(ctx.x_shape)
+            dx = ops.mm(_pair_copy(pair, "plain", ops, dy, rec.dgrad_dy, "dgrad_dy", kw), qwt,
+                        ctx.x_dtype).reshape(ctx.x_shape)
         if need_dw:
-            wx = {} if ctx.wgrad_x_amax is None else {"amax": ctx.wgrad_x_amax}
-            dw = ops.mm(ops.copy(dy.t(), rec.wgrad_dy, role="wgrad_dy", **kw, **_amax_kw(shared, 1)),
-                        ops.copy(x2d.t(), rec.wgrad_x, role="wgrad_x", **kw, **wx), weight.dtype)
+            dw = ops.mm(_pair_copy(pair, "trans", ops, dy.t(), rec.wgrad_dy, "wgrad_dy", kw),
+                        _pair_copy(ctx.wgrad_x, "trans", ops, None if x2d is None else x2d.t(), rec.wgrad_x,
+                                   "wgrad_x", kw), weight.dtype)
         return dx, dw, None
 
 

@@ -9,11 +9,12 @@ import numpy as np
 
 from ..schemes import Kind
 from ..transforms import sign_vector
-from .codecs import bf16_round
+from .codecs import bf16_round, code_table
 from .launch import launch
 from .runtime import WARPS, dummy, hw_cvt, kernels, torch_module, use_triton
 
-__all__ = ["rht", "rht_transposed", "rht_transposed_scaled", "rht_t_amaxes", "scaled_fusable"]
+__all__ = ["rht", "rht_transposed", "rht_transposed_scaled", "rht_transposed_scaled_pair", "rht_t_amaxes",
+           "scaled_fusable"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -164,7 +165,6 @@ def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, co
     including stochastic rounding's counters (``seed``: the 64-bit seed or the device key table of
     :mod:`fpsim.torch.graphs`).  ``amax``: the transformed tensor's amax where the caller has it
     (:func:`rht_t_amaxes`), which skips the amax pass.  Triton only (CUDA, or the interpreter)."""
-    from .codecs import code_table
     from .quantize import sr_kw
 
     torch = torch_module()
@@ -174,18 +174,52 @@ def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, co
         raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
     if not scaled_fusable(plan, d):
         raise ValueError(f"plan {plan.scheme.name!r} is not a one-tensor-scale two-level plan with 1 × {d} blocks")
-    dev = str(x.device)
-    out = torch.empty((C, R), dtype=torch.bfloat16, device=x.device)
     if amax is None:
-        amax = _rht_t_pass(x, d, signs, dummy(dev, "bfloat16"), True, plan.ignore_nan, store=False)
+        amax = _rht_t_pass(x, d, signs, dummy(str(x.device), "bfloat16"), True, plan.ignore_nan, store=False)
+    out = torch.empty((C, R), dtype=torch.bfloat16, device=x.device)
+    _scaled_launch(x, plan, d, signs, out, amax, sr_kw(plan, seed, counter), {})
+    return out, amax
+
+
+def rht_transposed_scaled_pair(x, plan, d: int = 16, signs="recipe", *, amax, plain_amax, seed=None,
+                               plain_seed=None, counter: int = 0):
+    """:func:`rht_transposed_scaled` of ``x`` and, from the same read of ``x``, the scaled copy of ``x`` itself
+    under the same plan (1 × W blocks along its rows, the copy :func:`fpsim.torch.fastpath.make_copy` writes):
+    ``(plain, transposed)``, R × C and C × R BF16 tensors of exact e · s_b.  ``amax`` / ``plain_amax``: the two
+    tensor amax values (:func:`rht_t_amaxes` takes both in one read); ``seed`` / ``plain_seed``: their SR keys
+    (both seeds, or both device key tables).  The bits of the two separate copies."""
+    from .quantize import sr_kw
+
+    torch = torch_module()
+    R, C = x.shape
+    d = int(d)
+    if R % d:
+        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
+    if not scaled_fusable(plan, d) or plan.block != (1, d):
+        raise ValueError(f"plan {plan.scheme.name!r} is not a one-tensor-scale two-level plan with 1 × {d} blocks")
+    out = torch.empty((C, R), dtype=torch.bfloat16, device=x.device)
+    plain = torch.empty((R, C), dtype=torch.bfloat16, device=x.device)
+    p = sr_kw(plan, plain_seed, counter)
+    extra = {"fp_ptr": plain.view(torch.int16), "amax_p_ptr": plain_amax.reshape(1), "NBP": -(-C // d),
+             "PLAIN": True, "W": d}
+    if plan.is_sr:
+        extra.update({"key_p_ptr": p["key_ptr"]} if "key_ptr" in p else {"k0p": p["k0"], "k1p": p["k1"]})
+    _scaled_launch(x, plan, d, signs, out, amax, sr_kw(plan, seed, counter), extra)
+    return plain, out
+
+
+def _scaled_launch(x, plan, d: int, signs, out, amax, sr: dict, extra: dict) -> None:
+    """One launch of rht_t_two_level_kernel (``extra``: its PLAIN outputs)."""
+    torch = torch_module()
+    R, C = x.shape
     if R and C:
-        kw = {**_rht_t_scaled_kw(plan, d, hw_cvt()), **sr_kw(plan, seed, counter)}
+        dev = str(x.device)
+        kw = {**_rht_t_scaled_kw(plan, d, hw_cvt()), **sr, **extra}
         inv_sqrt = _rht_t_kw(d, True, plan.ignore_nan, False)[0]
         launch(kernels("kernels_quant").rht_t_two_level_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)),
                (x.contiguous(), _signs_on(d, signs, x.device), out.view(torch.int16),
                 code_table("dec" if plan.packed else "byte", plan.element, device=dev), amax.reshape(1), R, C, R // d,
                 inv_sqrt), kw)
-    return out, amax
 
 
 _RHT_T_BF = 64  # columns of X (rows of Xᵀ) per program of rht_t_kernel
