@@ -246,8 +246,9 @@ def _pair_copy(pair, side: str, ops: _Ops, t, policy, role: str, kw: dict):
 
 
 class _QLinearFn(torch.autograd.Function):
-    """The three GEMMs of SPEC §8 with their six copies on one path (:class:`_Ops`); saves the high-precision X
-    and W for backward, and the Fprop copy of W where it is Dgrad's (transposed) or its source."""
+    """The three GEMMs of SPEC §8 with their six copies on one path (:class:`_Ops`); saves W and the high-precision
+    X for backward (or, where the fast path wrote Wgrad's copy of X beside Fprop's, that copy instead), and the
+    Fprop copy of W where it is Dgrad's (transposed) or its source."""
 
     @staticmethod
     def forward(ctx, x, weight, cfg):
