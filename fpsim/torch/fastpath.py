@@ -2,8 +2,8 @@
 
 A :class:`Copy` holds what a GEMM consumes of one quantized operand, written by one fused Triton pass after the
 amax pass, with no packed codes and no separate decode (the training layer writes a tensor's Fprop or Dgrad copy
-and its Wgrad copy, RHT'd and transposed, from one pass where they share a plan: :func:`fpsim.torch.rht.
-rht_transposed_scaled_pair`):
+and its Wgrad copy, RHT'd and transposed, from one pass where they share a plan:
+:func:`fpsim.torch.rht.rht_transposed_scaled_pair`):
 
 * ``"scaled"``: the exact products e · s_b in BF16 of a two-level plan with a per-tensor second level (E2M1 × E4M3
   has at most 6 significant bits), with the tensor amax; the GEMM applies SPEC §8's alpha to its FP32
