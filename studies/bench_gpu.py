@@ -173,6 +173,20 @@ def main() -> None:
         wgrad_two_kernels, gb)
     row("  the same, amax pass + RHT and quantize in registers (`rht_transposed_scaled`, Xᵀ never written)",
         lambda: tb.rht_transposed_scaled(xbf, nv_sr, 16, seed=1), gb)
+
+    def both_separately():  # Dgrad's dY copy and Wgrad's dYᵀ copy, each with its own passes
+        am = absmax(xbf)
+        plain = quantize_fused(xbf, nv_sr, am, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, seed=2)
+        return plain, tb.rht_transposed_scaled(xbf, nv_sr, 16, seed=1)
+
+    def both_paired():
+        am_p, am_t = tb.rht_t_amaxes(xbf, 16)
+        return tb.rht_transposed_scaled_pair(xbf, nv_sr, 16, amax=am_t, plain_amax=am_p, seed=1, plain_seed=2)
+
+    row("Dgrad's and Wgrad's SR copies of one BF16 dY: amax + quantize, and amax pass + fused RHT quantize "
+        "(four passes)", both_separately, gb)
+    row("  the same, one shared amax read + one pass writing both (`rht_t_amaxes`, `rht_transposed_scaled_pair`)",
+        both_paired, gb)
     xbf = None
 
     checks = bit_identity(x)
