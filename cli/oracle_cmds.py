@@ -55,7 +55,8 @@ def _print_value(d: dict) -> None:
         click.echo(f"{label:<9} {_g(f['value']):<16} float32 {f['hex']}  sign {f['sign']}  {exp}  "
                    f"mantissa {f['mantissa_field']}  {f['class']}")
 
-    click.echo(f"format    {d['format']}  rounding {d['rounding']}  saturate {d['saturate']}")
+    bits = f" (k = {d['k']} random bits)" if "k" in d else ""
+    click.echo(f"format    {d['format']}  rounding {d['rounding']}{bits}  saturate {d['saturate']}")
     f32line("input", d["input"])
     if "scale" in d:
         f32line("scale", d["scale"])
@@ -73,6 +74,10 @@ def _print_value(d: dict) -> None:
     for n in d["notes"]:
         click.echo(f"          {n}")
     r = d["result"]
+    if r is None:  # stochastic rounding without a draw: both outcomes
+        for o in d["outcomes"]:
+            click.echo(f"outcome   code {o['hex']}  → {_g(o['value'])}  with probability {_g(o['probability'])}")
+        return
     click.echo(f"result    code {r['hex']} = 0b{r['binary']}  → {_g(r['value'])}")
 
 
@@ -114,14 +119,19 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
 @click.argument("value", required=False)
 @click.option("--format", "fmt", default=None, help="Element format of VALUE (e2m1, e4m3, e8m0, …).")
 @click.option("--scale", default=None, help="Multiplier applied before encoding: the code is of fl(VALUE·scale).")
-@click.option("--rounding", default="rne", show_default=True, help="rne, rtz, rup, rdown or rna.")
+@click.option("--rounding", default="rne", show_default=True, help="rne, rtz, rup, rdown, rna or sr (stochastic).")
+@click.option("--sr-bits", "sr_bits", type=int, default=None,
+              help="--rounding sr: random bits k (default the format's).")
+@click.option("--random", "r", type=int, default=None, metavar="R",
+              help="--rounding sr: the random value r (0 ≤ r < 2^k) of one draw; without it, both outcomes and their "
+                   "probabilities.")
 @click.option("--no-saturate", is_flag=True, help="__NV_NOSAT: overflow to inf/NaN instead of ±max.")
 @click.option("--block", "block_ref", default=None, metavar="FILE:NAME:IDX",
               help="Explain block IDX (flat, or ROW,BLOCK) of array NAME in a .npz/.npy/.safetensors file.")
 @click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme for --block.")
 @click.option("--axis", default=-1, show_default=True, help="Quantized axis for --block.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output (NaN and ±inf as null, with their hex bits beside).")
-def explain(value, fmt, scale, rounding, no_saturate, block_ref, scheme, axis, as_json) -> None:
+def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, scheme, axis, as_json) -> None:
     """Explain one conversion (VALUE --format F) or one block (--block FILE:NAME:IDX --scheme S), step by step.
 
     VALUE is a decimal, nan, inf, or 0x… float32 bits (e.g. 0x3F400000).
@@ -179,7 +189,7 @@ def explain(value, fmt, scale, rounding, no_saturate, block_ref, scheme, axis, a
     except ValueError:
         _fail(f"cannot read {value if scale is None else scale!r} as a number (decimal, nan, inf or 0x… bits)", 2)
     try:
-        d = explain_value(v, fmt, rounding=rounding, saturate=not no_saturate, scale=s)
+        d = explain_value(v, fmt, rounding=rounding, saturate=not no_saturate, scale=s, k=sr_bits, r=r)
     except ValueError as e:
         _fail(str(e), 2)
     _dump_json(d) if as_json else _print_value(d)

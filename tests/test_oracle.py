@@ -265,11 +265,58 @@ def test_explain_value_result_is_a_neighbour(fmt, mode):
         assert d["result"]["code"] in allowed, (fmt, mode, float(x), d["rule"])
 
 
-def test_explain_value_refuses_sr_and_float32():
-    with pytest.raises(ValueError, match="stochastic"):
-        explain_value(1.0, "e2m1", rounding="sr")
+def test_explain_value_refuses_float32_and_misplaced_sr_options():
     with pytest.raises(ValueError, match="float32"):
         explain_value(1.0, "float32")
+    with pytest.raises(ValueError, match="--rounding sr"):
+        explain_value(1.0, "e2m1", r=3)
+    with pytest.raises(ValueError, match=r"r must be in 0\.\.15"):
+        explain_value(1.0, "e2m1", rounding="sr", k=4, r=16)
+    with pytest.raises(ValueError, match="saturates"):
+        explain_value(1.0, "e2m1", rounding="sr", saturate=False)
+
+
+@pytest.mark.parametrize("fmt,k", [("e2m1", 4), ("e2m1", 8), ("e4m3", 6), ("e5m2", 5), ("e3m2", 7)])
+def test_explain_sr_threshold_is_the_encoders_for_every_random_value(fmt, k):
+    """Stochastic rounding explained: for every r in 0 … 2^k − 1 the encoder's code is the 'above' neighbour exactly
+    when r ≥ the explained threshold (float32 sums included), and the outcomes' probabilities are those counts."""
+    from fpsim.formats import get_format
+
+    spec = get_format(fmt)
+    rng = np.random.default_rng(k)
+    xs = np.concatenate([rng.uniform(-spec.max, spec.max, 40), rng.uniform(0, 4 * spec.min_subnormal, 10),
+                         [spec.max * 0.999, -spec.min_subnormal * 0.5]]).astype(np.float32)
+    rs = np.arange(1 << k, dtype=np.uint32)
+    for x in xs:
+        d = explain_value(x, fmt, rounding="sr", k=k)
+        codes = fpsim.encode(np.full(rs.size, x, np.float32), fmt, "sr", rbits=rs, k=k)
+        if d["rule"] != "stochastic rounding":
+            assert d["result"] is not None and np.all(codes == d["result"]["code"]), (fmt, float(x), d["rule"])
+            continue
+        t = d["stochastic"]["threshold"]
+        lo, hi = d["below"]["code"], d["above"]["code"]
+        assert np.array_equal(codes, np.where(rs >= t, hi, lo).astype(codes.dtype)), (fmt, float(x), t)
+        (o_lo, o_hi) = d["outcomes"]
+        assert (o_lo["code"], o_hi["code"]) == (lo, hi) and d["result"] is None
+        assert o_hi["probability"] == float(np.mean(codes == hi)) and o_lo["probability"] + o_hi["probability"] == 1
+        assert abs(d["stochastic"]["p_away"] - d["stochastic"]["p_away_k"]) < 2.0 ** -k + 1e-12
+        for r in (0, t - 1, t, (1 << k) - 1):
+            if 0 <= r < 1 << k:
+                assert explain_value(x, fmt, rounding="sr", k=k, r=r)["result"]["code"] == codes[r]
+
+
+def test_explain_cli_prints_both_outcomes_of_stochastic_rounding():
+    from click.testing import CliRunner
+
+    from fpsim_cli.main import main
+
+    r = CliRunner().invoke(main, ["explain", "0.3", "--format", "e2m1", "--rounding", "sr"])
+    assert r.exit_code == 0 and "outcome   code 0x0  → 0  with probability 0.40234375" in r.output
+    assert "outcome   code 0x1  → 0.5  with probability 0.59765625" in r.output and "r ≥ 103 of 0…255" in r.output
+    r = CliRunner().invoke(main, ["explain", "0.3", "--format", "e2m1", "--rounding", "sr", "--random", "102"])
+    assert r.exit_code == 0 and "result    code 0x0" in r.output
+    r = CliRunner().invoke(main, ["explain", "0.3", "--format", "e2m1", "--random", "1"])
+    assert r.exit_code == 2 and "--rounding sr" in r.output
 
 
 def test_explain_block_operation_order_case_every_intermediate():

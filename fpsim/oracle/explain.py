@@ -54,7 +54,8 @@ def _rounding_rule(spec, mode: Rounding, saturate: bool, code: int, a: float, lo
     return rule, position, notes
 
 
-def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> dict:
+def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None, *, k: int | None = None,
+                  r: int | None = None) -> dict:
     """Explain the conversion of one value to element format ``fmt`` (SPEC §2).
 
     Follows :func:`fpsim.encode` (NVIDIA's conventions): the code in the result
@@ -68,8 +69,12 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> 
     fmt
         Element format name or alias.
     rounding
-        ``rne`` (default), ``rtz``, ``rup``, ``rdown`` or ``rna`` (stochastic
-        rounding needs random bits and is not explained here).
+        ``rne`` (default), ``rtz``, ``rup``, ``rdown``, ``rna`` or ``sr``
+        (stochastic, SPEC §3: t = fl(|y| + r · ulp/2^k), then truncation; ``k``
+        random bits, default the format's).  With ``r`` (0 ≤ r < 2^k) the code is
+        that draw's; without, ``result`` is None and ``outcomes`` lists the two
+        neighbours with their probabilities (``stochastic``: the threshold on r,
+        p_k and the unbounded-bits p).
     saturate
         ``.satfinite`` (default) or ``__NV_NOSAT``.
     scale
@@ -96,9 +101,17 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> 
     if spec.is_passthrough:
         raise ValueError("float32 is the input format itself: nothing is rounded")
     mode = Rounding.parse(rounding)
+    if mode is not Rounding.SR and (k is not None or r is not None):
+        raise ValueError("k and r are stochastic rounding's: give rounding='sr' (--rounding sr)")
+    K = None
     if mode is Rounding.SR:
-        raise ValueError("explain does not cover stochastic rounding (it needs the random bits); "
-                         "use rne, rtz, rup, rdown or rna")
+        if not saturate:
+            raise ValueError("stochastic rounding saturates (.satfinite): drop saturate=False")
+        K = int(k) if k is not None else int(spec.sr_bits)
+        if not 1 <= K <= 24:
+            raise ValueError("k must be in 1..24")
+        if r is not None and not 0 <= int(r) < (1 << K):
+            raise ValueError(f"r must be in 0..{(1 << K) - 1} (k = {K} random bits)")
     x32 = F32(as_float32(x).reshape(()))
     out: dict = {"format": spec.name, "rounding": mode.value, "saturate": bool(saturate), "input": f32_fields(x32)}
     y = x32
@@ -108,7 +121,12 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> 
             y = F32(x32 * s32)
         out["scale"] = f32_fields(s32)
         out["scaled"] = {**f32_fields(y), "formula": "fl(x · scale)"}
-    code = int(encode(np.array([y], np.float32), spec, mode, bool(saturate))[0])
+    if K is None:
+        code = int(encode(np.array([y], np.float32), spec, mode, bool(saturate))[0])
+    else:
+        rb = np.array([0 if r is None else int(r)], np.uint32)
+        code = int(encode(np.array([y], np.float32), spec, mode, True, rbits=rb, k=K)[0])
+        out["k"] = K
     out["result"] = code_info(code, spec)
     notes: list[str] = []
     vals, pcodes = positive_codes(spec)
@@ -149,6 +167,17 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> 
             out["rule"] = "exact"
             if a == 0:
                 notes.append("zero keeps its sign" if spec.signed else "zero")
+        elif K is not None and a <= float(vals[-1]):
+            out["rule"], out["position"], out["stochastic"], more = _stochastic(a, float(vals[i]), abs(hi["value"]),
+                                                                               K, r)
+            notes += more
+            if r is None:
+                out["result"] = None
+                pk = out["stochastic"]["p_away_k"]
+                out["outcomes"] = [{**lo, "probability": 1.0 - pk}, {**hi, "probability": pk}]
+        elif K is not None:
+            out["rule"] = "saturation"
+            notes.append("beyond max: stochastic rounding saturates (.satfinite) to ±max")
         else:
             out["rule"], out["position"], more = _rounding_rule(spec, mode, saturate, code, a, float(vals[i]),
                                                                 abs(hi["value"]), float(vals[-1]))
@@ -156,6 +185,31 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None) -> 
     out["notes"] = notes
     return out
 
+
+
+def _stochastic(a: float, lo: float, hi: float, k: int, r: int | None) -> tuple[str, dict, dict, list[str]]:
+    """Stochastic rounding of |y| = ``a`` strictly between grid points ``lo`` < a < ``hi`` with ``k`` random bits:
+    the smallest r that rounds away (fl(a + r · ulp/2^k) ≥ hi, found on float32 arithmetic as the kernels do it:
+    the sum is monotone in r), the probabilities, and where the draw ``r`` goes."""
+    step = F32((hi - lo) / (1 << k))  # ulp / 2^k: a power of two, so r · step is exact
+    a32, hi32 = F32(a), F32(hi)
+    lo_r, hi_r = 0, 1 << k  # invariant: r < lo_r stays, r ≥ hi_r goes away
+    while lo_r < hi_r:
+        mid = (lo_r + hi_r) // 2
+        if F32(a32 + F32(mid) * step) >= hi32:
+            hi_r = mid
+        else:
+            lo_r = mid + 1
+    t = lo_r
+    p = (Fraction(a) - Fraction(lo)) / (Fraction(hi) - Fraction(lo))
+    pk = Fraction((1 << k) - t, 1 << k)
+    position = {"fraction_of_step": float(p), "round_bit": int(p >= Fraction(1, 2)), "sticky": bool((2 * p) % 1 != 0)}
+    info = {"k": k, "threshold": t, "p_away_k": float(pk), "p_away": float(p), "r": r}
+    notes = [f"rounds away from zero when r ≥ {t} of 0…{(1 << k) - 1} (fl(|y| + r·ulp/2^{k}) reaches the next code): "
+             f"probability {(1 << k) - t}/{1 << k} = {float(pk):.6g}; with unbounded random bits {float(p):.6g}"]
+    if r is not None:
+        notes.append(f"r = {r}: " + ("away from zero" if r >= t else "toward zero"))
+    return "stochastic rounding", position, info, notes
 
 
 def _step(name, formula, v) -> dict:
