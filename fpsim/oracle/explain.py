@@ -101,17 +101,7 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None, *, 
     if spec.is_passthrough:
         raise ValueError("float32 is the input format itself: nothing is rounded")
     mode = Rounding.parse(rounding)
-    if mode is not Rounding.SR and (k is not None or r is not None):
-        raise ValueError("k and r are stochastic rounding's: give rounding='sr' (--rounding sr)")
-    K = None
-    if mode is Rounding.SR:
-        if not saturate:
-            raise ValueError("stochastic rounding saturates (.satfinite): drop saturate=False")
-        K = int(k) if k is not None else int(spec.sr_bits)
-        if not 1 <= K <= 24:
-            raise ValueError("k must be in 1..24")
-        if r is not None and not 0 <= int(r) < (1 << K):
-            raise ValueError(f"r must be in 0..{(1 << K) - 1} (k = {K} random bits)")
+    K = _sr_bits(spec, mode, saturate, k, r)
     x32 = F32(as_float32(x).reshape(()))
     out: dict = {"format": spec.name, "rounding": mode.value, "saturate": bool(saturate), "input": f32_fields(x32)}
     y = x32
@@ -185,6 +175,22 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None, *, 
     out["notes"] = notes
     return out
 
+
+
+def _sr_bits(spec, mode: Rounding, saturate: bool, k: int | None, r: int | None) -> int | None:
+    """The random bits K of a stochastic rounding (None for the other modes), its arguments checked."""
+    if mode is not Rounding.SR:
+        if k is not None or r is not None:
+            raise ValueError("k and r are stochastic rounding's: give rounding='sr' (--rounding sr)")
+        return None
+    if not saturate:
+        raise ValueError("stochastic rounding saturates (.satfinite): drop saturate=False")
+    K = int(k) if k is not None else int(spec.sr_bits)
+    if not 1 <= K <= 24:
+        raise ValueError("k must be in 1..24")
+    if r is not None and not 0 <= int(r) < (1 << K):
+        raise ValueError(f"r must be in 0..{(1 << K) - 1} (k = {K} random bits)")
+    return K
 
 
 def _stochastic(a: float, lo: float, hi: float, k: int, r: int | None) -> tuple[str, dict, dict, list[str]]:
