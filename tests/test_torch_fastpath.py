@@ -320,11 +320,16 @@ def test_transposed_rht_over_several_programs_along_the_tokens():
     assert torch.equal(amax.view(torch.int32), absmax(want).view(torch.int32))
 
 
-@pytest.mark.parametrize("name,opts", [("nvfp4", {}), ("nvfp4", {"rounding": "sr"}), ("nvfp4", {"block": (1, 32)}),
-                                       ("nvfp4", {"nan_amax": "ignore"}), ("nvfp4", {"rounding": "sr", "k": 4})],
-                         ids=lambda v: str(v))
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def _scaled_wgrad_cases(test):
+    """The plans, input dtypes and NaN cases of the Wgrad kernels' bit tests."""
+    test = pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])(test)
+    test = pytest.mark.parametrize("dtype", ["float32", "bfloat16"])(test)
+    return pytest.mark.parametrize("name,opts", [
+        ("nvfp4", {}), ("nvfp4", {"rounding": "sr"}), ("nvfp4", {"block": (1, 32)}), ("nvfp4", {"nan_amax": "ignore"}),
+        ("nvfp4", {"rounding": "sr", "k": 4})], ids=lambda v: str(v))(test)
+
+
+@_scaled_wgrad_cases
 def test_wgrad_scaled_copy_in_two_passes_is_the_four_transfer_copy(name, opts, dtype, nan):
     """fpsim.torch.rht.rht_transposed_scaled (an amax pass that stores nothing, then RHT + quantize in registers)
     writes the bits of rht_transposed followed by the scaled fake quantization of the stored Xᵀ, with the same
@@ -435,11 +440,7 @@ def test_a_fast_nvfp4_linear_reads_x_and_dy_twice_each(monkeypatch):
     assert x.grad is not None and layer.weight.grad is not None
 
 
-@pytest.mark.parametrize("name,opts", [("nvfp4", {}), ("nvfp4", {"rounding": "sr"}), ("nvfp4", {"block": (1, 32)}),
-                                       ("nvfp4", {"nan_amax": "ignore"}), ("nvfp4", {"rounding": "sr", "k": 4})],
-                         ids=lambda v: str(v))
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+@_scaled_wgrad_cases
 def test_both_copies_of_a_tensor_from_one_read_are_the_separate_copies(name, opts, dtype, nan):
     """fpsim.torch.rht.rht_transposed_scaled_pair: the scaled copy of X (1 × W blocks along its rows, as make_copy
     writes it) and Wgrad's of RHT(Xᵀ), from one pass, each with its own amax and SR key (seeds, or the device

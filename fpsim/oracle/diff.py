@@ -71,7 +71,6 @@ CAUSES: dict[str, str] = {
 }
 
 
-
 @dataclass
 class DiffReport:
     """Result of :func:`diff`: mismatch counts and rates, ranked hypotheses, first mismatches, causes.
@@ -427,7 +426,7 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
     check = None
     if sr or (ev.bad_c.any() and not explained):
-        check, on_grid, compared = check_blocks(ev, _same_scales(fixed_s, ours_s), cand_p, ours_p, k)
+        check, compared, on_grid = check_blocks(ev, _same_scales(fixed_s, ours_s), cand_p, ours_p, k)
         if sr and seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
             bad_c = compared & ~on_grid
             bad_c[:, C:] = False

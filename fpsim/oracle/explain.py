@@ -18,6 +18,11 @@ from .common import F32, FLT_MAX, code_bits, code_info, f32_fields, fmin_nan, he
 __all__ = ["explain_block", "explain_value"]
 
 
+def _position(p: Fraction) -> dict:
+    """Where a value lies in its step (``p``: the exact fraction of the step above the lower grid point)."""
+    return {"fraction_of_step": float(p), "round_bit": int(p >= Fraction(1, 2)), "sticky": bool((2 * p) % 1 != 0)}
+
+
 def _rounding_rule(spec, mode: Rounding, saturate: bool, code: int, a: float, lo: float, hi: float,
                    top: float) -> tuple[str, dict, list[str]]:
     """The rule that rounded |y| = ``a`` (strictly between grid points ``lo`` < a < ``hi``) to ``code``, where
@@ -27,7 +32,7 @@ def _rounding_rule(spec, mode: Rounding, saturate: bool, code: int, a: float, lo
     if p > 1:  # beyond the virtual point: no rounding choice left
         p = Fraction(1)
     rb = p >= Fraction(1, 2)
-    position = {"fraction_of_step": float(p), "round_bit": int(rb), "sticky": bool((2 * p) % 1 != 0)}
+    position = _position(p)
     mag = code & spec.magnitude_mask
     nearest = mode in (Rounding.RNE, Rounding.RNA)
     if (spec.has_inf and mag == spec.inf_code) or (spec.has_nan and mag == spec.nan_code):
@@ -176,7 +181,6 @@ def explain_value(x, fmt, rounding="rne", saturate: bool = True, scale=None, *, 
     return out
 
 
-
 def _sr_bits(spec, mode: Rounding, saturate: bool, k: int | None, r: int | None) -> int | None:
     """The random bits K of a stochastic rounding (None for the other modes), its arguments checked."""
     if mode is not Rounding.SR:
@@ -209,7 +213,7 @@ def _stochastic(a: float, lo: float, hi: float, k: int, r: int | None) -> tuple[
     t = lo_r
     p = (Fraction(a) - Fraction(lo)) / (Fraction(hi) - Fraction(lo))
     pk = Fraction((1 << k) - t, 1 << k)
-    position = {"fraction_of_step": float(p), "round_bit": int(p >= Fraction(1, 2)), "sticky": bool((2 * p) % 1 != 0)}
+    position = _position(p)
     info = {"k": k, "threshold": t, "p_away_k": float(pk), "p_away": float(p), "r": r}
     notes = [f"rounds away from zero when r ≥ {t} of 0…{(1 << k) - 1} (fl(|y| + r·ulp/2^{k}) reaches the next code): "
              f"probability {(1 << k) - t}/{1 << k} = {float(pk):.6g}; with unbounded random bits {float(p):.6g}"]

@@ -137,11 +137,9 @@ def neighbour_check(y: np.ndarray, el, compare: np.ndarray, cand: np.ndarray, ou
 
 def check_blocks(ev, same_blocks: np.ndarray, cand_p: np.ndarray, ours_p: np.ndarray, k: int):
     """:func:`neighbour_check` over the blocks whose scale bytes are fpsim's (``same_blocks`` [R, nb]) of a
-    :class:`fpsim.oracle.hypotheses.Evaluator`'s view: the check, and the masks [R, nb·BC] of the codes that are a
-    neighbour of x·enc_b and of the elements compared."""
+    :class:`fpsim.oracle.hypotheses.Evaluator`'s view: what :func:`neighbour_check` returns, its masks [R, nb·BC]."""
     same = np.repeat(same_blocks, ev.view.BC, axis=1) & ev.valid
-    check, fin, on = neighbour_check(ev.y_ref().reshape(same.shape), ev.sch.element, same, cand_p, ours_p, k)
-    return check, on, fin
+    return neighbour_check(ev.y_ref().reshape(same.shape), ev.sch.element, same, cand_p, ours_p, k)
 
 
 def sr_causes(cidx: np.ndarray, bad: np.ndarray, on_grid: np.ndarray, compared: np.ndarray, stochastic: bool,

@@ -111,10 +111,7 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         v, amax = tb.rht_transposed_scaled(x.t(), plan, st.rht, st.signs, amax=given,
                                            **({} if sr is None else {"seed": sr}))
         c = fp.Copy(v, "scaled", amax, float(plan.two_level.num), plan)
-        for ob in OBSERVERS:
-            note = getattr(ob, "note", None)
-            if note is not None:
-                note(layer, role, step, None, c)  # the flag is the copy's NaN-propagating amax
+        _note(layer, role, step, None, c)  # the flag is the copy's NaN-propagating amax
         return c
     if wgrad_t:
         # Wgrad's dYᵀ and Xᵀ: one pass reads the untransposed tensor, writes the RHT'd transpose as BF16 (exact:
@@ -132,11 +129,17 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         c = fp.Copy(x.to(torch.float32), "f32")
     else:
         c = fp.make_copy(x, plan, sr, amax=amax)
-    for ob in OBSERVERS:  # steps an observer records take the full path (see Linear.forward)
+    _note(layer, role, step, x, c)  # steps an observer records take the full path (see Linear.forward)
+    return c
+
+
+def _note(layer: str, role: str, step: int, x, c: fp.Copy) -> None:
+    """Tell the observers of a fast-path copy (``x``: its source, None where the copy's NaN-propagating amax is the
+    observers' "all finite" flag)."""
+    for ob in OBSERVERS:
         note = getattr(ob, "note", None)
         if note is not None:
             note(layer, role, step, x, c)
-    return c
 
 
 class _Pair(NamedTuple):
@@ -175,11 +178,8 @@ def _fast_pair(t: torch.Tensor, plain, trans, *, seed: int, layer: str, step: in
                                            plain_seed=s_p)
     num = float(pp.two_level.num)
     pair = _Pair(am_p, am_t, fp.Copy(vp, "scaled", am_p, num, pp), fp.Copy(vt, "scaled", am_t, num, pt))
-    for ob in OBSERVERS:  # NaN-propagating amax values: the copies' "all finite" flags (an ignore-NaN copy: above)
-        note = getattr(ob, "note", None)
-        if note is not None:
-            note(layer, roles[0], step, None, pair.plain)
-            note(layer, roles[1], step, None, pair.trans)
+    _note(layer, roles[0], step, None, pair.plain)  # NaN-propagating amax values (an ignore-NaN copy: above)
+    _note(layer, roles[1], step, None, pair.trans)
     return pair
 
 

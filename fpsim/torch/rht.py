@@ -17,6 +17,12 @@ __all__ = ["rht", "rht_transposed", "rht_transposed_scaled", "rht_transposed_sca
            "scaled_fusable"]
 
 
+def _check_length(n: int, d: int) -> None:
+    """One clear error where an axis of ``n`` values cannot be cut into Hadamard blocks of ``d``."""
+    if n % d:
+        raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
+
+
 @functools.lru_cache(maxsize=256)
 def _sign_tensor(d: int, signs, device: str):
     torch = torch_module()
@@ -51,8 +57,7 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
     keep = fused and x.dtype == torch.bfloat16
     v = torch.movedim(x if keep else x.to(torch.float32), axis, -1)
     n = v.shape[-1]
-    if n % d:
-        raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
+    _check_length(n, d)
     lead = v.shape[:-1]
     d = int(d)
     inv_sqrt = np.float32(1.0 / np.sqrt(d))
@@ -98,8 +103,7 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
     torch = torch_module()
     R, C = x.shape
     d = int(d)
-    if R % d:
-        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
+    _check_length(R, d)
     if not (use_triton(x, impl) and d <= 64 and x.dtype in (torch.float32, torch.bfloat16)):
         out = rht(x.t(), d, signs, out_dtype=out_dtype, impl=impl).contiguous()
         if not amax:
@@ -137,8 +141,7 @@ def rht_t_amaxes(x, d: int = 16, signs="recipe", *, ignore_nan: bool = False, pl
     each under its own NaN policy.  Triton only (CUDA, or the interpreter); 0-d float32 tensors."""
     R, C = x.shape
     d = int(d)
-    if R % d:
-        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
+    _check_length(R, d)
     rht_amax, plain = _rht_t_pass(x, d, signs, dummy(str(x.device), "bfloat16"), True, ignore_nan, store=False,
                                   plain=bool(plain_ignore_nan))
     return plain, rht_amax
@@ -168,12 +171,7 @@ def rht_transposed_scaled(x, plan, d: int = 16, signs="recipe", *, seed=None, co
     from .quantize import sr_kw
 
     torch = torch_module()
-    R, C = x.shape
-    d = int(d)
-    if R % d:
-        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
-    if not scaled_fusable(plan, d):
-        raise ValueError(f"plan {plan.scheme.name!r} is not a one-tensor-scale two-level plan with 1 × {d} blocks")
+    R, C, d = _check_scaled(x, plan, d)
     if amax is None:
         amax = _rht_t_pass(x, d, signs, dummy(str(x.device), "bfloat16"), True, plan.ignore_nan, store=False)
     out = torch.empty((C, R), dtype=torch.bfloat16, device=x.device)
@@ -191,12 +189,7 @@ def rht_transposed_scaled_pair(x, plan, d: int = 16, signs="recipe", *, amax, pl
     from .quantize import sr_kw
 
     torch = torch_module()
-    R, C = x.shape
-    d = int(d)
-    if R % d:
-        raise ValueError(f"axis length {R} is not a multiple of the Hadamard size {d}")
-    if not scaled_fusable(plan, d) or plan.block != (1, d):
-        raise ValueError(f"plan {plan.scheme.name!r} is not a one-tensor-scale two-level plan with 1 × {d} blocks")
+    R, C, d = _check_scaled(x, plan, d)
     out = torch.empty((C, R), dtype=torch.bfloat16, device=x.device)
     plain = torch.empty((R, C), dtype=torch.bfloat16, device=x.device)
     p = sr_kw(plan, plain_seed, counter)
@@ -206,6 +199,16 @@ def rht_transposed_scaled_pair(x, plan, d: int = 16, signs="recipe", *, amax, pl
         extra.update({"key_p_ptr": p["key_ptr"]} if "key_ptr" in p else {"k0p": p["k0"], "k1p": p["k1"]})
     _scaled_launch(x, plan, d, signs, out, amax, sr_kw(plan, seed, counter), extra)
     return plain, out
+
+
+def _check_scaled(x, plan, d: int) -> tuple[int, int, int]:
+    """(R, C, d) of a 2-D ``x`` the scaled Wgrad kernels take under ``plan``; one clear error otherwise."""
+    R, C = x.shape
+    d = int(d)
+    _check_length(R, d)
+    if not scaled_fusable(plan, d):
+        raise ValueError(f"plan {plan.scheme.name!r} is not a one-tensor-scale two-level plan with 1 × {d} blocks")
+    return R, C, d
 
 
 def _scaled_launch(x, plan, d: int, signs, out, amax, sr: dict, extra: dict) -> None:
