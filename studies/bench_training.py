@@ -187,7 +187,13 @@ def main(argv=None) -> None:
     ap.add_argument("--mm-tiles", default=None, metavar="BM,BN,BK,GROUP_M,WARPS,STAGES",
                     help="the fused Triton GEMM arm's tiling (fastpath.MMTiles; default fastpath.MM_TILES), e.g. "
                          "the fastest of studies.bench_scaled_mm --best")
+    ap.add_argument("--wgrad", default="stored", metavar="PATH[,PATH…]",
+                    help="fastpath.WGRAD paths of the every-block graph arm (one arm each; the first is every other "
+                         f"arm's): {', '.join(fastpath.WGRAD_PATHS)}")
     a = ap.parse_args(argv)
+    wgrad = a.wgrad.split(",")
+    if not wgrad or any(w not in fastpath.WGRAD_PATHS for w in wgrad):
+        ap.error(f"--wgrad: choose from {', '.join(fastpath.WGRAD_PATHS)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = (dict(vocab=256, d=64, layers=12, heads=4, seq=64, batch=2) if a.tiny
            else dict(vocab=32768, d=1024, layers=12, heads=16, seq=1024, batch=8))
@@ -205,6 +211,9 @@ def main(argv=None) -> None:
         ("bf16 (nn.Linear, autocast), CUDA graph", None, "graph", a.steps),
         ("nvfp4_paper, every block, gemm=blas, CUDA graph",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps),
+        *[(f"nvfp4_paper, every block, gemm=blas, CUDA graph, WGRAD={w!r}",
+           lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps)
+          for w in wgrad[1:]],
         (TRITON_GEMM_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
          a.steps),
         ("nvfp4_paper, every block, gemm=fp32",
@@ -222,6 +231,7 @@ def main(argv=None) -> None:
         graph = mon == "graph"
         fastpath.GEMM = "triton" if name == TRITON_GEMM_ARM else "cublas"
         fastpath.MM_TILES = tiles if name == TRITON_GEMM_ARM else default_tiles
+        fastpath.WGRAD = next((w for w in wgrad[1:] if name.endswith(f"WGRAD={w!r}")), wgrad[0])
         t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
@@ -229,7 +239,7 @@ def main(argv=None) -> None:
                      steps + (1 if "fp32" in name else 4 if graph else 3)))
         mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
-    fastpath.GEMM, fastpath.MM_TILES = "cublas", default_tiles
+    fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD = "cublas", default_tiles, "stored"
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
     direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"
@@ -241,7 +251,8 @@ def main(argv=None) -> None:
         f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench_training` (median step of the timed "
         "steps after warm-up; ratios against the BF16 arm of the same run). Direct Triton launches "
         f"(`fpsim.torch.launch`) at the end of the run: {direct}. The fused Triton GEMM arm's tiling "
-        f"(BM, BN, BK, GROUP_M, warps, stages): {tuple(tiles)}.",
+        f"(BM, BN, BK, GROUP_M, warps, stages): {tuple(tiles)}. Wgrad's RHT'd copies (`fastpath.WGRAD`): "
+        f"{wgrad[0]!r} except where an arm names another.",
         "",
         "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | steps run | loss after them |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -175,8 +175,11 @@ class _Grab:
         self.copies[role] = c
 
 
+@pytest.mark.parametrize("wgrad", fp.WGRAD_PATHS)
 @pytest.mark.parametrize("rec", _recipes(), ids=lambda r: r.name)
-def test_fast_linear_copies_are_the_references_and_the_gemms_agree(rec):
+def test_fast_linear_copies_are_the_references_and_the_gemms_agree(rec, wgrad, monkeypatch):
+    """Every copy of the fast Linear is the reference's, on every Wgrad path (fastpath.WGRAD)."""
+    monkeypatch.setattr(fp, "WGRAD", wgrad)
     tok, din, dout = 32, 64, 48
     rng = np.random.default_rng(5)
     x = (rng.standard_t(4, (tok, din)) * 0.5).astype(np.float32)
@@ -426,6 +429,7 @@ def test_a_fast_nvfp4_linear_reads_x_and_dy_twice_each(monkeypatch):
             return fn(*a, **k)
         return wrapped
 
+    monkeypatch.setattr(fp, "WGRAD", "paired")
     monkeypatch.setattr(fp, "absmax", count("absmax", absmax))
     monkeypatch.setattr(tb, "rht_t_amaxes", count("shared", shared))
     monkeypatch.setattr(fp, "quantize_fused", count("quantize", fp.quantize_fused))

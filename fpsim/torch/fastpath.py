@@ -1,9 +1,8 @@
 """Operand copies and GEMMs of the training layer's fast ``gemm="blas"`` path (:mod:`fpsim.torch.nn`).
 
 A :class:`Copy` holds what a GEMM consumes of one quantized operand, written by one fused Triton pass after the
-amax pass, with no packed codes and no separate decode (the training layer writes a tensor's Fprop or Dgrad copy
-and its Wgrad copy, RHT'd and transposed, from one pass where they share a plan:
-:func:`fpsim.torch.rht.rht_transposed_scaled_pair`):
+amax pass, with no packed codes and no separate decode (how the training layer makes Wgrad's RHT'd, transposed
+copies is :data:`WGRAD`):
 
 * ``"scaled"``: the exact products e · s_b in BF16 of a two-level plan with a per-tensor second level (E2M1 × E4M3
   has at most 6 significant bits), with the tensor amax; the GEMM applies SPEC §8's alpha to its FP32
@@ -34,7 +33,7 @@ from .quantize import absmax, quantize_fused, triton_unsupported
 from .runtime import hw_cvt, kernels, torch_module, use_triton
 
 __all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "scaled_mm", "alpha_epilogue", "enabled",
-           "IMPL", "GEMM", "MMTiles", "MM_TILES"]
+           "IMPL", "GEMM", "WGRAD", "WGRAD_PATHS", "wgrad_path", "MMTiles", "MM_TILES"]
 
 #: ``impl`` of the fast path's kernels: "auto" (CUDA tensors only) or "triton" (any device: the interpreter, tests).
 IMPL = "auto"
@@ -42,9 +41,30 @@ IMPL = "auto"
 #: epilogue kernel) or ``"triton"`` (:func:`scaled_mm`: one Triton GEMM with alpha applied to its accumulator
 #: tiles, no FP32 product in memory).  Both accumulate exact BF16 products in FP32, in their own orders.
 GEMM = "cublas"
+#: How the training layer makes Wgrad's scaled copies of RHT(Xᵀ) and RHT(dYᵀ); every path gives the same bits:
+#:
+#: * ``"stored"``: one pass writes the RHT'd transpose as BF16 with its amax, the fused quantizer reads it back;
+#: * ``"registers"``: an amax pass that stores nothing, then the RHT and the quantization in registers
+#:   (:func:`fpsim.torch.rht.rht_transposed_scaled`: the transpose is never written);
+#: * ``"paired"``: ``"registers"``, and where Fprop's X copy (Dgrad's dY copy) is another scaled copy of the same
+#:   tensor, one read takes both amax values and, where the two share a plan, one more pass writes both copies
+#:   (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`).
+#:
+#: Fewer bytes are not less time here: on the H200 (2026-12-02, ``studies.bench_gpu``) the Wgrad copy took
+#: 1.61 ms stored against 1.80 ms in registers, and dY's two SR copies 2.68 ms in four passes against 4.18 ms
+#: paired; the register kernel's transposed tiles cost more than the bytes they save.  Hence ``"stored"``.
+WGRAD = "stored"
+WGRAD_PATHS = ("stored", "registers", "paired")
 
 _BF16_PRECISION = 8  # significant bits of BFloat16
 _BF16_MIN_EXP = -133  # exponent of its smallest subnormal
+
+
+def wgrad_path() -> str:
+    """:data:`WGRAD`, checked."""
+    if WGRAD not in WGRAD_PATHS:
+        raise ValueError(f"fpsim.torch.fastpath.WGRAD is {WGRAD!r}; choose one of {', '.join(WGRAD_PATHS)}")
+    return WGRAD
 
 
 class Copy(NamedTuple):

@@ -103,7 +103,7 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
     given, amax = amax, None
     wgrad_t = st.rht and x.dim() == 2 and x.stride(0) == 1 and x.shape[1] > 1 and fp.enabled(x)
     need = wgrad_t and plan is not None and fp.copy_kind(plan) == "scaled"
-    if need and tb.scaled_fusable(plan, st.rht) and not (OBSERVERS and plan.ignore_nan):
+    if need and fp.wgrad_path() != "stored" and tb.scaled_fusable(plan, st.rht) and not (OBSERVERS and plan.ignore_nan):
         # Wgrad's scaled dYᵀ and Xᵀ copies in two passes over the untransposed tensor (an amax pass, then the RHT
         # and the quantization in registers): the transposed BF16 tensor is never written.  An observer's "all
         # finite" flag of an ignore-NaN copy needs that tensor, so such a copy takes the path below.
@@ -157,9 +157,10 @@ def _fast_pair(t: torch.Tensor, plain, trans, *, seed: int, layer: str, step: in
     """A :class:`_Pair` of the 2-D ``t`` (policies ``plain`` and ``trans`` of roles[0] and roles[1]) where both are
     scaled copies, the first without an RHT and the second one :func:`_fast_copy` fuses; else None (each copy
     then takes its own passes).  One read takes both amax values (:func:`fpsim.torch.rht.rht_t_amaxes`); with
-    one plan one more read writes both copies (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`)."""
-    if not (t.dim() == 2 and t.is_contiguous() and t.dtype in (torch.float32, torch.bfloat16) and t.shape[1] > 1
-            and fp.enabled(t)):
+    one plan one more read writes both copies (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`).  Only on the
+    ``"paired"`` :data:`fpsim.torch.fastpath.WGRAD` path."""
+    if fp.wgrad_path() != "paired" or not (t.dim() == 2 and t.is_contiguous() and t.shape[1] > 1
+                                           and t.dtype in (torch.float32, torch.bfloat16) and fp.enabled(t)):
         return None
     sp = operand_steps(plain, seed=seed, layer=layer, step=step, role=roles[0])
     st = operand_steps(trans, seed=seed, layer=layer, step=step, role=roles[1])
@@ -261,7 +262,7 @@ class _QLinearFn(torch.autograd.Function):
         pair = ops.pair(x2d, rec.fprop_x, rec.wgrad_x, roles=("fprop_x", "wgrad_x"), **kw) \
             if ops.pair is not None and ctx.needs_input_grad[1] else None
         y = ops.mm(_pair_copy(pair, "plain", ops, x2d, rec.fprop_x, "fprop_x", kw), qw, out_dtype)
-        ctx.wgrad_x = pair
+        ctx.wgrad_x = None if pair is None else pair._replace(plain=None)  # Fprop's copy is not backward's
         ctx.x_dtype = x2d.dtype
         ctx.save_for_backward(None if pair is not None and pair.trans is not None else x2d, weight)
         ctx.cfg = cfg

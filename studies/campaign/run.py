@@ -40,6 +40,11 @@ CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss", "tokens_per_s")
 #: products in different FP32 orders, so a default changed mid-campaign would make arms differ by more than the
 #: recipe.  The runs so far used cuBLAS + the alpha epilogue.
 GEMM_PATH = "cublas"
+#: cuDNN's attention backward may choose a nondeterministic algorithm (PyTorch's scaled_dot_product_attention
+#: notes say so; its remedy is this flag).  Seen on the H200 (2026-12-02): the benchmark's BF16 CUDA-graph arm, the
+#: same code, seed and data, ended 24 steps at loss 3.410 in one run and 3.411 in the next.  With the flag a seed's
+#: run repeats bit for bit; the runs before this constant (main plan's first three) ran without it.
+CUDNN_DETERMINISTIC = True
 EVALS = 20
 
 
@@ -148,6 +153,8 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     graph_mode = bool(cuda_graph) and device == "cuda"
     fastpath.GEMM = GEMM_PATH
+    if device == "cuda":
+        torch.backends.cudnn.deterministic = CUDNN_DETERMINISTIC
     cfg, a = SIZES[size], ARMS[arm]
     rid = run_id(arm, seed, size, tokens)
     out = Path(out)
@@ -246,6 +253,7 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     rec = {"run": rid, "arm": arm, "recipe": a.build().name, "seed": seed, "size": size, "config": vars(cfg),
            "non_embedding_params": n_params, "tokens_budget": int(tokens), "tokens_done": done_tokens,
            "steps": steps, "batch": batch, "lr": lr, "gemm_path": GEMM_PATH,
+           "cudnn_deterministic": CUDNN_DETERMINISTIC if device == "cuda" else None,
            "cuda_graph": stepper is not None and stepper.failed is None,
            "cuda_graph_failure": None if stepper is None else stepper.failed, "status": status,
            "device": torch.cuda.get_device_name(0)
