@@ -392,7 +392,8 @@ def test_wgrad_scaled_copy_refuses_the_plans_it_does_not_fuse():
 @pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
 def test_one_read_gives_the_plain_and_the_transformed_amax(dtype, nan):
     """fpsim.torch.rht.rht_t_amaxes: amax(X) as absmax takes it and amax(RHT(Xᵀ)) as rht_transposed takes it,
-    from one pass, each under its own NaN policy; several programs along the tokens, ragged features."""
+    from one pass, each under its own NaN policy; several programs along the tokens, ragged features.  And
+    rht_transposed_amaxes (the "shared" Wgrad path): rht_transposed's output and amax, and absmax's amax of X."""
     from fpsim.torch.quantize import absmax
 
     x = torch.from_numpy(_data((16 * 8 * 2 + 48, 70), 6)).to(DEV, getattr(torch, dtype))
@@ -405,7 +406,13 @@ def test_one_read_gives_the_plain_and_the_transformed_amax(dtype, nan):
             want_p = absmax(x, ign_plain)
             _, want_t = tb.rht_transposed(x, 16, "recipe", out_dtype=torch.bfloat16, amax=True, ignore_nan=ign_rht,
                                           impl="triton")
-            for got, want in ((plain, want_p), (trans, want_t)):
+            out, want_t2 = tb.rht_transposed(x, 16, "recipe", out_dtype=torch.bfloat16, amax=True,
+                                             ignore_nan=ign_rht, impl="triton")
+            got_out, got_t, got_p = tb.rht_transposed_amaxes(x, 16, "recipe", out_dtype=torch.bfloat16,
+                                                             ignore_nan=ign_rht, plain_ignore_nan=ign_plain,
+                                                             impl="triton")
+            assert torch.equal(got_out.view(torch.int16), out.view(torch.int16))
+            for got, want in ((plain, want_p), (trans, want_t), (got_p, want_p), (got_t, want_t2)):
                 assert got.shape == () and got.dtype == torch.float32
                 if torch.isnan(want):
                     assert torch.isnan(got)
@@ -442,6 +449,56 @@ def test_a_fast_nvfp4_linear_reads_x_and_dy_twice_each(monkeypatch):
     # W's copy alone takes its own amax pass and quantize launch; X and dY each one amax read and one pair launch
     assert calls == {"absmax": 1, "shared": 2, "rht_amax_pass": 0, "quantize": 1, "pair": 2}, calls
     assert x.grad is not None and layer.weight.grad is not None
+
+
+@pytest.mark.parametrize("wgrad,want", [
+    ("stored", {"absmax": 3, "quantize": 5, "rht_t": 2}),
+    ("shared", {"absmax": 1, "quantize": 5, "rht_t": 2}),  # X's and dY's amax from their RHT passes
+    ("registers", {"absmax": 3, "quantize": 3, "rht_t": 2}),
+    ("paired", {"absmax": 1, "quantize": 1, "rht_t": 2}),
+])
+def test_each_wgrad_path_launches_what_it_says(wgrad, want, monkeypatch):
+    """Passes per nvfp4_paper layer and step on each fastpath.WGRAD path (W's 16×16 copy is Dgrad's too)."""
+    import fpsim.torch.rht as trht
+
+    calls = {"absmax": 0, "quantize": 0, "rht_t": 0}
+
+    def count(key, fn):
+        def wrapped(*a, **k):
+            calls[key] += 1
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(fp, "WGRAD", wgrad)
+    monkeypatch.setattr(fp, "absmax", count("absmax", fp.absmax))
+    monkeypatch.setattr(fp, "quantize_fused", count("quantize", fp.quantize_fused))
+    monkeypatch.setattr(trht, "_rht_t_pass", count("rht_t", trht._rht_t_pass))
+    layer = fnn.Linear(64, 48, bias=False, recipe="nvfp4_paper", name="blocks.1.qkv", seed=3, gemm="blas").to(DEV)
+    layer(torch.randn(32, 64, device=DEV, requires_grad=True)).backward(torch.randn(32, 48, device=DEV))
+    assert calls == want
+
+
+@pytest.mark.parametrize("x_grad", [True, False], ids=["dx", "no-dx"])
+@pytest.mark.parametrize("rec", ["nvfp4_paper", "nvfp4_paper-no-sr"])
+def test_every_wgrad_path_gives_the_same_y_dx_dw(rec, x_grad, monkeypatch):
+    """fastpath.WGRAD changes passes, never bits: y, dX and dW of a Linear (FP32 input with a leading axis,
+    2 × 16 tokens) are equal bit for bit on every path, with and without an input gradient."""
+    recipe = get_recipe("nvfp4_paper") if rec == "nvfp4_paper" else get_recipe("nvfp4_paper").without("sr")
+    torch.manual_seed(4)
+    x0, g = torch.randn(2, 16, 64, device=DEV) * 3, torch.randn(2, 16, 48, device=DEV) * 1e-3
+    outs = {}
+    for wgrad in fp.WGRAD_PATHS:
+        monkeypatch.setattr(fp, "WGRAD", wgrad)
+        layer = fnn.Linear(64, 48, bias=False, recipe=recipe, name="blocks.1.fc1", seed=7, gemm="blas").to(DEV)
+        with torch.no_grad():
+            layer.weight.copy_(torch.linspace(-1, 1, 48 * 64, device=DEV).reshape(48, 64))
+        x = x0.clone().requires_grad_(x_grad)
+        y = layer(x)
+        y.backward(g)
+        outs[wgrad] = [y.detach(), layer.weight.grad] + ([x.grad] if x_grad else [])
+    for wgrad, got in outs.items():
+        for a, b in zip(got, outs["stored"]):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), wgrad
 
 
 @_scaled_wgrad_cases

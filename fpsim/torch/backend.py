@@ -20,12 +20,20 @@ from .codecs import decode, encode
 from .container import TorchQuantized
 from .gemm import gemm
 from .quantize import absmax, amax_bits, eager_unsupported, quantize_eager, quantize_fused, triton_unsupported
-from .rht import rht, rht_t_amaxes, rht_transposed, rht_transposed_scaled, rht_transposed_scaled_pair, scaled_fusable
+from .rht import (
+    rht,
+    rht_t_amaxes,
+    rht_transposed,
+    rht_transposed_amaxes,
+    rht_transposed_scaled,
+    rht_transposed_scaled_pair,
+    scaled_fusable,
+)
 from .runtime import f32, torch_module, triton_available, use_triton
 
 __all__ = ["unsupported", "route", "quantize", "fake_quantize", "dequantize", "encode", "decode", "rht",
-           "rht_transposed", "rht_transposed_scaled", "rht_transposed_scaled_pair", "rht_t_amaxes",
-           "scaled_fusable", "gemm", "TorchQuantized"]
+           "rht_transposed", "rht_transposed_amaxes", "rht_transposed_scaled", "rht_transposed_scaled_pair",
+           "rht_t_amaxes", "scaled_fusable", "gemm", "TorchQuantized"]
 
 
 def unsupported(op: str, plan: Plan | None, device: str, **options) -> str | None:

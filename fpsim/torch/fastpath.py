@@ -44,6 +44,9 @@ GEMM = "cublas"
 #: How the training layer makes Wgrad's scaled copies of RHT(Xᵀ) and RHT(dYᵀ); every path gives the same bits:
 #:
 #: * ``"stored"``: one pass writes the RHT'd transpose as BF16 with its amax, the fused quantizer reads it back;
+#: * ``"shared"``: ``"stored"``, and where Fprop's X copy (Dgrad's dY copy) is a scaled copy of the same tensor,
+#:   that pass also takes its amax (:func:`fpsim.torch.rht.rht_transposed_amaxes`), in forward for X, so the plain
+#:   copy skips its amax pass and backward keeps the BF16 transpose instead of X;
 #: * ``"registers"``: an amax pass that stores nothing, then the RHT and the quantization in registers
 #:   (:func:`fpsim.torch.rht.rht_transposed_scaled`: the transpose is never written);
 #: * ``"paired"``: ``"registers"``, and where Fprop's X copy (Dgrad's dY copy) is another scaled copy of the same
@@ -52,9 +55,10 @@ GEMM = "cublas"
 #:
 #: Fewer bytes are not less time here: on the H200 (2026-12-02, ``studies.bench_gpu``) the Wgrad copy took
 #: 1.61 ms stored against 1.80 ms in registers, and dY's two SR copies 2.68 ms in four passes against 4.18 ms
-#: paired; the register kernel's transposed tiles cost more than the bytes they save.  Hence ``"stored"``.
+#: paired; the register kernel's transposed tiles cost more than the bytes they save.  Hence ``"stored"``
+#: (``"shared"``, which removes one read of X and of dY per layer, has not yet run on a GPU).
 WGRAD = "stored"
-WGRAD_PATHS = ("stored", "registers", "paired")
+WGRAD_PATHS = ("stored", "shared", "registers", "paired")
 
 _BF16_PRECISION = 8  # significant bits of BFloat16
 _BF16_MIN_EXP = -133  # exponent of its smallest subnormal

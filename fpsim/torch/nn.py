@@ -94,16 +94,23 @@ def _mm(qa, qb, gemm: str) -> torch.Tensor:
     return tb.gemm(qa, qb, gemm)
 
 
-def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str, amax=None) -> fp.Copy:
+def _fast_copy(t: torch.Tensor | None, policy, *, seed: int, layer: str, step: int, role: str, amax=None,
+               stored=None) -> fp.Copy:
     """:func:`_copy` on the fast path: the same steps, written as a :class:`fpsim.torch.fastpath.Copy`.
-    ``amax``: the copy's tensor amax from :func:`_fast_pair` (its own amax pass is then skipped)."""
+    ``amax``: the copy's tensor amax from :func:`_fast_pair` (its own amax pass is then skipped); ``stored``: the
+    RHT'd transpose of a Wgrad copy, already written by :func:`_fast_pair` (``t`` is then unused)."""
     st = operand_steps(policy, seed=seed, layer=layer, step=step, role=role)
-    x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
+    if stored is not None:
+        x = stored
+    else:
+        x = t if t.dtype in (torch.float32, torch.bfloat16) else t.to(torch.float32)
     plan = None if st.scheme is None else lower(st.scheme)
     given, amax = amax, None
-    wgrad_t = st.rht and x.dim() == 2 and x.stride(0) == 1 and x.shape[1] > 1 and fp.enabled(x)
+    wgrad_t = (stored is None and st.rht and x.dim() == 2 and x.stride(0) == 1 and x.shape[1] > 1
+               and fp.enabled(x))
     need = wgrad_t and plan is not None and fp.copy_kind(plan) == "scaled"
-    if need and fp.wgrad_path() != "stored" and tb.scaled_fusable(plan, st.rht) and not (OBSERVERS and plan.ignore_nan):
+    if (need and fp.wgrad_path() in ("registers", "paired") and tb.scaled_fusable(plan, st.rht)
+            and not (OBSERVERS and plan.ignore_nan)):
         # Wgrad's scaled dYᵀ and Xᵀ copies in two passes over the untransposed tensor (an amax pass, then the RHT
         # and the quantization in registers): the transposed BF16 tensor is never written.  An observer's "all
         # finite" flag of an ignore-NaN copy needs that tensor, so such a copy takes the path below.
@@ -113,7 +120,9 @@ def _fast_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, rol
         c = fp.Copy(v, "scaled", amax, float(plan.two_level.num), plan)
         _note(layer, role, step, None, c)  # the flag is the copy's NaN-propagating amax
         return c
-    if wgrad_t:
+    if stored is not None:
+        x, amax = stored, given
+    elif wgrad_t:
         # Wgrad's dYᵀ and Xᵀ: one pass reads the untransposed tensor, writes the RHT'd transpose as BF16 (exact:
         # the reference's RHT rounds its output to BF16) and takes the amax a scaled copy needs
         x, amax = tb.rht_transposed(x.t(), st.rht, st.signs, out_dtype=torch.bfloat16, amax=need,
@@ -151,22 +160,34 @@ class _Pair(NamedTuple):
     amax_trans: object
     plain: fp.Copy | None = None
     trans: fp.Copy | None = None
+    stored: torch.Tensor | None = None  # "shared": the RHT'd transpose, written with both amax values
 
 
 def _fast_pair(t: torch.Tensor, plain, trans, *, seed: int, layer: str, step: int, roles: tuple[str, str]):
     """A :class:`_Pair` of the 2-D ``t`` (policies ``plain`` and ``trans`` of roles[0] and roles[1]) where both are
     scaled copies, the first without an RHT and the second one :func:`_fast_copy` fuses; else None (each copy
-    then takes its own passes).  One read takes both amax values (:func:`fpsim.torch.rht.rht_t_amaxes`); with
-    one plan one more read writes both copies (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`).  Only on the
-    ``"paired"`` :data:`fpsim.torch.fastpath.WGRAD` path."""
-    if fp.wgrad_path() != "paired" or not (t.dim() == 2 and t.is_contiguous() and t.shape[1] > 1
-                                           and t.dtype in (torch.float32, torch.bfloat16) and fp.enabled(t)):
+    then takes its own passes), on the ``"shared"`` and ``"paired"`` :data:`fpsim.torch.fastpath.WGRAD` paths.
+    Shared: the pass that writes the RHT'd transpose takes both amax values
+    (:func:`fpsim.torch.rht.rht_transposed_amaxes`).  Paired: one read takes both amax values
+    (:func:`fpsim.torch.rht.rht_t_amaxes`), and with one plan one more read writes both copies
+    (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`)."""
+    mode = fp.wgrad_path()
+    if mode not in ("shared", "paired") or not (t.dim() == 2 and t.is_contiguous() and t.shape[1] > 1
+                                               and t.dtype in (torch.float32, torch.bfloat16) and fp.enabled(t)):
         return None
     sp = operand_steps(plain, seed=seed, layer=layer, step=step, role=roles[0])
     st = operand_steps(trans, seed=seed, layer=layer, step=step, role=roles[1])
     if sp.rht or not st.rht or sp.scheme is None or st.scheme is None or t.shape[0] % st.rht:
         return None
     pp, pt = lower(sp.scheme), lower(st.scheme)
+    if mode == "shared":
+        if fp.copy_kind(pp) != "scaled":  # a plain copy without a tensor amax gains nothing
+            return None
+        need = fp.copy_kind(pt) == "scaled"
+        stored, am_t, am_p = tb.rht_transposed_amaxes(t, st.rht, st.signs, out_dtype=torch.bfloat16, amax=need,
+                                                       ignore_nan=need and pt.ignore_nan,
+                                                       plain_ignore_nan=pp.ignore_nan, impl=fp.IMPL)
+        return _Pair(am_p, am_t, stored=stored)
     if (fp.copy_kind(pp) != "scaled" or fp.copy_kind(pt) != "scaled" or not tb.scaled_fusable(pt, st.rht)
             or (OBSERVERS and (pt.ignore_nan or pp.ignore_nan))):
         return None
@@ -243,13 +264,15 @@ def _pair_copy(pair, side: str, ops: _Ops, t, policy, role: str, kw: dict):
     if c is not None:
         return c
     extra = {} if pair is None else {"amax": getattr(pair, "amax_" + side)}
+    if pair is not None and side == "trans" and pair.stored is not None:
+        extra["stored"] = pair.stored
     return ops.copy(t, policy, role=role, **kw, **extra)
 
 
 class _QLinearFn(torch.autograd.Function):
     """The three GEMMs of SPEC §8 with their six copies on one path (:class:`_Ops`); saves W and the high-precision
-    X for backward (or, where the fast path wrote Wgrad's copy of X beside Fprop's, that copy instead), and the
-    Fprop copy of W where it is Dgrad's (transposed) or its source."""
+    X for backward (or, where the fast path wrote Wgrad's copy of X or its RHT'd transpose beside Fprop's copy,
+    that instead), and the Fprop copy of W where it is Dgrad's (transposed) or its source."""
 
     @staticmethod
     def forward(ctx, x, weight, cfg):
@@ -264,7 +287,8 @@ class _QLinearFn(torch.autograd.Function):
         y = ops.mm(_pair_copy(pair, "plain", ops, x2d, rec.fprop_x, "fprop_x", kw), qw, out_dtype)
         ctx.wgrad_x = None if pair is None else pair._replace(plain=None)  # Fprop's copy is not backward's
         ctx.x_dtype = x2d.dtype
-        ctx.save_for_backward(None if pair is not None and pair.trans is not None else x2d, weight)
+        ctx.save_for_backward(None if pair is not None and (pair.trans is not None or pair.stored is not None)
+                              else x2d, weight)
         ctx.cfg = cfg
         ctx.qw = ops.transposed(qw) if ops.transposed is not None and _reuse_fprop_w(rec) else None
         ctx.w_fprop = ops.values(qw) if rec.dgrad_w_from_fprop else None

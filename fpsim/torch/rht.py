@@ -13,8 +13,8 @@ from .codecs import bf16_round, code_table
 from .launch import launch
 from .runtime import WARPS, dummy, hw_cvt, kernels, torch_module, use_triton
 
-__all__ = ["rht", "rht_transposed", "rht_transposed_scaled", "rht_transposed_scaled_pair", "rht_t_amaxes",
-           "scaled_fusable"]
+__all__ = ["rht", "rht_transposed", "rht_transposed_amaxes", "rht_transposed_scaled", "rht_transposed_scaled_pair",
+           "rht_t_amaxes", "scaled_fusable"]
 
 
 def _check_length(n: int, d: int) -> None:
@@ -113,6 +113,26 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
         return out, absmax(out, ignore_nan)
     out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
     return out, _rht_t_pass(x, d, signs, out, amax, ignore_nan)
+
+
+def rht_transposed_amaxes(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool = True,
+                          ignore_nan: bool = False, plain_ignore_nan: bool = False, impl: str = "auto"):
+    """:func:`rht_transposed` of a 2-D ``x`` that also takes the amax of ``x`` itself from the same read:
+    ``(out, amax of out or None, amax of x)``, each amax under its own NaN policy, the second as
+    :func:`fpsim.torch.quantize.absmax` takes it (the Fprop or Dgrad copy of ``x`` then needs no amax pass).
+    One Triton kernel where the kernels run; else the separate passes.  Bit-identical either way."""
+    from .quantize import absmax
+
+    torch = torch_module()
+    R, C = x.shape
+    d = int(d)
+    _check_length(R, d)
+    if not (use_triton(x, impl) and d <= 64 and x.dtype in (torch.float32, torch.bfloat16)):
+        out, am = rht_transposed(x, d, signs, out_dtype=out_dtype, amax=amax, ignore_nan=ignore_nan, impl=impl)
+        return out, am, absmax(x.contiguous(), plain_ignore_nan)
+    out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
+    am, plain = _rht_t_pass(x, d, signs, out, amax, ignore_nan, plain=bool(plain_ignore_nan))
+    return out, am, plain
 
 
 def _rht_t_pass(x, d: int, signs, out, amax: bool, ignore_nan: bool, store: bool = True, plain=None):
