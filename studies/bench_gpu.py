@@ -164,6 +164,23 @@ def main() -> None:
         lambda: tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True), gb)
     row("  the same as transpose copy + RHT + amax pass (three kernels, the path before)",
         lambda: absmax(tb.rht(xbf.t().contiguous(), 16, out_dtype=torch.bfloat16)), gb)
+
+    def wide(fn):  # rht_t_kernel's WIDE layout (fpsim.torch.rht.RHT_T_WIDE) around one call
+        from fpsim.torch import rht as trht
+
+        def call():
+            trht.RHT_T_WIDE = True
+            try:
+                return fn()
+            finally:
+                trht.RHT_T_WIDE = False
+        return call
+
+    row("  the same, WIDE layout (one 128-token × 64-column tile per program, 256-byte row stores)",
+        wide(lambda: tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True)), gb)
+    row("  the same with X's own amax from the same read (`rht_transposed_amaxes`, the \"shared\" Wgrad path)",
+        lambda: tb.rht_transposed_amaxes(xbf, 16, out_dtype=torch.bfloat16), gb)
+    row("    and WIDE", wide(lambda: tb.rht_transposed_amaxes(xbf, 16, out_dtype=torch.bfloat16)), gb)
     nv_sr = lower("nvfp4", rounding="sr")
 
     def wgrad_two_kernels():

@@ -37,6 +37,7 @@ import fpsim.torch as ft
 from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
 from fpsim.torch import fastpath
+from fpsim.torch import rht as trht
 from fpsim.torch.launch import direct_enabled
 from studies import profiling
 from studies.benchlib import write_report
@@ -77,6 +78,7 @@ class GPT(torch.nn.Module):
 
 #: The arm whose scaled products run as one Triton GEMM with alpha on the accumulator (fpsim.torch.fastpath.GEMM).
 TRITON_GEMM_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, fused Triton GEMM (alpha on the accumulator)"
+WIDE_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, RHT_T_WIDE (the transposed RHT in wide tiles)"
 
 
 def _loss(model, idx, vocab: int, device, cache: bool = True):
@@ -190,6 +192,9 @@ def main(argv=None) -> None:
     ap.add_argument("--wgrad", default="stored", metavar="PATH[,PATH…]",
                     help="fastpath.WGRAD paths of the every-block graph arm (one arm each; the first is every other "
                          f"arm's): {', '.join(fastpath.WGRAD_PATHS)}")
+    ap.add_argument("--rht-wide", action="store_true",
+                    help="one more every-block graph arm with fpsim.torch.rht.RHT_T_WIDE on (the transposed RHT's "
+                         "wide tiles)")
     a = ap.parse_args(argv)
     wgrad = a.wgrad.split(",")
     if not wgrad or any(w not in fastpath.WGRAD_PATHS for w in wgrad):
@@ -214,6 +219,8 @@ def main(argv=None) -> None:
         *[(f"nvfp4_paper, every block, gemm=blas, CUDA graph, WGRAD={w!r}",
            lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps)
           for w in wgrad[1:]],
+        *([(WIDE_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
+             a.steps)] if a.rht_wide else []),
         (TRITON_GEMM_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
          a.steps),
         ("nvfp4_paper, every block, gemm=fp32",
@@ -232,6 +239,7 @@ def main(argv=None) -> None:
         fastpath.GEMM = "triton" if name == TRITON_GEMM_ARM else "cublas"
         fastpath.MM_TILES = tiles if name == TRITON_GEMM_ARM else default_tiles
         fastpath.WGRAD = next((w for w in wgrad[1:] if name.endswith(f"WGRAD={w!r}")), wgrad[0])
+        trht.RHT_T_WIDE = name == WIDE_ARM
         t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
@@ -239,7 +247,7 @@ def main(argv=None) -> None:
                      steps + (1 if "fp32" in name else 4 if graph else 3)))
         mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
-    fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD = "cublas", default_tiles, "stored"
+    fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE = "cublas", default_tiles, "stored", False
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
     direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"

@@ -421,6 +421,36 @@ def test_one_read_gives_the_plain_and_the_transformed_amax(dtype, nan):
             assert bool(torch.isnan(plain)) == (nan and not ign_plain)
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["tile-loop", "wide"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_the_transposed_rht_pass_is_the_transposed_copys_rht_in_both_layouts(wide, dtype, nan, monkeypatch):
+    """rht_t_kernel, tile loop or WIDE (fpsim.torch.rht.RHT_T_WIDE): RHT(Xᵀ) in BF16, its amax and X's own amax
+    equal the RHT of the transposed copy and absmax of each (a partial last program along the tokens, ragged
+    features, a tile past the tokens masked; amax-only passes too)."""
+    import fpsim.torch.rht as trht
+    from fpsim.torch.quantize import absmax
+
+    monkeypatch.setattr(trht, "RHT_T_WIDE", wide)
+    x = torch.from_numpy(_data((16 * 8 * 2 + 48, 70), 9)).to(DEV, getattr(torch, dtype))
+    x[-3, 69] = 7.0e4
+    if nan:
+        x[20, 5] = float("nan")
+    want = tb.rht(x.t().contiguous(), 16, "recipe", out_dtype=torch.bfloat16, impl="eager")
+    for ign in (False, True):
+        out, am, plain = tb.rht_transposed_amaxes(x, 16, "recipe", out_dtype=torch.bfloat16, ignore_nan=ign,
+                                                  plain_ignore_nan=not ign, impl="triton")
+        fin = ~torch.isnan(want)
+        assert torch.equal(torch.isnan(out), ~fin) and torch.equal(out[fin].view(torch.int16),
+                                                                   want[fin].view(torch.int16))
+        p2, t2 = tb.rht_t_amaxes(x, 16, "recipe", ignore_nan=ign, plain_ignore_nan=not ign)
+        for got, ref in ((am, absmax(want, ign)), (t2, absmax(want, ign)), (plain, absmax(x, not ign)),
+                         (p2, absmax(x, not ign))):
+            assert bool(torch.isnan(got)) == bool(torch.isnan(ref))
+            if not torch.isnan(ref):
+                assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
 def test_a_fast_nvfp4_linear_reads_x_and_dy_twice_each(monkeypatch):
     """Under nvfp4_paper the Fprop copy of X and Wgrad's RHT'd Xᵀ (and Dgrad's dY and Wgrad's dYᵀ) take their tensor
     amax values from one shared pass and are written by one more: the only separate amax pass and quantize launch

@@ -444,7 +444,7 @@ def rht_kernel(x_ptr, s_ptr, out_ptr, NT, inv_sqrt, D: tl.constexpr, LOG2D: tl.c
 def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexpr, LOG2D: tl.constexpr,
                  BF: tl.constexpr, TILES: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr,
                  AMAX: tl.constexpr, IGNORE_NAN: tl.constexpr, STORE: tl.constexpr = True, plain_ptr=0,
-                 PLAIN: tl.constexpr = False, PLAIN_IGNORE_NAN: tl.constexpr = False):
+                 PLAIN: tl.constexpr = False, PLAIN_IGNORE_NAN: tl.constexpr = False, WIDE: tl.constexpr = False):
     """:func:`rht_kernel` of Xᵀ without writing Xᵀ: a program takes TILES tiles of D rows × BF columns of the
     row-major X (R × C, R a multiple of D), transforms each column's D values (the rows of Xᵀ) by
     :func:`hadamard_rows`, and stores them into ``out`` (C × R); STORE=False stores nothing (the amax pass of
@@ -456,24 +456,26 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
     that one address few; NaN propagates unless IGNORE_NAN), read back from the stored dtype as
     :func:`absmax_kernel` would read it.  A NaN amax's payload is not specified: compiled for the H200, the BF16
     store goes through ``cvt.rn.bf16x2.f32`` (NaN → 0x7FFF) and the amax through a rematerialized
-    ``cvt.rn.bf16.f32`` that keeps the payload (0x7FC0)."""
+    ``cvt.rn.bf16.f32`` that keeps the payload (0x7FC0).
+
+    WIDE: the program's TILES tiles as one [TILES·D, BF] load, transformed as BF·TILES rows of D and stored as
+    one [BF, TILES·D] tile (TILES·D contiguous values per row of Xᵀ, where the tile loop stores D at a time).
+    The same rows of D in the same order: the same bits."""
     f = tl.program_id(1) * BF + tl.arange(0, BF)
     i = tl.arange(0, D)
     sg = tl.load(s_ptr + i)[None, :]
-    acc = tl.zeros([BF, D], tl.int32)
-    accp = tl.zeros([D, BF], tl.int32)
-    for t in tl.static_range(TILES):
-        b = tl.program_id(0).to(tl.int64) * TILES + t
-        row = b * D + i  # rows of X in tile b; past R (b ≥ NT) the tile is masked out
-        m_in = (row[:, None] < R) & (f[None, :] < C)
-        xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
-        if PLAIN:  # masked loads are +0, which no amax exceeds from below
+    if WIDE:
+        TD: tl.constexpr = TILES * D
+        row = tl.program_id(0).to(tl.int64) * TD + tl.arange(0, TD)
+        xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=(row[:, None] < R) & (f[None, :] < C),
+                     other=0.0).to(tl.float32)
+        if PLAIN:
             ap = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
             if PLAIN_IGNORE_NAN:
                 ap = tl.where(ap > 0x7F800000, 0, ap)
-            accp = tl.maximum(accp, ap)
-        v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
-        v = hadamard_rows(v, sg, inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
+            tl.atomic_max(plain_ptr, tl.max(tl.max(ap, axis=1), axis=0))
+        v = tl.reshape(tl.trans(xt), [BF * TILES, D])  # row f's TILES groups of D tokens, in token order
+        v = tl.reshape(hadamard_rows(v, sg, inv_sqrt, BF * TILES, D, LOG2D, BF16_IN, BF16_OUT, False), [BF, TD])
         m = (f[:, None] < C) & (row[None, :] < R)
         st = v.to(out_ptr.dtype.element_ty)
         if STORE:
@@ -482,11 +484,35 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
             a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
             if IGNORE_NAN:
                 a = tl.where(a > 0x7F800000, 0, a)
-            acc = tl.maximum(acc, tl.where(m, a, 0))
-    if AMAX:
-        tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
-    if PLAIN:
-        tl.atomic_max(plain_ptr, tl.max(tl.max(accp, axis=1), axis=0))
+            tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(m, a, 0), axis=1), axis=0))
+    else:
+        acc = tl.zeros([BF, D], tl.int32)
+        accp = tl.zeros([D, BF], tl.int32)
+        for t in tl.static_range(TILES):
+            b = tl.program_id(0).to(tl.int64) * TILES + t
+            row = b * D + i  # rows of X in tile b; past R (b ≥ NT) the tile is masked out
+            m_in = (row[:, None] < R) & (f[None, :] < C)
+            xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
+            if PLAIN:  # masked loads are +0, which no amax exceeds from below
+                ap = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+                if PLAIN_IGNORE_NAN:
+                    ap = tl.where(ap > 0x7F800000, 0, ap)
+                accp = tl.maximum(accp, ap)
+            v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
+            v = hadamard_rows(v, sg, inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
+            m = (f[:, None] < C) & (row[None, :] < R)
+            st = v.to(out_ptr.dtype.element_ty)
+            if STORE:
+                tl.store(out_ptr + f[:, None].to(tl.int64) * R + row[None, :], st, mask=m)
+            if AMAX:
+                a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+                if IGNORE_NAN:
+                    a = tl.where(a > 0x7F800000, 0, a)
+                acc = tl.maximum(acc, tl.where(m, a, 0))
+        if AMAX:
+            tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
+        if PLAIN:
+            tl.atomic_max(plain_ptr, tl.max(tl.max(accp, axis=1), axis=0))
 
 
 @triton.jit

@@ -144,7 +144,7 @@ def _rht_t_pass(x, d: int, signs, out, amax: bool, ignore_nan: bool, store: bool
     x = x.contiguous()
     acc = torch.zeros(2 if plain is not None else 1, dtype=torch.int32, device=x.device)
     if R and C:
-        inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan), bool(store))
+        inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan), bool(store), bool(RHT_T_WIDE))
         if plain is not None:
             kw = {**kw, "plain_ptr": acc[1:], "PLAIN": True, "PLAIN_IGNORE_NAN": bool(plain)}
         launch(kernels().rht_t_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)),
@@ -247,14 +247,17 @@ def _scaled_launch(x, plan, d: int, signs, out, amax, sr: dict, extra: dict) -> 
 
 _RHT_T_BF = 64  # columns of X (rows of Xᵀ) per program of rht_t_kernel
 _RHT_T_TILES = 8  # D-row tiles per program: one atomic amax per 8 tiles (a 1024-token × 64-column block at D = 16)
+#: rht_t_kernel's WIDE layout (one [TILES·D, BF] tile per program, 256-byte row segments stored at D = 16, where
+#: the tile loop stores 32 bytes at a time); the same bits; not yet timed on a GPU, so off.
+RHT_T_WIDE = False
 
 
 @functools.lru_cache(maxsize=64)
-def _rht_t_kw(d: int, amax: bool, ignore_nan: bool, store: bool = True) -> tuple[float, dict]:
+def _rht_t_kw(d: int, amax: bool, ignore_nan: bool, store: bool = True, wide: bool = False) -> tuple[float, dict]:
     """fl(1/√d) and the keyword arguments of one rht_t_kernel configuration (built once: the Wgrad hot path)."""
     return float(np.float32(1.0 / np.sqrt(d))), {
         "D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "TILES": _RHT_T_TILES, "BF16_IN": True,
-        "BF16_OUT": True, "AMAX": amax, "IGNORE_NAN": ignore_nan, "STORE": store, "num_warps": WARPS}
+        "BF16_OUT": True, "AMAX": amax, "IGNORE_NAN": ignore_nan, "STORE": store, "WIDE": wide, "num_warps": WARPS}
 
 
 @functools.lru_cache(maxsize=64)
