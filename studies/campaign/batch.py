@@ -25,7 +25,8 @@ by side (2026-12-01) 224 k (BF16) and 144–154 k (NVFP4 arms) each; three side 
 the host's per-layer launch work off the step (every-block NVFP4 on the benchmark GPT: 79.2 → 45.9 ms per step on
 the H200, 2026-12-02).  Its AdamW is the same fused one with the learning rate in a device tensor, so the run's
 bits should equal the eager run's; ``tests/test_campaign.py`` checks that on the GPU (``make test-gpu``: weights,
-AdamW state and curve, through a checkpoint, a resume and a recipe switch).  Use it once that test has passed.
+AdamW state and curve, through a checkpoint, a resume and a recipe switch): it passed there on 2026-12-02, with
+``torch.backends.cudnn.deterministic`` set by every run; its throughput side by side is not yet measured.
 """
 
 from __future__ import annotations
