@@ -4,6 +4,8 @@ reference's y, dX, dW up to FP32 summation order.  The kernels run under Triton'
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -421,6 +423,14 @@ def test_one_read_gives_the_plain_and_the_transformed_amax(dtype, nan):
             assert bool(torch.isnan(plain)) == (nan and not ign_plain)
 
 
+def _counting(calls: dict, key: str, fn):
+    """``fn`` that adds one to ``calls[key]`` per call."""
+    def wrapped(*a, **k):
+        calls[key] += 1
+        return fn(*a, **k)
+    return wrapped
+
+
 @pytest.mark.parametrize("wide", [False, True], ids=["tile-loop", "wide"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
@@ -460,11 +470,7 @@ def test_a_fast_nvfp4_linear_reads_x_and_dy_twice_each(monkeypatch):
     calls = {"absmax": 0, "shared": 0, "rht_amax_pass": 0, "quantize": 0, "pair": 0}
     absmax, shared, one_pass = fp.absmax, tb.rht_t_amaxes, trht._rht_t_pass
 
-    def count(key, fn):
-        def wrapped(*a, **k):
-            calls[key] += 1
-            return fn(*a, **k)
-        return wrapped
+    count = functools.partial(_counting, calls)
 
     monkeypatch.setattr(fp, "WGRAD", "paired")
     monkeypatch.setattr(fp, "absmax", count("absmax", absmax))
@@ -493,11 +499,7 @@ def test_each_wgrad_path_launches_what_it_says(wgrad, want, monkeypatch):
 
     calls = {"absmax": 0, "quantize": 0, "rht_t": 0}
 
-    def count(key, fn):
-        def wrapped(*a, **k):
-            calls[key] += 1
-            return fn(*a, **k)
-        return wrapped
+    count = functools.partial(_counting, calls)
 
     monkeypatch.setattr(fp, "WGRAD", wgrad)
     monkeypatch.setattr(fp, "absmax", count("absmax", fp.absmax))

@@ -230,16 +230,23 @@ def block_offsets(pid, NB, C, NBLK, BB: tl.constexpr, W: tl.constexpr, EVEN: tl.
 
 
 @triton.jit
+def abs_bits(x, IGNORE_NAN: tl.constexpr):
+    """|x| of the float32 ``x`` as int32 bits, whose order is the values' (NaN bits exceed inf's: NaN propagates
+    through a max unless IGNORE_NAN, which makes a NaN 0)."""
+    a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    if IGNORE_NAN:
+        a = tl.where(a > 0x7F800000, 0, a)
+    return a
+
+
+@triton.jit
 def block_vmax(x, g, gm, tmax_ptr, NB, TR: tl.constexpr, TILE: tl.constexpr, IGNORE_NAN: tl.constexpr):
     """|x| bits max of each block row of the [BB, W] tile ``x`` (NaN bits exceed inf's: NaN propagates unless
     IGNORE_NAN), or with TILE the precomputed amax of its TR-row tile from ``tmax``."""
     if TILE:
         row = g // NB
         return tl.load(tmax_ptr + (row // TR) * NB + (g - row * NB), mask=gm, other=0)
-    a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    if IGNORE_NAN:
-        a = tl.where(a > 0x7F800000, 0, a)
-    return tl.max(a, axis=1)
+    return tl.max(abs_bits(x, IGNORE_NAN), axis=1)
 
 
 @triton.jit
@@ -348,10 +355,7 @@ def absmax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, I
     for i in tl.static_range(ITERS):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
         # float32 or BF16 input: a BF16 value widens exactly, so its amax is the float32 copy's
-        a = tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        if IGNORE_NAN:
-            a = tl.where(a > 0x7F800000, 0, a)
-        acc = tl.maximum(acc, a)
+        acc = tl.maximum(acc, abs_bits(tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.float32), IGNORE_NAN))
     tl.atomic_max(out_ptr, tl.max(acc, axis=0))
 
 
@@ -367,11 +371,8 @@ def tile_absmax_kernel(x_ptr, out_ptr, R, C, NB, TR: tl.constexpr, BW: tl.conste
     for i in tl.static_range(TR):
         row = tr * TR + i
         m = (col < C) & (col * 0 + row < R)
-        a = tl.load(x_ptr + row.to(tl.int64) * C + col, mask=m, other=0).to(tl.float32).to(tl.int32, bitcast=True)
-        a = a & 0x7FFFFFFF
-        if IGNORE_NAN:
-            a = tl.where(a > 0x7F800000, 0, a)
-        acc = tl.maximum(acc, a)
+        acc = tl.maximum(acc, abs_bits(tl.load(x_ptr + row.to(tl.int64) * C + col, mask=m, other=0).to(tl.float32),
+                                       IGNORE_NAN))
     tl.store(out_ptr + tr * NB + bc, tl.max(acc, axis=1), mask=bc < NB)
 
 
@@ -466,53 +467,47 @@ def rht_t_kernel(x_ptr, s_ptr, out_ptr, amax_ptr, R, C, inv_sqrt, D: tl.constexp
     sg = tl.load(s_ptr + i)[None, :]
     if WIDE:
         TD: tl.constexpr = TILES * D
-        row = tl.program_id(0).to(tl.int64) * TD + tl.arange(0, TD)
-        xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=(row[:, None] < R) & (f[None, :] < C),
-                     other=0.0).to(tl.float32)
-        if PLAIN:
-            ap = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-            if PLAIN_IGNORE_NAN:
-                ap = tl.where(ap > 0x7F800000, 0, ap)
-            tl.atomic_max(plain_ptr, tl.max(tl.max(ap, axis=1), axis=0))
-        v = tl.reshape(tl.trans(xt), [BF * TILES, D])  # row f's TILES groups of D tokens, in token order
-        v = tl.reshape(hadamard_rows(v, sg, inv_sqrt, BF * TILES, D, LOG2D, BF16_IN, BF16_OUT, False), [BF, TD])
-        m = (f[:, None] < C) & (row[None, :] < R)
-        st = v.to(out_ptr.dtype.element_ty)
-        if STORE:
-            tl.store(out_ptr + f[:, None].to(tl.int64) * R + row[None, :], st, mask=m)
-        if AMAX:
-            a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
-            if IGNORE_NAN:
-                a = tl.where(a > 0x7F800000, 0, a)
-            tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(m, a, 0), axis=1), axis=0))
+        accp, acc = _rht_t_rows(x_ptr, out_ptr, R, C, f, tl.program_id(0).to(tl.int64) * TD + tl.arange(0, TD), sg,
+                                inv_sqrt, TD, D, LOG2D, BF, BF16_IN, BF16_OUT, AMAX, IGNORE_NAN, STORE, PLAIN,
+                                PLAIN_IGNORE_NAN)
     else:
         acc = tl.zeros([BF, D], tl.int32)
         accp = tl.zeros([D, BF], tl.int32)
         for t in tl.static_range(TILES):
-            b = tl.program_id(0).to(tl.int64) * TILES + t
-            row = b * D + i  # rows of X in tile b; past R (b ≥ NT) the tile is masked out
-            m_in = (row[:, None] < R) & (f[None, :] < C)
-            xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=m_in, other=0.0).to(tl.float32)
-            if PLAIN:  # masked loads are +0, which no amax exceeds from below
-                ap = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-                if PLAIN_IGNORE_NAN:
-                    ap = tl.where(ap > 0x7F800000, 0, ap)
-                accp = tl.maximum(accp, ap)
-            v = tl.trans(xt)  # [BF, D]: row f of Xᵀ, tile b
-            v = hadamard_rows(v, sg, inv_sqrt, BF, D, LOG2D, BF16_IN, BF16_OUT, False)
-            m = (f[:, None] < C) & (row[None, :] < R)
-            st = v.to(out_ptr.dtype.element_ty)
-            if STORE:
-                tl.store(out_ptr + f[:, None].to(tl.int64) * R + row[None, :], st, mask=m)
-            if AMAX:
-                a = st.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
-                if IGNORE_NAN:
-                    a = tl.where(a > 0x7F800000, 0, a)
-                acc = tl.maximum(acc, tl.where(m, a, 0))
-        if AMAX:
-            tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
-        if PLAIN:
-            tl.atomic_max(plain_ptr, tl.max(tl.max(accp, axis=1), axis=0))
+            row = (tl.program_id(0).to(tl.int64) * TILES + t) * D + i  # past R (tile ≥ NT) the tile is masked out
+            ap, a = _rht_t_rows(x_ptr, out_ptr, R, C, f, row, sg, inv_sqrt, D, D, LOG2D, BF, BF16_IN, BF16_OUT, AMAX,
+                                IGNORE_NAN, STORE, PLAIN, PLAIN_IGNORE_NAN)
+            accp = tl.maximum(accp, ap)
+            acc = tl.maximum(acc, a)
+    if AMAX:
+        tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0))
+    if PLAIN:
+        tl.atomic_max(plain_ptr, tl.max(tl.max(accp, axis=1), axis=0))
+
+
+@triton.jit
+def _rht_t_rows(x_ptr, out_ptr, R, C, f, row, sg, inv_sqrt, N: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr,
+                BF: tl.constexpr, BF16_IN: tl.constexpr, BF16_OUT: tl.constexpr, AMAX: tl.constexpr,
+                IGNORE_NAN: tl.constexpr, STORE: tl.constexpr, PLAIN: tl.constexpr, PLAIN_IGNORE_NAN: tl.constexpr):
+    """The N rows ``row`` (whole groups of D tokens) × columns ``f`` of :func:`rht_t_kernel`: load, transform each
+    column's groups of D, store the BF × N tile of Xᵀ; returns the |bits| of the loaded [N, BF] tile (PLAIN; masked
+    loads are +0, which no amax exceeds from below) and of the stored [BF, N] tile (AMAX; masked out as 0), zeros
+    where not asked."""
+    xt = tl.load(x_ptr + row[:, None] * C + f[None, :], mask=(row[:, None] < R) & (f[None, :] < C),
+                 other=0.0).to(tl.float32)
+    ap = tl.zeros([N, BF], tl.int32)
+    if PLAIN:
+        ap = abs_bits(xt, PLAIN_IGNORE_NAN)
+    v = tl.reshape(tl.trans(xt), [BF * (N // D), D])  # row f's groups of D tokens, in token order
+    v = tl.reshape(hadamard_rows(v, sg, inv_sqrt, BF * (N // D), D, LOG2D, BF16_IN, BF16_OUT, False), [BF, N])
+    m = (f[:, None] < C) & (row[None, :] < R)
+    st = v.to(out_ptr.dtype.element_ty)
+    if STORE:
+        tl.store(out_ptr + f[:, None].to(tl.int64) * R + row[None, :], st, mask=m)
+    a = tl.zeros([BF, N], tl.int32)
+    if AMAX:
+        a = tl.where(m, abs_bits(st.to(tl.float32), IGNORE_NAN), 0)
+    return ap, a
 
 
 @triton.jit

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .kernels import (
     FLT_MAX,
+    abs_bits,
     block_offsets,
     block_vmax,
     canonical_nan,
@@ -244,10 +245,7 @@ def two_level_quant_2d_kernel(
     m = (row < R)[:, None] & (col < C) & (bt < NB)[:, None]
     offs = row.to(tl.int64)[:, None] * C + col
     x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    if IGNORE_NAN:
-        a = tl.where(a > 0x7F800000, 0, a)
-    bmax = tl.max(a, axis=1)  # per (row, tile) block of W
+    bmax = tl.max(abs_bits(x, IGNORE_NAN), axis=1)  # per (row, tile) block of W
     tmax = tl.max(tl.reshape(bmax, [W, BT]), axis=0)  # per tile
     vmax = tl.reshape(tl.broadcast_to(tmax[None, :], [W, BT]), [W * BT])
     g = row.to(tl.int64) * NB + bt  # the block index of the CPU quantizer (row-major blocks)
@@ -464,10 +462,7 @@ def fp32_scaled_quant_kernel(
     if PER_TENSOR:
         amax = tl.load(amax_ptr) + tl.zeros([BB], tl.float32)
     else:
-        a = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        if IGNORE_NAN:
-            a = tl.where(a > 0x7F800000, 0, a)
-        amax = tl.max(a, axis=1).to(tl.float32, bitcast=True)
+        amax = tl.max(abs_bits(x, IGNORE_NAN), axis=1).to(tl.float32, bitcast=True)
     d = tl.math.div_rn(amax, tl.full([BB], emax_f, tl.float32))
     d = tl.where((d == 0.0) | (d > FLT_MAX), 1.0, d)
     code = encode_elem(tl.math.div_rn(x, d[:, None]), E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)

@@ -100,19 +100,8 @@ def rht_transposed(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool
     same pass: ``(out, amax or None)``.  One Triton kernel where the kernels run; else ``rht`` of the transposed
     copy and a separate amax.  Bit-identical either way.
     """
-    torch = torch_module()
-    R, C = x.shape
-    d = int(d)
-    _check_length(R, d)
-    if not (use_triton(x, impl) and d <= 64 and x.dtype in (torch.float32, torch.bfloat16)):
-        out = rht(x.t(), d, signs, out_dtype=out_dtype, impl=impl).contiguous()
-        if not amax:
-            return out, None
-        from .quantize import absmax
-
-        return out, absmax(out, ignore_nan)
-    out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
-    return out, _rht_t_pass(x, d, signs, out, amax, ignore_nan)
+    out, am, _ = _rht_t(x, d, signs, out_dtype, amax, ignore_nan, None, impl)
+    return out, am
 
 
 def rht_transposed_amaxes(x, d: int = 16, signs="recipe", *, out_dtype=None, amax: bool = True,
@@ -121,18 +110,25 @@ def rht_transposed_amaxes(x, d: int = 16, signs="recipe", *, out_dtype=None, ama
     ``(out, amax of out or None, amax of x)``, each amax under its own NaN policy, the second as
     :func:`fpsim.torch.quantize.absmax` takes it (the Fprop or Dgrad copy of ``x`` then needs no amax pass).
     One Triton kernel where the kernels run; else the separate passes.  Bit-identical either way."""
-    from .quantize import absmax
+    return _rht_t(x, d, signs, out_dtype, amax, ignore_nan, bool(plain_ignore_nan), impl)
 
+
+def _rht_t(x, d: int, signs, out_dtype, amax: bool, ignore_nan: bool, plain, impl: str):
+    """(RHT of x.T, its amax or None, x's amax or None): ``plain`` as in :func:`_rht_t_pass`."""
     torch = torch_module()
     R, C = x.shape
     d = int(d)
     _check_length(R, d)
     if not (use_triton(x, impl) and d <= 64 and x.dtype in (torch.float32, torch.bfloat16)):
-        out, am = rht_transposed(x, d, signs, out_dtype=out_dtype, amax=amax, ignore_nan=ignore_nan, impl=impl)
-        return out, am, absmax(x.contiguous(), plain_ignore_nan)
+        from .quantize import absmax
+
+        out = rht(x.t(), d, signs, out_dtype=out_dtype, impl=impl).contiguous()
+        return (out, absmax(out, ignore_nan) if amax else None,
+                None if plain is None else absmax(x.contiguous(), plain))
     out = torch.empty((C, R), dtype=out_dtype or torch.float32, device=x.device)
-    am, plain = _rht_t_pass(x, d, signs, out, amax, ignore_nan, plain=bool(plain_ignore_nan))
-    return out, am, plain
+    if plain is None:
+        return out, _rht_t_pass(x, d, signs, out, amax, ignore_nan), None
+    return (out, *_rht_t_pass(x, d, signs, out, amax, ignore_nan, plain=plain))
 
 
 def _rht_t_pass(x, d: int, signs, out, amax: bool, ignore_nan: bool, store: bool = True, plain=None):
