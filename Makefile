@@ -43,7 +43,7 @@ test-gpu:
 		tests/test_campaign.py tests/test_bench_scaled_mm.py
 	$(PYTHON) -m studies.bench_scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
 	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --mm-tiles $$(cat $(OUT)/mm_tiles) \
-		--wgrad stored,shared,registers,paired --rht-wide --out $(OUT)/bench_training.md
+		--wgrad shared,stored,registers,paired --rht-t wide,tiles --out $(OUT)/bench_training.md
 	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
 	$(PYTHON) -m studies.campaign.run --arm nvfp4 --size s10m --tokens 265e6 --lr 2e-3 --batch 64 \
 		--out /tmp/fpsim-profile --profile $(OUT)/profile_campaign.md

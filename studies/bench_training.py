@@ -78,7 +78,8 @@ class GPT(torch.nn.Module):
 
 #: The arm whose scaled products run as one Triton GEMM with alpha on the accumulator (fpsim.torch.fastpath.GEMM).
 TRITON_GEMM_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, fused Triton GEMM (alpha on the accumulator)"
-WIDE_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, RHT_T_WIDE (the transposed RHT in wide tiles)"
+#: The transposed RHT's layouts (fpsim.torch.rht.RHT_T_WIDE: False = the tile loop, True = wide tiles).
+RHT_T_LAYOUTS = {"tiles": False, "wide": True}
 
 
 def _loss(model, idx, vocab: int, device, cache: bool = True):
@@ -186,19 +187,26 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of two steps of the every-block arm")
     ap.add_argument("--skip-fp32", action="store_true", help="leave out the (slow) bit-defined gemm=fp32 arm")
+    ap.add_argument("--graph-only", action="store_true",
+                    help="only the CUDA-graph arms (GPU-bound; ratios against the BF16 graph arm): the eager arms "
+                         "are host-bound and vary with the machine's host")
     ap.add_argument("--mm-tiles", default=None, metavar="BM,BN,BK,GROUP_M,WARPS,STAGES",
                     help="the fused Triton GEMM arm's tiling (fastpath.MMTiles; default fastpath.MM_TILES), e.g. "
                          "the fastest of studies.bench_scaled_mm --best")
-    ap.add_argument("--wgrad", default="stored", metavar="PATH[,PATH…]",
+    ap.add_argument("--wgrad", default=None, metavar="PATH[,PATH…]",
                     help="fastpath.WGRAD paths of the every-block graph arm (one arm each; the first is every other "
-                         f"arm's): {', '.join(fastpath.WGRAD_PATHS)}")
-    ap.add_argument("--rht-wide", action="store_true",
-                    help="one more every-block graph arm with fpsim.torch.rht.RHT_T_WIDE on (the transposed RHT's "
-                         "wide tiles)")
+                         f"arm's): {', '.join(fastpath.WGRAD_PATHS)} (default: the library's)")
+    ap.add_argument("--rht-t", default=None, metavar="LAYOUT[,LAYOUT…]",
+                    help="layouts of the transposed RHT (fpsim.torch.rht.RHT_T_WIDE) for the every-block graph arm, "
+                         f"as --wgrad: {', '.join(RHT_T_LAYOUTS)} (default: the library's)")
     a = ap.parse_args(argv)
-    wgrad = a.wgrad.split(",")
+    wgrad = (a.wgrad or fastpath.WGRAD).split(",")
     if not wgrad or any(w not in fastpath.WGRAD_PATHS for w in wgrad):
         ap.error(f"--wgrad: choose from {', '.join(fastpath.WGRAD_PATHS)}")
+    default_layout = next(k for k, v in RHT_T_LAYOUTS.items() if v == trht.RHT_T_WIDE)
+    layouts = (a.rht_t or default_layout).split(",")
+    if any(v not in RHT_T_LAYOUTS for v in layouts):
+        ap.error(f"--rht-t: choose from {', '.join(RHT_T_LAYOUTS)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = (dict(vocab=256, d=64, layers=12, heads=4, seq=64, batch=2) if a.tiny
            else dict(vocab=32768, d=1024, layers=12, heads=16, seq=1024, batch=8))
@@ -219,8 +227,9 @@ def main(argv=None) -> None:
         *[(f"nvfp4_paper, every block, gemm=blas, CUDA graph, WGRAD={w!r}",
            lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps)
           for w in wgrad[1:]],
-        *([(WIDE_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
-             a.steps)] if a.rht_wide else []),
+        *[(f"nvfp4_paper, every block, gemm=blas, CUDA graph, RHT_T={v!r}",
+           lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps)
+          for v in layouts[1:]],
         (TRITON_GEMM_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
          a.steps),
         ("nvfp4_paper, every block, gemm=fp32",
@@ -230,8 +239,11 @@ def main(argv=None) -> None:
         arms = [arm for arm in arms if "fp32" not in arm[0]]
     if device != "cuda":
         arms = [arm for arm in arms if arm[2] != "graph"]
+    elif a.graph_only:
+        arms = [arm for arm in arms if arm[2] == "graph"]
     tiles = fastpath.MMTiles(*map(int, a.mm_tiles.split(","))) if a.mm_tiles else fastpath.MM_TILES
     default_tiles = fastpath.MM_TILES
+    defaults = fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE
     rows = []
     base = None
     for name, conv, mon, steps in arms:
@@ -239,7 +251,7 @@ def main(argv=None) -> None:
         fastpath.GEMM = "triton" if name == TRITON_GEMM_ARM else "cublas"
         fastpath.MM_TILES = tiles if name == TRITON_GEMM_ARM else default_tiles
         fastpath.WGRAD = next((w for w in wgrad[1:] if name.endswith(f"WGRAD={w!r}")), wgrad[0])
-        trht.RHT_T_WIDE = name == WIDE_ARM
+        trht.RHT_T_WIDE = RHT_T_LAYOUTS[next((v for v in layouts[1:] if name.endswith(f"RHT_T={v!r}")), layouts[0])]
         t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
@@ -247,7 +259,7 @@ def main(argv=None) -> None:
                      steps + (1 if "fp32" in name else 4 if graph else 3)))
         mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
-    fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE = "cublas", default_tiles, "stored", False
+    fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE = defaults
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
     direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"
@@ -257,10 +269,11 @@ def main(argv=None) -> None:
         f"{datetime.date.today().isoformat()}, {gpu}, torch {torch.__version__}; model: GPT, {cfg['layers']} blocks, "
         f"d_model {cfg['d']}, {cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']} ({tok} tokens/step), "
         f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench_training` (median step of the timed "
-        "steps after warm-up; ratios against the BF16 arm of the same run). Direct Triton launches "
+        "steps after warm-up; ratios against the first BF16 arm of the same run). Direct Triton launches "
         f"(`fpsim.torch.launch`) at the end of the run: {direct}. The fused Triton GEMM arm's tiling "
         f"(BM, BN, BK, GROUP_M, warps, stages): {tuple(tiles)}. Wgrad's RHT'd copies (`fastpath.WGRAD`): "
-        f"{wgrad[0]!r} except where an arm names another.",
+        f"{wgrad[0]!r}, the transposed RHT's layout (`fpsim.torch.rht.RHT_T_WIDE`): {layouts[0]!r}, except where an "
+        "arm names another.",
         "",
         "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | steps run | loss after them |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

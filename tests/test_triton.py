@@ -59,6 +59,40 @@ def test_element_encoder_on_every_exponent_class(fmt):
     assert np.array_equal(got, fpsim.encode(x, spec).astype(np.uint8))
 
 
+@pytest.mark.parametrize("fmt,k", [("float4_e2m1fn", k) for k in (1, 4, 8, 13, 24)]
+                         + [(f, k) for f in ("float6_e2m3fn", "float8_e4m3fn") for k in (8, 24)])
+def test_sr_element_encoder_on_every_exponent_class(fmt, k):
+    """Stochastic rounding's element encoders (E2M1's short form, the generic one otherwise) against the CPU
+    reference: every exponent class and mantissa pattern with random k-bit values and both extremes (0 and
+    2^k − 1: the largest sum, which at k = 24 rounds some values up onto the next grid value)."""
+    spec = fpsim.get_format(fmt)
+    x = probes_for(spec).view(np.float32)
+    rng = np.random.default_rng(k)
+    for r in (rng.integers(0, 1 << k, x.shape), np.zeros(x.shape, np.int64), np.full(x.shape, (1 << k) - 1)):
+        got = N(tc.encode_fused(T(x), spec, rbits=T(r), k=k))
+        want = fpsim.encode(x, spec, rounding="sr", rbits=r, k=k).astype(np.uint8)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (f"{bad.size} codes differ, first x bits {x.view(np.uint32)[bad[0]]:#010x} "
+                               f"r {r[bad[0]]}: {got[bad[0]]} != {want[bad[0]]}")
+
+
+def test_sr_e2m1_short_form_on_every_random_value():
+    """E2M1's SR short form on every 8-bit random value over the binades where E2M1 rounds (2^-4 … 16), against
+    the CPU reference and the generic encoder."""
+    spec = fpsim.get_format("float4_e2m1fn")
+    x1 = float32_probes(top=4, exponents=np.arange(122, 132)).view(np.float32)
+    x = np.repeat(x1, 256)
+    r = np.tile(np.arange(256), x1.size)
+    got = N(tc.encode_fused(T(x), spec, rbits=T(r), k=8))
+    assert np.array_equal(got, fpsim.encode(x, spec, rounding="sr", rbits=r, k=8).astype(np.uint8))
+    from fpsim.torch import kernels as K  # the generic encoder with E2M1's constants (E2M1=False)
+    out = torch.empty(x.shape, dtype=torch.uint8, device=DEV)
+    consts = {**tc.elem_consts(spec), "E2M1": False}
+    K.encode_kernel[(-(-x.size // 1024),)](T(x), out, x.size, BLOCK=1024, **consts, r_ptr=T(r.astype(np.int32)),
+                                           SR=True, K=8)
+    assert np.array_equal(N(out), got)
+
+
 def test_absmax_propagates_nan_unless_ignored():
     x = np.array([1.0, -3.0, np.nan, 2.0], np.float32)
     assert np.isnan(float(tq.absmax(T(x))))

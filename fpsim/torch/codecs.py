@@ -230,9 +230,11 @@ def decode(codes, fmt: str | FormatSpec):
     return code_table("dec", spec, 0, True, str(codes.device))[codes.to(torch.int64)]
 
 
-def encode_fused(x, fmt: str | FormatSpec):
-    """RNE satfinite codes (uint8) of a float32 tensor for a signed ≤ 8-bit format with subnormals, by one
-    Triton kernel (the E2M1 arithmetic for E2M1, the generic encoder otherwise)."""
+def encode_fused(x, fmt: str | FormatSpec, rbits=None, k: int | None = None):
+    """Satfinite codes (uint8) of a float32 tensor for a signed ≤ 8-bit format with subnormals, by one Triton
+    kernel (the E2M1 arithmetic for E2M1, the generic encoder otherwise): RNE, or with ``rbits`` (integers of
+    x's shape in [0, 2^k); k defaults to the format's SR width) stochastic rounding, SPEC §3, as
+    ``fpsim.encode(x, fmt, rounding="sr", rbits=, k=)``."""
     from . import kernels as K
 
     torch = torch_module()
@@ -241,9 +243,17 @@ def encode_fused(x, fmt: str | FormatSpec):
         raise ValueError(f"{spec.name}: the fused encoder covers signed ≤ 8-bit formats with subnormals")
     x = x.to(torch.float32).contiguous()
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    sr = {}
+    if rbits is not None:
+        kbits = spec.sr_bits if k is None else int(k)
+        if not 1 <= kbits <= 24:
+            raise ValueError(f"k must be in 1..24, got {kbits}")
+        if tuple(rbits.shape) != tuple(x.shape):
+            raise ValueError(f"rbits must have the shape of x {tuple(x.shape)}, got {tuple(rbits.shape)}")
+        sr = {"r_ptr": rbits.to(device=x.device, dtype=torch.int32).contiguous(), "SR": True, "K": kbits}
     n = x.numel()
     if n:
-        K.encode_kernel[(-(-n // 1024),)](x, out, n, BLOCK=1024, **elem_consts(spec))
+        K.encode_kernel[(-(-n // 1024),)](x, out, n, BLOCK=1024, **elem_consts(spec), **sr)
     return out
 
 

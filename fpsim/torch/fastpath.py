@@ -53,11 +53,13 @@ GEMM = "cublas"
 #:   tensor, one read takes both amax values and, where the two share a plan, one more pass writes both copies
 #:   (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`).
 #:
-#: Fewer bytes are not less time here: on the H200 (2026-12-02, ``studies.bench_gpu``) the Wgrad copy took
+#: Fewer bytes are not always less time: on the H200 (2026-12-02, ``studies.bench_gpu``) the Wgrad copy took
 #: 1.61 ms stored against 1.80 ms in registers, and dY's two SR copies 2.68 ms in four passes against 4.18 ms
-#: paired; the register kernel's transposed tiles cost more than the bytes they save.  Hence ``"stored"``
-#: (``"shared"``, which removes one read of X and of dY per layer, has not yet run on a GPU).
-WGRAD = "stored"
+#: paired; the register kernel's transposed tiles cost more than the bytes they save.  ``"shared"`` is the
+#: default: its graph step (``studies.bench_training``, every block NVFP4, 2026-12-02) took 45.8 against 46.0 ms
+#: stored in one run and 45.4 against 45.7 ms in another, with the transposed RHT's wide tiles 44.6 ms, and its
+#: peak memory is 0.1-0.2 GiB lower (backward keeps the BF16 transpose, not X).
+WGRAD = "shared"
 WGRAD_PATHS = ("stored", "shared", "registers", "paired")
 
 _BF16_PRECISION = 8  # significant bits of BFloat16

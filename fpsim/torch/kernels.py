@@ -299,12 +299,46 @@ def sr_bits(g, counter0, k0, k1, BB: tl.constexpr, W: tl.constexpr, K: tl.conste
     for cc in tl.static_range(CALLS):
         c = counter0 + g.to(tl.int64) * CALLS + cc
         w0, w1, w2, w3 = philox((c & 0xFFFFFFFF).to(tl.uint32), (c >> 32).to(tl.uint32), k0, k1)
-        mine = (tt // PER_CALL) == cc
-        r = tl.where(mine & (wi == 0), w0[:, None] >> sh, r)
-        r = tl.where(mine & (wi == 1), w1[:, None] >> sh, r)
-        r = tl.where(mine & (wi == 2), w2[:, None] >> sh, r)
-        r = tl.where(mine & (wi == 3), w3[:, None] >> sh, r)
+        # each element's word by three selects on [BB, 1] words, then one shift (the SR copies are
+        # compute-bound: four selects and four shifts per element cost more than the rounding itself)
+        word = tl.where(wi == 0, w0[:, None], tl.where(wi == 1, w1[:, None], tl.where(wi == 2, w2[:, None],
+                                                                                      w3[:, None])))
+        if CALLS == 1:
+            r = word >> sh
+        else:
+            r = tl.where((tt // PER_CALL) == cc, word >> sh, r)
     return (r & ((1 << K) - 1)).to(tl.int32)
+
+
+@triton.jit
+def e2m1_sr(y, r, K: tl.constexpr):
+    """E2M1 code of float32 ``y`` by stochastic rounding with the K-bit values ``r`` (SPEC §3), the short form of
+    :func:`encode_sr` for E2M1: t = fl32(|y| + r·2^-K·step) with step = 2^(max(e, 0) − 1) for |y| in [2^e, 2^(e+1))
+    (the grid's spacing at |y|: 0.5 below 2, then 1, then 2), and the code is t truncated onto the grid: floor(2t)
+    below 1, else the float32's exponent and first mantissa bit (the carry-free form of :func:`e2m1_rne`), capped
+    at 7 (satfinite; inf and NaN give 7, NaN without its sign, as :func:`e2m1_rne`).  Values on the grid are
+    truncated themselves: with k near 24 the sum can round up to the next grid value."""
+    u = y.to(tl.int32, bitcast=True)
+    a = u & 0x7FFFFFFF
+    e = tl.minimum(a >> 23, 254)  # inf and NaN: any finite step (their sum stays inf or NaN)
+    step = ((tl.maximum(e, 127) - 1 - K) << 23).to(tl.float32, bitcast=True)
+    t = a.to(tl.float32, bitcast=True) + r.to(tl.float32) * step  # r·step is exact: one rounding, as an FMA
+    on_grid = ((a & 0x3FFFFF) == 0) & ((a >= 0x3F800000) | (a == 0) | (a == 0x3F000000))
+    tb = tl.where(on_grid, a, t.to(tl.int32, bitcast=True))
+    hi = tl.minimum((tl.minimum(tb, 0x41000000) >> 22) - 252, 7)
+    lo = (tb.to(tl.float32, bitcast=True) * 2.0).to(tl.int32)  # below 1: floor(2t) ∈ {0, 1}
+    s = tl.where(a > 0x7F800000, 0, (u >> 28) & 8)
+    return tl.where(tb < 0x3F800000, lo, hi) | s
+
+
+@triton.jit
+def encode_elem_sr(y, r, K: tl.constexpr, E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr,
+                   MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
+    """Stochastically rounded element code: :func:`e2m1_sr` on the plan's E2M1 path, else :func:`encode_sr`."""
+    if E2M1:
+        return e2m1_sr(y, r, K)
+    else:
+        return encode_sr(y, r, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
 
 
 @triton.jit
@@ -378,12 +412,18 @@ def tile_absmax_kernel(x_ptr, out_ptr, R, C, NB, TR: tl.constexpr, BW: tl.conste
 
 @triton.jit
 def encode_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, E2M1: tl.constexpr, MBITS: tl.constexpr,
-                  EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
-    """Element codes (RNE, satfinite) of float32 values, one uint8 per code."""
+                  EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr,
+                  r_ptr=0, SR: tl.constexpr = False, K: tl.constexpr = 8):
+    """Element codes (satfinite) of float32 values, one uint8 per code: RNE, or with SR stochastic rounding with
+    the K-bit int32 values at ``r_ptr`` (the quantizers' element encoders, exposed for exhaustive tests)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     x = tl.load(x_ptr + offs, mask=m, other=0.0)
-    code = encode_elem(x, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+    if SR:
+        code = encode_elem_sr(x, tl.load(r_ptr + offs, mask=m, other=0), K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                              SIGN_SHIFT)
+    else:
+        code = encode_elem(x, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=m)
 
 

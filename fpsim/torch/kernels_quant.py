@@ -31,8 +31,8 @@ from .kernels import (
     e2m1_value,
     e8m0_byte,
     encode_elem,
+    encode_elem_sr,
     encode_rne,
-    encode_sr,
     hadamard_rows,
     pack_words,
     second_level,
@@ -94,7 +94,7 @@ def _encode_scaled(y, rb, SR: tl.constexpr, K: tl.constexpr, E2M1: tl.constexpr,
                    EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
     """Element codes of the scaled values ``y``: stochastically rounded with the random bits ``rb`` (SR), else RNE."""
     if SR:
-        return encode_sr(y, rb, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+        return encode_elem_sr(y, rb, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     else:
         return encode_elem(y, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
 
