@@ -8,10 +8,8 @@ triton-lang/triton#10661).  A format enters a kernel as named constexpr argument
 :class:`~fpsim.formats.Traits` by :mod:`fpsim.torch.quantize` (never as literals here), so one source
 serves every element and scale format of a :class:`~fpsim.plan.Plan`.
 
-:func:`encode_rne` rounds to nearest even with saturation for any ≤ 8-bit format with subnormals (an
-integer carry trick for normals, a float32 magic-number addition for subnormals; checked against the
-codec on all float32 exponent classes); :func:`e2m1_rne` is its short form for E2M1 (chosen by the
-plan's ``elem_path``); :func:`e8m0_byte` is the MX scale byte under the rule ids of
+The element encoders (RNE and stochastic, generic and E2M1 short forms) are in
+:mod:`fpsim.torch.kernels_elem` and re-exported here; :func:`e8m0_byte` is the MX scale byte under the rule ids of
 :class:`~fpsim.schemes.ScaleRule`.  Under ``TRITON_INTERPRET=1`` the same source runs on CPU tensors.
 """
 
@@ -20,54 +18,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .kernels_elem import e2m1_rne, e2m1_sr, encode_elem, encode_elem_sr, encode_rne, encode_sr  # noqa: F401
+
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-
-
-@triton.jit
-def e2m1_rne(y):
-    """E2M1 code of float32 ``y`` (RNE, satfinite, NaN → 7), the short form of :func:`encode_rne` for E2M1.
-
-    |y| ≥ 1: round the float32 to one mantissa bit with the integer carry trick (the exponent carries
-    into the code); |y| < 1: the code is RNE(2|y|) ∈ {0, 1, 2}, by the float32 magic-number addition.
-    """
-    u = y.to(tl.int32, bitcast=True)
-    a = u & 0x7FFFFFFF
-    ac = tl.minimum(a, 0x41000000)  # ≥ 8, inf and NaN all saturate to code 7
-    hi = tl.minimum(((ac + 0x1FFFFF + ((ac >> 22) & 1)) >> 22) - 252, 7)
-    lo = ((a.to(tl.float32, bitcast=True) * 2.0 + 12582912.0).to(tl.int32, bitcast=True)) - 0x4B400000
-    s = tl.where(a > 0x7F800000, 0, (u >> 28) & 8)
-    return tl.where(a < 0x3F800000, lo, hi) | s
-
-
-@triton.jit
-def encode_rne(y, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
-               SIGN_SHIFT: tl.constexpr):
-    """RNE satfinite code of float32 ``y`` for any format with subnormals (fpsim._kernels._encode_branchfree's
-    codes in about half the integer operations; the same two-region scheme as :func:`e2m1_rne`).
-
-    Normal range: round the float32 to MBITS mantissa bits with the integer carry trick, then rebias the
-    exponent; subnormal range: code = RNE(|y| · 2^(127 + MBITS − EMIN_B)) by the magic-number addition.
-    """
-    u = y.to(tl.int32, bitcast=True)
-    a = u & 0x7FFFFFFF
-    SH: tl.constexpr = 23 - MBITS
-    ac = tl.minimum(a, 0x7F000000)  # far above every format's max: no int32 overflow; inf saturates
-    hi = ((ac + ((1 << (SH - 1)) - 1) + ((ac >> SH) & 1)) >> SH) - ((EMIN_B - 1) << MBITS)
-    hi = tl.minimum(hi, MAX_CODE)
-    P: tl.constexpr = 2.0 ** (127 + MBITS - EMIN_B)
-    lo = ((a.to(tl.float32, bitcast=True) * P + 12582912.0).to(tl.int32, bitcast=True)) - 0x4B400000
-    code = tl.where(a < (EMIN_B << 23), lo, hi) | (((u >> 31) & 1) << SIGN_SHIFT)
-    return tl.where(a > 0x7F800000, NAN_CODE, code)
-
-
-@triton.jit
-def encode_elem(y, E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr,
-                NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
-    """RNE satfinite element code: :func:`e2m1_rne` on the plan's E2M1 path, else :func:`encode_rne`."""
-    if E2M1:
-        return e2m1_rne(y)
-    else:
-        return encode_rne(y, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
 
 
 @triton.jit
@@ -308,64 +261,6 @@ def sr_bits(g, counter0, k0, k1, BB: tl.constexpr, W: tl.constexpr, K: tl.conste
         else:
             r = tl.where((tt // PER_CALL) == cc, word >> sh, r)
     return (r & ((1 << K) - 1)).to(tl.int32)
-
-
-@triton.jit
-def e2m1_sr(y, r, K: tl.constexpr):
-    """E2M1 code of float32 ``y`` by stochastic rounding with the K-bit values ``r`` (SPEC §3), the short form of
-    :func:`encode_sr` for E2M1: t = fl32(|y| + r·2^-K·step) with step = 2^(max(e, 0) − 1) for |y| in [2^e, 2^(e+1))
-    (the grid's spacing at |y|: 0.5 below 2, then 1, then 2), and the code is t truncated onto the grid: floor(2t)
-    below 1, else the float32's exponent and first mantissa bit (the carry-free form of :func:`e2m1_rne`), capped
-    at 7 (satfinite; inf and NaN give 7, NaN without its sign, as :func:`e2m1_rne`).  Values on the grid are
-    truncated themselves: with k near 24 the sum can round up to the next grid value."""
-    u = y.to(tl.int32, bitcast=True)
-    a = u & 0x7FFFFFFF
-    e = tl.minimum(a >> 23, 254)  # inf and NaN: any finite step (their sum stays inf or NaN)
-    step = ((tl.maximum(e, 127) - 1 - K) << 23).to(tl.float32, bitcast=True)
-    t = a.to(tl.float32, bitcast=True) + r.to(tl.float32) * step  # r·step is exact: one rounding, as an FMA
-    on_grid = ((a & 0x3FFFFF) == 0) & ((a >= 0x3F800000) | (a == 0) | (a == 0x3F000000))
-    tb = tl.where(on_grid, a, t.to(tl.int32, bitcast=True))
-    hi = tl.minimum((tl.minimum(tb, 0x41000000) >> 22) - 252, 7)
-    lo = (tb.to(tl.float32, bitcast=True) * 2.0).to(tl.int32)  # below 1: floor(2t) ∈ {0, 1}
-    s = tl.where(a > 0x7F800000, 0, (u >> 28) & 8)
-    return tl.where(tb < 0x3F800000, lo, hi) | s
-
-
-@triton.jit
-def encode_elem_sr(y, r, K: tl.constexpr, E2M1: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr,
-                   MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
-    """Stochastically rounded element code: :func:`e2m1_sr` on the plan's E2M1 path, else :func:`encode_sr`."""
-    if E2M1:
-        return e2m1_sr(y, r, K)
-    else:
-        return encode_sr(y, r, K, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
-
-
-@triton.jit
-def encode_sr(y, r, K: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, MAX_CODE: tl.constexpr,
-              NAN_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
-    """Stochastic rounding (SPEC §3; fpsim._kernels.encode_one_sr): t = fl32(|y| + r·2^(qexp−K)), then truncate.
-
-    Both addends are float32 values and the product r·2^(qexp−K) is exact, so one float32 addition is the
-    reference's single rounding (and an FMA would give the same bits).
-    """
-    u = y.to(tl.int32, bitcast=True)
-    a = u & 0x7FFFFFFF
-    e = a >> 23
-    ep = tl.maximum(e, 1)
-    sig = (a & 0x7FFFFF) | (tl.minimum(e, 1) << 23)
-    sh = tl.minimum(23 - MBITS + tl.maximum(EMIN_B - ep, 0), 25)
-    t = sig >> sh
-    rem = sig & ((1 << sh) - 1)
-    eq = tl.maximum(ep, EMIN_B)
-    mag = ((eq - EMIN_B) << MBITS) + t
-    qexp = eq - 127 - MBITS
-    step = ((qexp - K + 127) << 23).to(tl.float32, bitcast=True)
-    val = a.to(tl.float32, bitcast=True) + r.to(tl.float32) * step
-    nxt = (t + 1).to(tl.float32) * ((qexp + 127) << 23).to(tl.float32, bitcast=True)
-    up = ((val >= nxt) & (rem != 0)).to(tl.int32)
-    mag = tl.minimum(mag + up, MAX_CODE)
-    return tl.where(a > 0x7F800000, NAN_CODE, (((u >> 31) & 1) << SIGN_SHIFT) | mag)
 
 
 @triton.jit
