@@ -76,6 +76,24 @@ def test_sr_element_encoder_on_every_exponent_class(fmt, k):
                                f"r {r[bad[0]]}: {got[bad[0]]} != {want[bad[0]]}")
 
 
+@pytest.mark.parametrize("k", [None, 1, 8, 22, 23, 24])
+def test_e2m1_values_without_codes_are_the_decoded_codes(k):
+    """The fused copies' E2M1 rounding straight to values (RNE, or SR with k bits) is the CPU reference's encode
+    then decode, bit for bit (−0 and NaN → +6 included), on every float32 exponent class and mantissa pattern."""
+    from fpsim.torch import kernels as K
+    spec = fpsim.get_format("float4_e2m1fn")
+    x = probes_for(spec).view(np.float32)
+    rs = ([None] if k is None else
+          [np.random.default_rng(k).integers(0, 1 << k, x.shape), np.zeros(x.shape, np.int64),
+           np.full(x.shape, (1 << k) - 1)])
+    for r in rs:
+        out = torch.empty(x.shape, dtype=torch.float32, device=DEV)
+        rt = T(np.zeros(1, np.int32) if r is None else r.astype(np.int32))
+        K.e2m1_values_kernel[(-(-x.size // 1024),)](T(x), rt, out, x.size, BLOCK=1024, SR=r is not None, K=k or 8)
+        codes = (fpsim.encode(x, spec) if r is None else fpsim.encode(x, spec, rounding="sr", rbits=r, k=k))
+        assert same_f32(N(out), fpsim.decode(codes, spec))  # E2M1 has no NaN: NaN → code 7 (+6), either sign
+
+
 def test_sr_e2m1_short_form_on_every_random_value():
     """E2M1's SR short form on every 8-bit random value over the binades where E2M1 rounds (2^-4 … 16), against
     the CPU reference and the generic encoder."""

@@ -18,7 +18,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels_elem import e2m1_rne, e2m1_sr, encode_elem, encode_elem_sr, encode_rne, encode_sr  # noqa: F401
+from .kernels_elem import (  # noqa: F401
+    e2m1_rne,
+    e2m1_rne_value,
+    e2m1_sr,
+    e2m1_sr_value,
+    encode_elem,
+    encode_elem_sr,
+    encode_rne,
+    encode_sr,
+)
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -320,6 +329,20 @@ def encode_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, E2M1: tl.constexpr, MB
     else:
         code = encode_elem(x, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
     tl.store(out_ptr + offs, code.to(tl.uint8), mask=m)
+
+
+@triton.jit
+def e2m1_values_kernel(x_ptr, r_ptr, out_ptr, n, BLOCK: tl.constexpr, SR: tl.constexpr, K: tl.constexpr):
+    """out = the E2M1 value of each float32 x, RNE or stochastically rounded with the K-bit int32 values at
+    ``r_ptr`` (a test hook for :func:`e2m1_rne_value` and :func:`e2m1_sr_value`, the fused copies' rounding)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    if SR:
+        v = e2m1_sr_value(x, tl.load(r_ptr + offs, mask=m, other=0), K)
+    else:
+        v = e2m1_rne_value(x)
+    tl.store(out_ptr + offs, v, mask=m)
 
 
 @triton.jit(do_not_specialize=["k0", "k1", "counter0"])

@@ -28,6 +28,8 @@ from .kernels import (
     block_vmax,
     canonical_nan,
     code_value,
+    e2m1_rne_value,
+    e2m1_sr_value,
     e2m1_value,
     e8m0_byte,
     encode_elem,
@@ -100,6 +102,16 @@ def _encode_scaled(y, rb, SR: tl.constexpr, K: tl.constexpr, E2M1: tl.constexpr,
 
 
 @triton.jit
+def _e2m1_values(y, rb, SR: tl.constexpr, K: tl.constexpr):
+    """E2M1 values (float32) of the scaled values ``y``, stochastically rounded with ``rb`` (SR) or RNE: the decoded
+    codes of :func:`_encode_scaled` without the codes (the fake-quantized copies need only the values)."""
+    if SR:
+        return e2m1_sr_value(y, rb, K)
+    else:
+        return e2m1_rne_value(y)
+
+
+@triton.jit
 def _fos_candidate(x, rb, m, vmax, s_enc, s_dec, N: tl.constexpr, INV_T46: tl.constexpr, BOUND: tl.constexpr,
                    S_MBITS: tl.constexpr, S_EMIN_B: tl.constexpr, S_Q: tl.constexpr, S_MAX_CODE: tl.constexpr,
                    S_NAN_CODE: tl.constexpr, SR: tl.constexpr, K: tl.constexpr, E2M1: tl.constexpr,
@@ -157,7 +169,9 @@ def two_level_quant_kernel(
     with K-bit values of the CPU quantizer's Philox stream.  FOS (four-over-six, 1-row blocks): also the
     candidate INV_T46 (vmax → 4), kept where its :func:`_fos_error` is lower (ties keep vmax → 6).
     ``x`` may be BF16 (widened exactly).  FAKE with APPLY_SDEC=False writes the exact e · s_b instead, and
-    OUT_BF16 writes the values as BF16 bits into an int16 view (exact for e · s_b of E2M1 × E4M3)."""
+    OUT_BF16 writes the values as BF16 bits into an int16 view (exact for e · s_b of E2M1 × E4M3).  FAKE on the
+    E2M1 path rounds straight to the values (:func:`_e2m1_values`: no codes; the copies are issue-bound, and the
+    code round trip was a third of the RNE copy's instructions, ``studies/kernel_ptx.py``)."""
     g, gm, offs, m = block_offsets(tl.program_id(0), NB, C, NBLK, BB, W, EVEN, IDX64)
     x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
     vmax = block_vmax(x, g, gm, tmax_ptr, NB, TR, TILE, IGNORE_NAN)
@@ -168,9 +182,14 @@ def two_level_quant_kernel(
         rb = sr_bits(g, counter0, u0, u1, BB, W, K, WIDTH)
     else:
         rb = 0
-    code = _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
-    if SR or not EVEN:  # padding past C encodes to 0 (whole blocks have none)
-        code = tl.where(m, code, 0)
+    if FAKE and E2M1 and FOS == 0:  # the training path's copies: E2M1 values straight from the rounding
+        ev = _e2m1_values(x * enc[:, None], rb, SR, K)
+    else:
+        code = _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
+        if SR or not EVEN:  # padding past C encodes to 0 (whole blocks have none)
+            code = tl.where(m, code, 0)
+        if FAKE:
+            ev = _elem_values(code, dec_ptr, E2M1)
     if FOS > 0:
         sb4, sv4, code4 = _fos_candidate(x, rb, m, vmax, s_enc, s_dec, BB, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q,
                                          S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
@@ -180,8 +199,10 @@ def two_level_quant_kernel(
         sb = tl.where(four, sb4, sb)
         sv = tl.where(four, sv4, sv)
         code = tl.where(four[:, None], code4, code)
+        if FAKE:
+            ev = _elem_values(code, dec_ptr, E2M1)
     if FAKE:
-        v = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
+        v = ev * sv[:, None]
         if APPLY_SDEC:
             if PER_ROW:
                 v = v * s_dec[:, None]
@@ -258,8 +279,13 @@ def two_level_quant_2d_kernel(
         rb = sr_bits(g, counter0, u0, u1, W * BT, W, K, WIDTH)
     else:
         rb = 0
-    code = tl.where(m, _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
-                                      SIGN_SHIFT), 0)
+    if FAKE and E2M1 and FOS == 0:  # W's copies in training: E2M1 values straight from the rounding
+        ev = _e2m1_values(x * enc[:, None], rb, SR, K)
+    else:
+        code = tl.where(m, _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
+                                          SIGN_SHIFT), 0)
+        if FAKE:
+            ev = _elem_values(code, dec_ptr, E2M1)
     if FOS > 0:
         sb4, sv4, code4 = _fos_candidate(x, rb, m, vmax, s_enc, s_dec, W * BT, INV_T46, BOUND, S_MBITS, S_EMIN_B,
                                          S_Q, S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
@@ -270,8 +296,10 @@ def two_level_quant_2d_kernel(
         sb = tl.where(four, sb4, sb)
         sv = tl.where(four, sv4, sv)
         code = tl.where(four[:, None], code4, code)
+        if FAKE:
+            ev = _elem_values(code, dec_ptr, E2M1)
     if FAKE:
-        v = _elem_values(code, dec_ptr, E2M1) * sv[:, None]
+        v = ev * sv[:, None]
         if APPLY_SDEC:
             v = v * s_dec
         store_f32_or_bf16(f_ptr + offs, canonical_nan(v), m, OUT_BF16, HW_CVT)
