@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from ..codecs import Rounding, default_saturate, encode_lut
+from ..codecs import SR_EXACT_BITS, Rounding, default_saturate, encode_lut
 from ..formats import FormatSpec, get_format
 from ..plan import is_e2m1
 from ..random import seed_key, stream_width
@@ -246,8 +246,8 @@ def encode_fused(x, fmt: str | FormatSpec, rbits=None, k: int | None = None):
     sr = {}
     if rbits is not None:
         kbits = spec.sr_bits if k is None else int(k)
-        if not 1 <= kbits <= 24:
-            raise ValueError(f"k must be in 1..24, got {kbits}")
+        if not 1 <= kbits <= SR_EXACT_BITS:
+            raise ValueError(f"k must be in 1..{SR_EXACT_BITS}, got {kbits}")
         if tuple(rbits.shape) != tuple(x.shape):
             raise ValueError(f"rbits must have the shape of x {tuple(x.shape)}, got {tuple(rbits.shape)}")
         sr = {"r_ptr": rbits.to(device=x.device, dtype=torch.int32).contiguous(), "SR": True, "K": kbits}

@@ -88,13 +88,19 @@ def encode_sr(y, r, K: tl.constexpr, MBITS: tl.constexpr, EMIN_B: tl.constexpr, 
 
 
 @triton.jit
-def _sr_sum_bits(a, t, K: tl.constexpr):
-    """The bits that E2M1's SR truncates: t, or where K > 22 and |y| (bits ``a``) is on the grid, |y| itself.
+def _e2m1_sr_sum(a, r, K: tl.constexpr):
+    """The bits that E2M1's SR truncates, for |y| with bits ``a`` and the K-bit values ``r``: t = fl32(|y| +
+    r·2^-K·step) with step = 2^(max(e, 0) − 1) for |y| in [2^e, 2^(e+1)) (r·step is exact: one rounding, as an
+    FMA; inf and NaN get a finite step, and their sum stays inf or NaN), or where K > 22 and |y| is on the grid,
+    |y| itself.
 
     SPEC §3 keeps grid values: for a grid value g the sum g + u·step is exact below g + step, and rounds up onto
     g + step only when the gap, ≥ step·2^-K ≥ (g + step)·2^-(K+2) (E2M1's spacing is at least a quarter of the
     next grid value), is below half its ulp, ≤ (g + step)·2^-24: only for K > 22.  So only then is the test paid.
     """
+    e = tl.minimum(a >> 23, 254)
+    step = ((tl.maximum(e, 127) - 1 - K) << 23).to(tl.float32, bitcast=True)
+    t = a.to(tl.float32, bitcast=True) + r.to(tl.float32) * step
     if K > 22:
         on_grid = ((a & 0x3FFFFF) == 0) & ((a >= 0x3F800000) | (a == 0) | (a == 0x3F000000))
         return tl.where(on_grid, a, t.to(tl.int32, bitcast=True))
@@ -105,17 +111,14 @@ def _sr_sum_bits(a, t, K: tl.constexpr):
 @triton.jit
 def e2m1_sr(y, r, K: tl.constexpr):
     """E2M1 code of float32 ``y`` by stochastic rounding with the K-bit values ``r`` (SPEC §3), the short form of
-    :func:`encode_sr` for E2M1: t = fl32(|y| + r·2^-K·step) with step = 2^(max(e, 0) − 1) for |y| in [2^e, 2^(e+1))
-    (the grid's spacing at |y|: 0.5 below 2, then 1, then 2), and the code is t truncated onto the grid: floor(2t)
+    :func:`encode_sr` for E2M1: the sum t of :func:`_e2m1_sr_sum` (step is the grid's spacing at |y|: 0.5 below 2,
+    then 1, then 2), and the code is t truncated onto the grid: floor(2t)
     below 1, else the float32's exponent and first mantissa bit (the carry-free form of :func:`e2m1_rne`), capped
     at 7 (satfinite; inf and NaN give 7, NaN without its sign, as :func:`e2m1_rne`); grid values stay put
-    (:func:`_sr_sum_bits`)."""
+    (:func:`_e2m1_sr_sum`)."""
     u = y.to(tl.int32, bitcast=True)
     a = u & 0x7FFFFFFF
-    e = tl.minimum(a >> 23, 254)  # inf and NaN: any finite step (their sum stays inf or NaN)
-    step = ((tl.maximum(e, 127) - 1 - K) << 23).to(tl.float32, bitcast=True)
-    t = a.to(tl.float32, bitcast=True) + r.to(tl.float32) * step  # r·step is exact: one rounding, as an FMA
-    tb = _sr_sum_bits(a, t, K)
+    tb = _e2m1_sr_sum(a, r, K)
     hi = tl.minimum((tl.minimum(tb, 0x41000000) >> 22) - 252, 7)
     lo = (tb.to(tl.float32, bitcast=True) * 2.0).to(tl.int32)  # below 1: floor(2t) ∈ {0, 1}
     s = tl.where(a > 0x7F800000, 0, (u >> 28) & 8)
@@ -153,10 +156,7 @@ def e2m1_sr_value(y, r, K: tl.constexpr):
     the grid in place: one mantissa bit kept at t ≥ 1, saturated at 6; floor(2t)/2 below 1)."""
     u = y.to(tl.int32, bitcast=True)
     a = u & 0x7FFFFFFF
-    e = tl.minimum(a >> 23, 254)
-    step = ((tl.maximum(e, 127) - 1 - K) << 23).to(tl.float32, bitcast=True)
-    t = a.to(tl.float32, bitcast=True) + r.to(tl.float32) * step
-    tb = _sr_sum_bits(a, t, K)
+    tb = _e2m1_sr_sum(a, r, K)
     hi = tl.minimum(tl.minimum(tb, 0x41000000) & 0x7FC00000, 0x40C00000)
     lo = ((tb.to(tl.float32, bitcast=True) * 2.0).to(tl.int32).to(tl.float32) * 0.5).to(tl.int32, bitcast=True)
     s = tl.where(a > 0x7F800000, 0, u & -0x80000000)

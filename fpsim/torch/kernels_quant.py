@@ -182,14 +182,13 @@ def two_level_quant_kernel(
         rb = sr_bits(g, counter0, u0, u1, BB, W, K, WIDTH)
     else:
         rb = 0
-    if FAKE and E2M1 and FOS == 0:  # the training path's copies: E2M1 values straight from the rounding
+    VALUES: tl.constexpr = FAKE and E2M1 and FOS == 0  # the training path's copies: E2M1 values, no codes
+    if VALUES:
         ev = _e2m1_values(x * enc[:, None], rb, SR, K)
     else:
         code = _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE, SIGN_SHIFT)
         if SR or not EVEN:  # padding past C encodes to 0 (whole blocks have none)
             code = tl.where(m, code, 0)
-        if FAKE:
-            ev = _elem_values(code, dec_ptr, E2M1)
     if FOS > 0:
         sb4, sv4, code4 = _fos_candidate(x, rb, m, vmax, s_enc, s_dec, BB, INV_T46, BOUND, S_MBITS, S_EMIN_B, S_Q,
                                          S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
@@ -199,9 +198,9 @@ def two_level_quant_kernel(
         sb = tl.where(four, sb4, sb)
         sv = tl.where(four, sv4, sv)
         code = tl.where(four[:, None], code4, code)
-        if FAKE:
-            ev = _elem_values(code, dec_ptr, E2M1)
     if FAKE:
+        if not VALUES:
+            ev = _elem_values(code, dec_ptr, E2M1)
         v = ev * sv[:, None]
         if APPLY_SDEC:
             if PER_ROW:
@@ -279,13 +278,12 @@ def two_level_quant_2d_kernel(
         rb = sr_bits(g, counter0, u0, u1, W * BT, W, K, WIDTH)
     else:
         rb = 0
-    if FAKE and E2M1 and FOS == 0:  # W's copies in training: E2M1 values straight from the rounding
+    VALUES: tl.constexpr = FAKE and E2M1 and FOS == 0  # W's copies in training: E2M1 values, no codes
+    if VALUES:
         ev = _e2m1_values(x * enc[:, None], rb, SR, K)
     else:
         code = tl.where(m, _encode_scaled(x * enc[:, None], rb, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
                                           SIGN_SHIFT), 0)
-        if FAKE:
-            ev = _elem_values(code, dec_ptr, E2M1)
     if FOS > 0:
         sb4, sv4, code4 = _fos_candidate(x, rb, m, vmax, s_enc, s_dec, W * BT, INV_T46, BOUND, S_MBITS, S_EMIN_B,
                                          S_Q, S_MAX_CODE, S_NAN_CODE, SR, K, E2M1, MBITS, EMIN_B, MAX_CODE, NAN_CODE,
@@ -296,9 +294,9 @@ def two_level_quant_2d_kernel(
         sb = tl.where(four, sb4, sb)
         sv = tl.where(four, sv4, sv)
         code = tl.where(four[:, None], code4, code)
-        if FAKE:
-            ev = _elem_values(code, dec_ptr, E2M1)
     if FAKE:
+        if not VALUES:
+            ev = _elem_values(code, dec_ptr, E2M1)
         v = ev * sv[:, None]
         if APPLY_SDEC:
             v = v * s_dec
