@@ -363,3 +363,75 @@ def test_the_batch_driver_keeps_its_parallel_runs_going_and_collects_their_resul
                                                                                      "8e-03")]
     led = batch.add_ledger(tmp_path / "x" / "lr_sweep" / "ledger.json", tmp_path / "sessions.json", gpu="NVIDIA H200")
     assert led[-1]["gpu"] == "NVIDIA H200" and json.loads((tmp_path / "sessions.json").read_text()) == led
+
+
+def test_runs_side_by_side_in_one_process_give_their_alone_curves(tmp_path):
+    """train_many interleaves the runs' steps (here two at a time over three runs, so the third starts when the
+    first stops) and each run's curve is the one it has alone; a run that cannot start is an error record and
+    the others go on."""
+    import pandas as pd
+
+    args = dict(batch=4, val_tokens=64 * 64, corpus=_corpus(), device="cpu", log_every=2)
+    specs = [dict(arm=arm, seed=1, size="tiny", tokens=4 * 64 * n, lr=3e-3, out=tmp_path / "many")
+             for arm, n in (("nvfp4", 4), ("bf16", 8), ("nvfp4_no_sr", 6))]
+    bad = dict(arm="nvfp4", seed=1, size="no-such-size", tokens=4 * 64 * 4, lr=3e-3, out=tmp_path / "many")
+    seen = []
+    recs = crun.train_many([specs[0], bad, *specs[1:]], parallel=2, on_done=lambda s, r: seen.append(r["run"]),
+                           **args)
+    assert [r["status"] for r in recs] == ["done", "error: KeyError: 'no-such-size'", "done", "done"]
+    assert recs[0]["side_by_side"] == 2 and len(seen) == 4
+    for s, rec in zip(specs, (recs[0], *recs[2:])):
+        alone = crun.train(s["arm"], 1, "tiny", s["tokens"], 3e-3, tmp_path / "alone", **args)
+        assert "side_by_side" not in alone
+        a, b = (pd.read_csv(tmp_path / d / f"{rec['run']}.csv") for d in ("many", "alone"))
+        assert a[["step", "train_loss", "val_loss"]].equals(b[["step", "train_loss", "val_loss"]])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams need a GPU (the device machine)")
+def test_runs_on_concurrent_cuda_streams_give_their_alone_bits(tmp_path):
+    """The campaign may run its arms side by side in one process (``batch --streams``) only if a run's bits do not
+    depend on its neighbours: weights and AdamW state at a checkpoint, and the curve, of three graph runs on
+    concurrent streams equal each run's alone."""
+    from safetensors.numpy import load_file
+
+    args = dict(batch=4, val_tokens=64 * 64, corpus=_corpus(), device="cuda", log_every=1, cuda_graph=True)
+    specs = [dict(arm=arm, seed=1, size="tiny", tokens=4 * 64 * 16, lr=3e-3, out=tmp_path / "many")
+             for arm in ("nvfp4", "bf16", "nvfp4_late_bf16")]
+    many = crun.train_many(specs, parallel=3, stop_at=10, **args)
+    assert all(r["status"] == "partial" and r["cuda_graph"] for r in many), many
+    for s, rec in zip(specs, many):
+        crun.train(s["arm"], 1, "tiny", s["tokens"], 3e-3, tmp_path / "alone", stop_at=10, **args)
+        a, b = (load_file(str(tmp_path / d / "ckpt" / rec["run"] / "state.safetensors")) for d in ("many", "alone"))
+        assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a), rec["run"]
+        ca, cb = ([",".join(r.split(",")[:5]) for r in (tmp_path / d / f"{rec['run']}.csv").read_text().splitlines()]
+                  for d in ("many", "alone"))
+        assert ca == cb, rec["run"]
+
+
+def test_the_batch_driver_runs_its_plan_in_one_process_with_streams(tmp_path, monkeypatch):
+    """``--streams`` hands the plan's slice to run.train_many with the batch's step size and time limit, collects
+    each run as it stops and records error statuses in the ledger entry."""
+    from studies.campaign import batch, data
+
+    calls = {}
+
+    def fake_many(specs, *, parallel, on_done, **kw):
+        calls.update(parallel=parallel, specs=specs, kw=kw)
+        for i, s in enumerate(specs):
+            rid = crun.run_id(s["arm"], s["seed"], s["size"], s["tokens"])
+            s["out"].mkdir(parents=True, exist_ok=True)
+            rec = {"run": rid, "status": "done" if i else "error: RuntimeError: boom"}
+            (s["out"] / f"{rid}.json").write_text(json.dumps(rec))
+            (s["out"] / f"{rid}.csv").write_text("step\n")
+            on_done(s, rec)
+
+    monkeypatch.setattr(crun, "train_many", fake_many)
+    monkeypatch.setattr(data, "python_sources", lambda holdout=None: "corpus")
+    batch.main(["--plan", "main", "--runs", "3:5", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+                "--parallel", "2", "--streams", "--cuda-graph", "--max-seconds", "100", "--loose"])
+    assert calls["parallel"] == 2 and [s["arm"] for s in calls["specs"]] == ["bf16", "nvfp4"]
+    assert calls["kw"] == dict(batch=batch.BATCH, max_seconds=100.0, corpus="corpus", cuda_graph=True)
+    entry = json.loads((tmp_path / "o" / "main" / "ledger.json").read_text())
+    assert entry["result"] == {"main/s10m-bf16-s1-t265m": "error: RuntimeError: boom",
+                               "main/s10m-nvfp4-s1-t265m": "done"}
+    assert (tmp_path / "o" / "main" / "s10m-nvfp4-s1-t265m.csv").exists()

@@ -123,12 +123,67 @@ def main(argv=None) -> None:
     ap.add_argument("--holdout", default=None)
     ap.add_argument("--loose", action="store_true", help="copy loose files to --out instead of one tar archive")
     ap.add_argument("--cuda-graph", action="store_true", help="runs capture their training step as a CUDA graph")
+    ap.add_argument("--streams", action="store_true",
+                    help="the --parallel runs in this one process, each on its own CUDA stream (run.train_many), "
+                         "instead of one process each")
     a = ap.parse_args(argv)
     runs = plan_runs(a.plan, a.lr)
     if a.runs:
         lo, hi = (int(v) if v else None for v in a.runs.split(":"))
         runs = runs[lo:hi]
-    procs, pending, t0, exits = [], list(runs), time.perf_counter(), {}
+    t0 = time.perf_counter()
+    exits = _in_process(a, runs) if a.streams else _processes(a, runs)
+    # the command's entry for the device-time ledger (studies/data/campaign/sessions.json; add_ledger merges it)
+    statuses = {}
+    for key, code in exits.items():
+        js = a.out / f"{key}.json"
+        statuses[key] = json.loads(js.read_text()).get("status", "?") if js.exists() else f"exit {code}, no record"
+    entry = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["batch", *(argv or sys.argv[1:])]),
+             "wall_s": round(time.perf_counter() - t0, 1), "result": statuses}
+    (a.out / a.plan).mkdir(parents=True, exist_ok=True)
+    atomic_write(a.out / a.plan / "ledger.json", dumps(entry))
+    if not a.loose:
+        _archive(a.out, a.plan)
+
+
+def _collect(a, r: dict) -> str:
+    """Copy a stopped run's CSV and JSON from --work to --out; returns its key (plan folder / run id)."""
+    d = a.work / _dir(a.plan, r)
+    rid = run_id(r["arm"], r["seed"], r["size"], r["tokens"])
+    dest = a.out / _dir(a.plan, r)
+    dest.mkdir(parents=True, exist_ok=True)
+    for ext in (".csv", ".json"):
+        if (d / f"{rid}{ext}").exists():
+            shutil.copy2(d / f"{rid}{ext}", dest / f"{rid}{ext}")
+    return f"{_dir(a.plan, r)}/{rid}"
+
+
+def _in_process(a, runs: list[dict]) -> dict:
+    """The runs side by side in this process (run.train_many); {key: 0 or 1 (an error status)}."""
+    from studies.campaign.data import python_sources
+    from studies.campaign.run import train_many
+
+    hold = tuple(a.holdout.split(",")) if a.holdout else None
+    corpus = python_sources(holdout=hold) if hold else python_sources()
+    specs = [{"arm": r["arm"], "seed": r["seed"], "size": r["size"], "tokens": r["tokens"], "lr": r["lr"],
+              "out": a.work / _dir(a.plan, r)} for r in runs]
+    exits = {}
+
+    def done(spec, rec):
+        r = runs[next(i for i, sp in enumerate(specs) if sp is spec)]
+        key = _collect(a, r)
+        code = 1 if str(rec.get("status", "")).startswith("error") else 0
+        print(f"{rec['run']}: {rec.get('status')}", flush=True)
+        exits[key] = code
+
+    train_many(specs, parallel=a.parallel, on_done=done, batch=BATCH, max_seconds=a.max_seconds, corpus=corpus,
+               cuda_graph=a.cuda_graph)
+    return exits
+
+
+def _processes(a, runs: list[dict]) -> dict:
+    """The runs as --parallel processes at a time; {key: exit code}."""
+    procs, pending, exits = [], list(runs), {}
     while pending or procs:
         while pending and len(procs) < a.parallel:  # keep --parallel runs going: start one as soon as one ends
             r = pending.pop(0)
@@ -146,26 +201,10 @@ def main(argv=None) -> None:
             continue
         r, p = done[0]
         procs.remove((r, p))
-        d = a.work / _dir(a.plan, r)
-        rid = run_id(r["arm"], r["seed"], r["size"], r["tokens"])
-        dest = a.out / _dir(a.plan, r)
-        dest.mkdir(parents=True, exist_ok=True)
-        for ext in (".csv", ".json"):
-            if (d / f"{rid}{ext}").exists():
-                shutil.copy2(d / f"{rid}{ext}", dest / f"{rid}{ext}")
-        print(f"{rid}: exit {p.returncode}", flush=True)
-        exits[f"{_dir(a.plan, r)}/{rid}"] = p.returncode
-    # the command's entry for the device-time ledger (studies/data/campaign/sessions.json; add_ledger merges it)
-    statuses = {}
-    for key, code in exits.items():
-        js = a.out / f"{key}.json"
-        statuses[key] = json.loads(js.read_text()).get("status", "?") if js.exists() else f"exit {code}, no record"
-    entry = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["batch", *(argv or sys.argv[1:])]),
-             "wall_s": round(time.perf_counter() - t0, 1), "result": statuses}
-    (a.out / a.plan).mkdir(parents=True, exist_ok=True)
-    atomic_write(a.out / a.plan / "ledger.json", dumps(entry))
-    if not a.loose:
-        _archive(a.out, a.plan)
+        key = _collect(a, r)
+        print(f"{key}: exit {p.returncode}", flush=True)
+        exits[key] = p.returncode
+    return exits
 
 
 def add_ledger(entry_file: Path, ledger: Path = DATA / "sessions.json", gpu: str | None = None) -> list:

@@ -17,6 +17,7 @@ a JSON of the step; no pickle) and exits with status ``"partial"``; the same com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -33,7 +34,7 @@ from studies.campaign.arms import ARMS, apply_arm
 from studies.campaign.data import python_sources
 from studies.campaign.model import SIZES, Llama, non_embedding_params
 
-__all__ = ["run_id", "batches", "lr_at", "train", "profile_run", "main"]
+__all__ = ["run_id", "batches", "lr_at", "Run", "train", "train_many", "profile_run", "main"]
 
 CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss", "tokens_per_s")
 #: How every run multiplies two scaled copies (fpsim.torch.fastpath.GEMM), pinned: the paths sum the same exact
@@ -134,11 +135,169 @@ def _val_loss(model, val: torch.Tensor, ctx: int, device: str, batch: int = 64) 
     return tot / n
 
 
-def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
-          max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
-          log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False,
-          stop_at: int | None = None, prof=None, checkpoint: bool = True) -> dict:
+class Run:
+    """One run's state between steps, so that :func:`train` can drive one run and :func:`train_many` several
+    side by side in one process (each on its own CUDA stream).  The arguments are :func:`train`'s."""
+
+    def __init__(self, arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
+                 max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
+                 log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False,
+                 stop_at: int | None = None, prof=None, checkpoint: bool = True):
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.graph_mode = bool(cuda_graph) and device == "cuda"
+        fastpath.GEMM = GEMM_PATH
+        if device == "cuda":
+            torch.backends.cudnn.deterministic = CUDNN_DETERMINISTIC
+        self.cfg, self.a = cfg, a = SIZES[size], ARMS[arm]
+        self.arm, self.seed, self.size, self.tokens, self.lr, self.batch = arm, seed, size, tokens, lr, batch
+        self.device, self.max_seconds, self.log_every, self.stop_at = device, max_seconds, log_every, stop_at
+        self.prof, self.checkpoint = prof, checkpoint
+        self.rid = rid = run_id(arm, seed, size, tokens)
+        self.out = out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.corpus = corpus = corpus or (python_sources(holdout=holdout) if holdout else python_sources())
+        self.ctx = ctx = cfg.ctx
+        self.steps = steps = max(1, int(tokens) // (batch * ctx))
+        nval = val_tokens // ctx
+        if (corpus.val.size - 1) // ctx < nval:
+            raise ValueError(f"the held-out packages {', '.join(corpus.holdout)} hold {corpus.val.size:,} bytes, "
+                             f"fewer than the {val_tokens:,} validation tokens; hold out other packages (--holdout)")
+        self.val = torch.from_numpy(corpus.val[: nval * ctx + 1][np.arange(nval)[:, None] * ctx
+                                                                 + np.arange(ctx + 1)[None, :]].astype(np.int64))
+        torch.manual_seed(seed)
+        model = Llama(cfg)
+        self.n_params = non_embedding_params(model)
+        self.model = model = apply_arm(model.to(device), a, seed, cfg.layers)
+        self.opt = opt = _optimizer(model, lr, device, self.graph_mode)
+        self.ckpt = out / "ckpt" / rid
+        self.start = start = _load(self.ckpt, model, opt, device)
+        ft.set_step(model, start)
+        self.csv_path = out / f"{rid}.csv"
+        self.rows = self.csv_path.read_text().splitlines()[1:] if start and self.csv_path.exists() else []
+        self.eval_steps = {round(steps * (k + 1) / EVALS) - 1 for k in range(EVALS)}
+        self.t_start = time.perf_counter()
+        self.status, self.loss_acc, self.n_acc, self.t_log, self.tok_log = "done", None, 0, time.perf_counter(), 0
+        self.switched = False
+        # the step's input (static for graphs)
+        self.xs = torch.zeros((batch, ctx + 1), dtype=torch.int64, device=device)
+        self.stepper = ft.GraphStep(self._body, model, opt) if self.graph_mode else None
+        self.prof_at, self.prof_t0, self.prof_n = start + 3, None, 0
+        self.data = batches(corpus.train, ctx, batch, seed, start)
+        self.finished = False
+
+    def _body(self):
+        model, xs, device = self.model, self.xs, self.device
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda",
+                            cache_enabled=not self.graph_mode):
+            logits = model(xs[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, self.cfg.vocab), xs[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        self.opt.step()
+        return loss
+
+    def advance(self) -> bool:
+        """Run one step (and its log point, if it is one); False once the run has stopped (done, partial or
+        diverged: :attr:`status`)."""
+        if self.finished:
+            return False
+        step, xb = next(self.data)
+        if step >= self.steps:
+            self.finished = True
+            return False
+        model, opt, device, lr, steps = self.model, self.opt, self.device, self.lr, self.steps
+        if self.prof is not None and step == self.prof_at:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            self.prof.__enter__()
+            self.prof_t0 = time.perf_counter()
+        self.prof_n += self.prof_t0 is not None
+        if self.a.switch_at is not None and not self.switched and step >= math.ceil(self.a.switch_at * steps):
+            ft.set_recipe(model, "bf16")  # also when a resumed run starts past the switch
+            self.switched = True
+            if self.stepper is not None:
+                self.stepper.recapture()
+        for g in opt.param_groups:
+            if self.graph_mode:
+                g["lr"].fill_(lr_at(step, steps, lr))
+            else:
+                g["lr"] = lr_at(step, steps, lr)
+        xb = torch.from_numpy(xb)
+        # from pinned memory the copy is queued without waiting for the GPU (a pageable copy syncs the stream first)
+        self.xs.copy_(xb.pin_memory() if self.xs.is_cuda else xb, non_blocking=self.xs.is_cuda)
+        if self.stepper is not None:
+            loss = self.stepper()
+        else:
+            loss = self._body()
+            opt.zero_grad(set_to_none=True)
+        ft.step(model)
+        self.loss_acc = loss.detach() if self.loss_acc is None else self.loss_acc + loss.detach()
+        self.n_acc += 1
+        self.tok_log += self.xs[:, 1:].numel()
+        if (step + 1) % self.log_every == 0 or step in self.eval_steps:
+            tl = float(self.loss_acc) / self.n_acc
+            now = time.perf_counter()
+            vl = _val_loss(model, self.val, self.ctx, device) if step in self.eval_steps else None
+            self.rows.append(",".join(str(v) for v in (
+                step + 1, (step + 1) * self.batch * self.ctx, f"{lr_at(step, steps, lr):.6g}", f"{tl:.6f}",
+                "" if vl is None else f"{vl:.6f}", f"{self.tok_log / (now - self.t_log):.1f}")))
+            if vl is not None:  # progress on stdout at the evaluation points (the CSV is written at the end)
+                print(f"{self.rid}: {self.rows[-1]}", flush=True)
+            self.loss_acc, self.n_acc, self.t_log, self.tok_log = None, 0, time.perf_counter(), 0
+            if not math.isfinite(tl):
+                self.status, self.finished = "diverged", True
+                return False
+            out_of_time = time.perf_counter() - self.t_start > self.max_seconds
+            if (out_of_time or (self.stop_at is not None and step + 1 >= self.stop_at)) and step + 1 < steps:
+                if self.checkpoint:
+                    _save(self.ckpt, model, opt, step + 1)
+                self.status, self.finished = "partial", True
+                return False
+        return True
+
+    def finish(self) -> dict:
+        """Write the curve (CSV) and the record (JSON) of what has run; returns the record."""
+        prof_s = None
+        if self.prof_t0 is not None:
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            prof_s = time.perf_counter() - self.prof_t0
+            self.prof.__exit__(None, None, None)
+        atomic_write(self.csv_path, "\n".join((",".join(CSV_COLUMNS), *self.rows)) + "\n")
+        done_tokens = int(self.rows[-1].split(",")[1]) if self.rows else 0
+        device, stepper = self.device, self.stepper
+        rec = {"run": self.rid, "arm": self.arm, "recipe": self.a.build().name, "seed": self.seed, "size": self.size,
+               "config": vars(self.cfg), "non_embedding_params": self.n_params, "tokens_budget": int(self.tokens),
+               "tokens_done": done_tokens, "steps": self.steps, "batch": self.batch, "lr": self.lr,
+               "gemm_path": GEMM_PATH, "cudnn_deterministic": CUDNN_DETERMINISTIC if device == "cuda" else None,
+               "cuda_graph": stepper is not None and stepper.failed is None,
+               "cuda_graph_failure": None if stepper is None else stepper.failed, "status": self.status,
+               "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+               "seconds_this_call": round(time.perf_counter() - self.t_start, 1),
+               "corpus": self.corpus.manifest(), "layers": [list(r) for r in ft.summary(self.model)]}
+        if self.side_by_side:
+            rec["side_by_side"] = self.side_by_side
+        if prof_s is not None:
+            rec.update(profiled_s=round(prof_s, 4), profiled_steps=self.prof_n)
+        prev = self.out / f"{self.rid}.json"
+        if prev.exists():
+            rec["seconds_total"] = round(json.loads(prev.read_text()).get("seconds_total", 0)
+                                         + rec["seconds_this_call"], 1)
+        else:
+            rec["seconds_total"] = rec["seconds_this_call"]
+        atomic_write(prev, dumps(rec))
+        return rec
+
+    #: how many runs shared the process when this one ran (train_many sets it; None: alone)
+    side_by_side: int | None = None
+
+
+def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, **kw) -> dict:
     """Train (or resume) one run; returns its JSON record (also written next to its CSV).
+
+    Keywords: ``batch`` (sequences per step), ``max_seconds``, ``val_tokens``, ``corpus`` (default: the Python
+    sources, :func:`studies.campaign.data.python_sources`), ``device``, ``log_every``, ``holdout``,
+    ``cuda_graph``, ``stop_at``, ``prof``, ``checkpoint``.
 
     ``cuda_graph`` (CUDA only): after three eager warm-up steps (again after a recipe switch) the training step
     is captured as one CUDA graph and replayed, with stochastic rounding's keys from a
@@ -150,124 +309,63 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     checkpoint (profiles, which resume nothing).  ``prof``: a context (a ``torch.profiler``
     profile, :class:`studies.profiling.SyncWatch`) entered three steps after the start and left when the run
     stops; the record then holds ``profiled_s`` and ``profiled_steps``."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    graph_mode = bool(cuda_graph) and device == "cuda"
-    fastpath.GEMM = GEMM_PATH
-    if device == "cuda":
-        torch.backends.cudnn.deterministic = CUDNN_DETERMINISTIC
-    cfg, a = SIZES[size], ARMS[arm]
-    rid = run_id(arm, seed, size, tokens)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    corpus = corpus or (python_sources(holdout=holdout) if holdout else python_sources())
-    ctx = cfg.ctx
-    steps = max(1, int(tokens) // (batch * ctx))
-    nval = val_tokens // ctx
-    if (corpus.val.size - 1) // ctx < nval:
-        raise ValueError(f"the held-out packages {', '.join(corpus.holdout)} hold {corpus.val.size:,} bytes, fewer "
-                         f"than the {val_tokens:,} validation tokens; hold out other packages (--holdout)")
-    val = torch.from_numpy(corpus.val[: nval * ctx + 1][np.arange(nval)[:, None] * ctx
-                                                          + np.arange(ctx + 1)[None, :]].astype(np.int64))
-    torch.manual_seed(seed)
-    model = Llama(cfg)
-    n_params = non_embedding_params(model)
-    model = apply_arm(model.to(device), a, seed, cfg.layers)
-    opt = _optimizer(model, lr, device, graph_mode)
-    ckpt = out / "ckpt" / rid
-    start = _load(ckpt, model, opt, device)
-    ft.set_step(model, start)
-    csv_path = out / f"{rid}.csv"
-    rows = csv_path.read_text().splitlines()[1:] if start and csv_path.exists() else []
-    eval_steps = {round(steps * (k + 1) / EVALS) - 1 for k in range(EVALS)}
-    t_start = time.perf_counter()
-    status, loss_acc, n_acc, t_log, tok_log, switched = "done", None, 0, time.perf_counter(), 0, False
-    xs = torch.zeros((batch, ctx + 1), dtype=torch.int64, device=device)  # the step's input (static for graphs)
+    r = Run(arm, seed, size, tokens, lr, out, **kw)
+    while r.advance():
+        pass
+    return r.finish()
 
-    def body():
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda", cache_enabled=not graph_mode):
-            logits = model(xs[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), xs[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss
 
-    stepper = ft.GraphStep(body, model, opt) if graph_mode else None
-    prof_at, prof_t0, prof_n = start + 3, None, 0
-    for step, xb in batches(corpus.train, ctx, batch, seed, start):
-        if step >= steps:
-            break
-        if prof is not None and step == prof_at:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            prof.__enter__()
-            prof_t0 = time.perf_counter()
-        prof_n += prof_t0 is not None
-        if a.switch_at is not None and not switched and step >= math.ceil(a.switch_at * steps):
-            ft.set_recipe(model, "bf16")  # also when a resumed run starts past the switch
-            switched = True
-            if stepper is not None:
-                stepper.recapture()
-        for g in opt.param_groups:
-            if graph_mode:
-                g["lr"].fill_(lr_at(step, steps, lr))
-            else:
-                g["lr"] = lr_at(step, steps, lr)
-        xb = torch.from_numpy(xb)
-        # from pinned memory the copy is queued without waiting for the GPU (a pageable copy syncs the stream first)
-        xs.copy_(xb.pin_memory() if xs.is_cuda else xb, non_blocking=xs.is_cuda)
-        if stepper is not None:
-            loss = stepper()
-        else:
-            loss = body()
-            opt.zero_grad(set_to_none=True)
-        ft.step(model)
-        loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
-        n_acc += 1
-        tok_log += xs[:, 1:].numel()
-        if (step + 1) % log_every == 0 or step in eval_steps:
-            tl = float(loss_acc) / n_acc
-            now = time.perf_counter()
-            vl = _val_loss(model, val, ctx, device) if step in eval_steps else None
-            rows.append(",".join(str(v) for v in (step + 1, (step + 1) * batch * ctx, f"{lr_at(step, steps, lr):.6g}",
-                                                  f"{tl:.6f}", "" if vl is None else f"{vl:.6f}",
-                                                  f"{tok_log / (now - t_log):.1f}")))
-            loss_acc, n_acc, t_log, tok_log = None, 0, time.perf_counter(), 0
-            if not math.isfinite(tl):
-                status = "diverged"
-                break
-            out_of_time = time.perf_counter() - t_start > max_seconds
-            if (out_of_time or (stop_at is not None and step + 1 >= stop_at)) and step + 1 < steps:
-                if checkpoint:
-                    _save(ckpt, model, opt, step + 1)
-                status = "partial"
-                break
-    prof_s = None
-    if prof_t0 is not None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-        prof_s = time.perf_counter() - prof_t0
-        prof.__exit__(None, None, None)
-    atomic_write(csv_path, "\n".join((",".join(CSV_COLUMNS), *rows)) + "\n")
-    done_tokens = int(rows[-1].split(",")[1]) if rows else 0
-    rec = {"run": rid, "arm": arm, "recipe": a.build().name, "seed": seed, "size": size, "config": vars(cfg),
-           "non_embedding_params": n_params, "tokens_budget": int(tokens), "tokens_done": done_tokens,
-           "steps": steps, "batch": batch, "lr": lr, "gemm_path": GEMM_PATH,
-           "cudnn_deterministic": CUDNN_DETERMINISTIC if device == "cuda" else None,
-           "cuda_graph": stepper is not None and stepper.failed is None,
-           "cuda_graph_failure": None if stepper is None else stepper.failed, "status": status,
-           "device": torch.cuda.get_device_name(0)
-           if device == "cuda" else "cpu", "seconds_this_call": round(time.perf_counter() - t_start, 1),
-           "corpus": corpus.manifest(), "layers": [list(r) for r in ft.summary(model)]}
-    if prof_s is not None:
-        rec.update(profiled_s=round(prof_s, 4), profiled_steps=prof_n)
-    prev = out / f"{rid}.json"
-    if prev.exists():
-        rec["seconds_total"] = round(json.loads(prev.read_text()).get("seconds_total", 0) + rec["seconds_this_call"], 1)
-    else:
-        rec["seconds_total"] = rec["seconds_this_call"]
-    atomic_write(prev, dumps(rec))
-    return rec
+def train_many(specs: list[dict], *, parallel: int, on_done=None, **kw) -> list[dict]:
+    """Train the runs ``specs`` (each a dict of :func:`train`'s ``arm``, ``seed``, ``size``, ``tokens``, ``lr``,
+    ``out``), ``parallel`` at a time in this one process, each on its own CUDA stream, a step of each in turn;
+    a run that stops is replaced by the next spec.  ``kw``: :func:`train`'s keywords, shared.  Returns the
+    records in the order of ``specs``; ``on_done(spec, record)`` is called as each run stops.
+
+    Why one process: separate processes time-slice the GPU (one context at a time), so the small kernels of
+    small models leave most of it idle; streams of one context run concurrently.  A run's bits do not depend
+    on its neighbours (each has its own model, optimizer, data order, key table and graph; the kernels are
+    deterministic), which a GPU test checks against the same runs alone.  A run that raises is recorded as
+    status ``"error: …"`` and the others go on."""
+    cuda = (kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    pending, live, recs = list(enumerate(specs)), [], [None] * len(specs)
+
+    def _stop(i, run, err=None):
+        rec = run.finish() if err is None else {"run": run_id(specs[i]["arm"], specs[i]["seed"], specs[i]["size"],
+                                                               specs[i]["tokens"]), "status": f"error: {err}"}
+        recs[i] = rec
+        if on_done is not None:
+            on_done(specs[i], rec)
+
+    while pending or live:
+        while pending and len(live) < parallel:
+            i, s = pending.pop(0)
+            stream = torch.cuda.Stream() if cuda else None
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                try:
+                    run = Run(**s, **kw)
+                except Exception as e:  # noqa: BLE001 (recorded; the other runs go on)
+                    recs[i] = {"run": run_id(s["arm"], s["seed"], s["size"], s["tokens"]),
+                               "status": f"error: {type(e).__name__}: {e}"}
+                    if on_done is not None:
+                        on_done(s, recs[i])
+                    continue
+            run.side_by_side = parallel
+            live.append((i, run, stream))
+        for item in list(live):
+            i, run, stream = item
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                try:
+                    going = run.advance()
+                    if not going:
+                        if cuda:
+                            stream.synchronize()
+                        _stop(i, run)
+                except Exception as e:  # noqa: BLE001
+                    going = False
+                    _stop(i, run, f"{type(e).__name__}: {e}")
+            if not going:
+                live.remove(item)
+    return recs
 
 
 def profile_run(arm: str, size: str, tokens: float, lr: float, out: Path, report_path: Path, *, batch: int = 32,
