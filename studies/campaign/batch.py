@@ -24,12 +24,18 @@ by side (2026-12-01) 224 k (BF16) and 144–154 k (NVFP4 arms) each; three side 
 ``--cuda-graph`` runs each training step as a captured CUDA graph (:class:`fpsim.torch.GraphStep`), which takes
 the host's per-layer launch work off the step (every-block NVFP4 on the benchmark GPT: 79.2 → 45.9 ms per step on
 the H200, 2026-12-02).  Its AdamW is the same fused one with the learning rate in a device tensor, so the run's
-bits should equal the eager run's; ``tests/test_campaign.py`` checks that on the GPU (``make test-gpu``: weights,
-AdamW state and curve, through a checkpoint, a resume and a recipe switch): it passed there on 2026-12-02, with
-``torch.backends.cudnn.deterministic`` set by every run.  Side by side (three runs, 2026-12-02) the BF16 run
-took 455 k tokens/s as a graph against 440 k eager; the NVFP4 arms' graph throughput is not yet measured (that
-batch was lost with its machine).  Bring back each finished run in every command that polls the batch (a machine
-left idle for 30 s is released with its disk): ``tar`` the ``status: done`` runs' CSV and JSON into ``$OUT``.
+bits equal the eager run's; ``tests/test_campaign.py`` checks that on the GPU (``make test-gpu``: weights, AdamW
+state and curve, through a checkpoint, a resume and a recipe switch): it passed there on 2026-12-02, with
+``torch.backends.cudnn.deterministic`` set by every run.
+
+``--streams`` keeps the ``--parallel`` runs in this one process, each on its own CUDA stream
+(:func:`studies.campaign.run.train_many`), so they overlap on the GPU instead of time-slicing it.  With
+``--streams --cuda-graph`` three s10m runs summed to 1.17 M tokens/s on the H200 (2026-12-03: BF16 435 k, the
+recipe 401 k, without SR 333 k), against 1.03 M as three processes.  A batch of three 265 M-token runs is then two
+chained foreground commands, ``--max-seconds 510`` and at once again ``--max-seconds 540`` (about 530 + 150 s;
+about 690 s of device time with the cold start), so two batches fit in one session's 30 minutes.  A pause of more
+than 30 s between the two (the controlling session away) loses the first command's checkpoints with the machine,
+as happened twice (the ledger says when).
 """
 
 from __future__ import annotations

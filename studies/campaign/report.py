@@ -163,10 +163,11 @@ def _probe_figure(data: Path, out_dir: Path) -> str | None:
     return name
 
 
-#: Measured on the H200 (2026-12-02): three s10m runs side by side (BF16, the recipe, the recipe without SR,
-#: eager steps) summed to 1.03 M tokens/s (440 k + 287 k + 303 k per run), close to the six-run probe's ~1 M:
-#: the GPU time-slices between the processes, so the sum is the rate a session's budget buys.
-TOKENS_PER_S = 1.03e6
+#: Measured on the H200 (2026-12-03): three s10m runs side by side in one process, each on its own CUDA stream
+#: with CUDA-graph steps (``batch --streams --cuda-graph``; BF16, the recipe, the recipe without SR), summed to
+#: 1.17 M tokens/s (435 k + 401 k + 333 k per run), against 1.03 M as three processes with eager steps
+#: (2026-12-02), which time-slice the GPU.  The sum is the rate a session's budget buys.
+TOKENS_PER_S = 1.17e6
 #: Device seconds a session can spend on runs: 30 minutes less a cold start (~60 s) and the gaps between calls.
 SESSION_S = 1_650
 #: Runs a batch keeps side by side (``--parallel``), each getting about that share of the rate.
@@ -196,8 +197,8 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
                  f"plan{'s' if len(blocked) > 1 else ''} "
                  f"cannot finish within one session at that rate, and no checkpoint survives from one session to the "
                  f"next on the device machine (a s10m checkpoint is 130 MB; at most 64 MiB travels each way): "
-                 f"{'they wait' if len(blocked) > 1 else 'it waits'} for faster steps (CUDA-graph steps, to be "
-                 f"measured, or fewer runs side by side) or for device terms that keep a disk between sessions.")
+                 f"{'they wait' if len(blocked) > 1 else 'it waits'} for faster steps, fewer runs side by side (the "
+                 f"rate of a graph run alone is not measured) or device terms that keep a disk between sessions.")
     return text
 
 
@@ -229,6 +230,19 @@ def _gap_rows(final: pd.DataFrame) -> list[dict]:
     return rows
 
 
+def _ledger_text(ledger: Path) -> str:
+    """The ledger's summed wall time; a command lost with its machine has no wall time (null) and is counted
+    apart rather than as 0 s."""
+    if not ledger.exists():
+        return "no ledger committed."
+    walls = [c.get("wall_s") for c in json.loads(ledger.read_text())]
+    known = [w for w in walls if w is not None]
+    text = f"{sum(known) / 3600:.2f} h over {len(known)} commands"
+    unknown = len(walls) - len(known)
+    return text + (f", plus {unknown} command(s) whose machine was taken back before it reported a wall time."
+                   if unknown else ".")
+
+
 def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     """(Markdown blocks, figure file names written to ``out_dir``) of the campaign section."""
     val, recs = load_runs(data)
@@ -236,11 +250,10 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     not_done = [r["run"] for r in recs if r["status"] != "done"]
     early = [b for b in (_sweep_block(data, md_table), _probe_block(data, md_table)) if b]
     ledger = Path(data) / "sessions.json"
-    wall = sum(c["wall_s"] for c in json.loads(ledger.read_text())) if ledger.exists() else None
     done = {(r["arm"], r["size"], r["seed"], r["tokens_budget"]) for r in recs if r["status"] == "done"}
     early.append(f"{_plan_text()} {_budget_text(done)} Device time of the campaign's commands so far (the ledger "
                  f"`studies/data/campaign/sessions.json`, commands of the GPU sessions with their wall time): "
-                 + (f"{wall / 3600:.2f} h." if wall is not None else "no ledger committed."))
+                 + _ledger_text(ledger))
     first = _probe_figure(data, out_dir)
     if val.empty:
         return [PROTOCOL, *early, "No main-campaign run has finished yet: the paired-gap numbers above are the "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["PairedGap", "paired_gap", "verdict"]
+__all__ = ["PairedGap", "paired_gap", "seeds_to_resolve", "verdict"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,27 @@ def verdict(gap: PairedGap, claim: str) -> str:
         return "not resolved at this scale (fewer than two seeds)"
     above, below = gap.lo > 0, gap.hi < 0
     if claim == "helps":
-        return "resolved" if above else ("contradicted" if below else "not resolved at this scale")
+        if above or below:
+            return "resolved" if above else "contradicted"
+        need = seeds_to_resolve(gap)
+        return ("not resolved at this scale (" + (f"at this mean and seed spread, {need} seeds would exclude 0"
+                                                   if need is not None else "the mean gap is exactly 0") + ")")
     if claim == "harmless":
         return "consistent" if not (above or below) else "contradicted"
     raise ValueError("claim must be 'helps' or 'harmless'")
+
+
+def seeds_to_resolve(gap: PairedGap, most: int = 1000) -> int | str | None:
+    """The fewest seeds whose 95 % t-interval would exclude 0 if the per-seed differences kept this gap's mean and
+    sample standard deviation (a planning figure, not a power analysis); ``f"> {most}"`` beyond ``most``, None for a
+    mean of exactly 0.  Needs at least two seeds."""
+    if gap.n < 2 or math.isnan(gap.lo):
+        raise ValueError("a seed spread needs at least two seeds")
+    if gap.mean == 0:
+        return None
+    half = (gap.hi - gap.lo) / 2
+    sd = half * math.sqrt(gap.n) / float(stats.t.ppf(0.975, gap.n - 1))
+    for n in range(2, most + 1):
+        if float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < abs(gap.mean):
+            return n
+    return f"> {most}"
