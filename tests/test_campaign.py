@@ -241,7 +241,7 @@ def test_too_small_a_validation_stream_is_one_clear_error(tmp_path):
         _train(tmp_path, "bf16", corpus=_corpus(n_val=500))
 
 
-def _fake_run(d, arm, seed, final, status="done"):
+def _fake_run(d, arm, seed, final, status="done", **extra):
     """A run's CSV and JSON as the runner writes them (synthetic losses: the renderer's input, not a result)."""
     from fpsim.io import dumps
 
@@ -251,7 +251,8 @@ def _fake_run(d, arm, seed, final, status="done"):
         rows.append(f"{k + 1},{int(tok)},0.001,1.0,{final + 0.1 * (2 - k):.6f},250000.0")
     (d / f"{rid}.csv").write_text("\n".join(rows) + "\n")
     (d / f"{rid}.json").write_text(dumps({"run": rid, "arm": arm, "seed": seed, "size": "s10m",
-                                          "tokens_budget": 265_000_000, "status": status, "seconds_total": 600}))
+                                          "tokens_budget": 265_000_000, "status": status, "seconds_total": 600,
+                                          **extra}))
 
 
 def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
@@ -263,7 +264,7 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     d = tmp_path / "main"
     d.mkdir()
     for s, (b, n, nsr) in enumerate(((1.00, 1.010, 1.030), (1.02, 1.031, 1.049), (0.99, 1.001, 1.022))):
-        _fake_run(d, "bf16", s, b)
+        _fake_run(d, "bf16", s, b, **({"side_by_side": 3, "cuda_graph": True} if s else {}))
         _fake_run(d, "nvfp4", s, n)
         _fake_run(d, "nvfp4_no_sr", s, nsr)
     _fake_run(d, "mxfp4", 0, 2.0, status="partial")
@@ -272,6 +273,9 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     assert "| NVFP4 recipe | 3 | 0.0107 |" in text  # mean of 0.010, 0.011, 0.011
     assert "stochastic rounding of gradients | helps | 0.0197 |" in text and "| resolved |" in text
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
+    # throughput is grouped by how the batch shared the GPU, never pooled across batch shapes
+    assert "| BF16 | separate processes (see the ledger), eager steps | 1 | 250000 |" in text
+    assert "| BF16 | 3 on streams, graph steps | 2 | 250000 |" in text
 
 
 def test_a_ledger_command_lost_with_its_machine_is_counted_apart_not_as_zero(tmp_path):

@@ -31,7 +31,8 @@ state and curve, through a checkpoint, a resume and a recipe switch): it passed 
 ``--streams`` keeps the ``--parallel`` runs in this one process, each on its own CUDA stream
 (:func:`studies.campaign.run.train_many`), so they overlap on the GPU instead of time-slicing it.  With
 ``--streams --cuda-graph`` three s10m runs summed to 1.17 M tokens/s on the H200 (2026-12-03: BF16 435 k, the
-recipe 401 k, without SR 333 k), against 1.03 M as three processes.  A batch of three 265 M-token runs is then two
+recipe 401 k, without SR 333 k), against 1.03 M as three processes; two on streams summed to 0.95 M (2026-12-03:
+the recipe without RHT 521 k, without 2-D weights 433 k).  A batch of three 265 M-token runs is then two
 chained foreground commands, ``--max-seconds 510`` and at once again ``--max-seconds 540`` (about 530 + 150 s;
 about 690 s of device time with the cold start), so two batches fit in one session's 30 minutes.  A pause of more
 than 30 s between the two (the controlling session away) loses the first command's checkpoints with the machine,

@@ -243,6 +243,14 @@ def _ledger_text(ledger: Path) -> str:
                    if unknown else ".")
 
 
+def _how_run(rec: dict) -> str:
+    """How a run's batch shared the GPU: N runs on CUDA streams of one process (recorded as ``side_by_side``),
+    or, for the records written before that field, separate processes (their count is in the ledger)."""
+    steps = "graph steps" if rec.get("cuda_graph") else "eager steps"
+    n = rec.get("side_by_side")
+    return f"{n} on streams, {steps}" if n else f"separate processes (see the ledger), {steps}"
+
+
 def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     """(Markdown blocks, figure file names written to ``out_dir``) of the campaign section."""
     val, recs = load_runs(data)
@@ -301,11 +309,14 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         name = f"campaign_{size}_{budget // 1_000_000}m.png"
         save_fig(fig, out_dir / name)
         figs.append(name)
-    tput = (val.groupby("arm").tokens_per_s.median().rename(index=lambda a: ARMS[a].label)
-            .rename("tokens/s (median)").reset_index())
-    blocks.append("Median training throughput per run (tokens/s at the validation points; each run shared the GPU "
-                  "with the other runs of its batch, `--parallel` in the ledger's commands, so these are shares of "
-                  "the GPU, not a run alone):\n\n" + md_table(tput, ".0f"))
+    how = {r["run"]: _how_run(r) for r in recs}
+    tput = (val.assign(how=val.run.map(how)).groupby(["arm", "how"], sort=False)
+            .agg(runs=("run", "nunique"), tps=("tokens_per_s", "median")).reset_index()
+            .assign(arm=lambda d: d.arm.map(lambda a: ARMS[a].label))
+            .rename(columns={"how": "how the batch ran", "tps": "tokens/s (median)"}))
+    blocks.append("Median training throughput per run (tokens/s at the validation points). Each run shared the GPU "
+                  "with the other runs of its batch, so these are shares of the GPU, not a run alone, and runs of "
+                  "different batch shapes are not comparable with each other:\n\n" + md_table(tput, ".0f"))
     blocks.append(f"Run time summed over the committed runs: {gpu_h:.2f} h (runs of a batch share the GPU, so this "
                   f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
                                                                       if not_done else ""))
