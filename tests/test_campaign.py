@@ -475,3 +475,15 @@ def test_the_batch_driver_runs_its_plan_in_one_process_with_streams(tmp_path, mo
     assert entry["result"] == {"main/s10m-bf16-s1-t265m": "error: RuntimeError: boom",
                                "main/s10m-nvfp4-s1-t265m": "done"}
     assert (tmp_path / "o" / "main" / "s10m-nvfp4-s1-t265m.csv").exists()
+
+
+def test_runs_are_selected_by_slices_and_indices_and_a_bad_selection_is_one_clear_error():
+    from studies.campaign.batch import select_runs
+
+    runs = [{"i": i} for i in range(36)]
+    assert [r["i"] for r in select_runs(runs, "9:11,17")] == [9, 10, 17]
+    assert [r["i"] for r in select_runs(runs, "11, 14, 17")] == [11, 14, 17]
+    assert [r["i"] for r in select_runs(runs, "34:")] == [34, 35] and select_runs(runs, "-1") == [runs[35]]
+    for bad, why in (("36", "past the plan"), ("3:5,4", "twice"), ("40:", "no run"), ("a", "invalid literal")):
+        with pytest.raises(ValueError, match=why):
+            select_runs(runs, bad)

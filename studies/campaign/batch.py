@@ -32,7 +32,9 @@ state and curve, through a checkpoint, a resume and a recipe switch): it passed 
 (:func:`studies.campaign.run.train_many`), so they overlap on the GPU instead of time-slicing it.  With
 ``--streams --cuda-graph`` three s10m runs summed to 1.17 M tokens/s on the H200 (2026-12-03: BF16 435 k, the
 recipe 401 k, without SR 333 k), against 1.03 M as three processes; two on streams summed to 0.95 M (2026-12-03:
-the recipe without RHT 521 k, without 2-D weights 433 k).  A batch of three 265 M-token runs is then two
+the recipe without RHT 521 k, without 2-D weights 433 k).  NVFP4 on every block is the slowest arm (230–280 k tokens/s
+as one of three: 159 M tokens after the first 505 s command), so a batch holding it needs a second command of
+~400 s; ``--runs`` takes indices as well as slices (``11,14,17``) to group arms by speed.  A batch of three 265 M-token runs is then two
 chained foreground commands, ``--max-seconds 510`` and at once again ``--max-seconds 540`` (about 530 + 150 s;
 about 690 s of device time with the cold start), so two batches fit in one session's 30 minutes.  A pause of more
 than 30 s between the two (the controlling session away) loses the first command's checkpoints with the machine,
@@ -53,7 +55,7 @@ from pathlib import Path
 from fpsim.io import atomic_write, dumps
 from studies.campaign.run import run_id
 
-__all__ = ["PARAMS", "PLANS", "plan_runs", "update_manifest", "add_ledger", "main"]
+__all__ = ["PARAMS", "PLANS", "plan_runs", "select_runs", "update_manifest", "add_ledger", "main"]
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "campaign"
 
@@ -103,6 +105,29 @@ def _dir(plan: str, r: dict) -> str:
     return f"lr_sweep/lr{r['lr']:.0e}" if plan == "lr_sweep" else plan  # no '.': the device drops such names
 
 
+def select_runs(runs: list[dict], spec: str) -> list[dict]:
+    """The runs a ``--runs`` spec names, in the spec's order: comma-separated Python slices ``start:stop`` and
+    single indices (so one slow arm's seeds can share a batch, e.g. ``11,14,17``).  An index past the plan, a
+    run named twice or an empty selection is a ValueError."""
+    idx: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            if ":" in part:
+                lo, hi = (int(v) if v else None for v in part.split(":"))
+                idx += list(range(len(runs)))[lo:hi]
+            else:
+                i = int(part)
+                if not -len(runs) <= i < len(runs):
+                    raise ValueError(f"run {i} is past the plan's {len(runs)} runs")
+                idx.append(i % len(runs))
+        except ValueError as e:
+            raise ValueError(f"--runs {spec!r}: {e}") from None
+    if not idx or len(set(idx)) != len(idx):
+        raise ValueError(f"--runs {spec!r}: " + ("selects no run" if not idx else "names a run twice"))
+    return [runs[i] for i in idx]
+
+
 def update_manifest(results: Path, manifest: Path = DATA / "manifest.json") -> dict:
     """Record every run JSON under ``results`` in the manifest (run id → arm, seed, size, budget, status, tokens
     done, GPU seconds); returns the manifest."""
@@ -121,7 +146,9 @@ def update_manifest(results: Path, manifest: Path = DATA / "manifest.json") -> d
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True, choices=PLANS)
-    ap.add_argument("--runs", default=None, help="a slice start:stop of the plan's runs (default: all)")
+    ap.add_argument("--runs", default=None,
+                    help="the plan's runs by index: slices start:stop and single indices, comma-separated, e.g. "
+                         "9:11,17 (default: all)")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -136,8 +163,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     runs = plan_runs(a.plan, a.lr)
     if a.runs:
-        lo, hi = (int(v) if v else None for v in a.runs.split(":"))
-        runs = runs[lo:hi]
+        runs = select_runs(runs, a.runs)
     t0 = time.perf_counter()
     exits = _in_process(a, runs) if a.streams else _processes(a, runs)
     # the command's entry for the device-time ledger (studies/data/campaign/sessions.json; add_ledger merges it)
