@@ -487,3 +487,72 @@ def test_runs_are_selected_by_slices_and_indices_and_a_bad_selection_is_one_clea
     for bad, why in (("36", "past the plan"), ("3:5,4", "twice"), ("40:", "no run"), ("a", "invalid literal")):
         with pytest.raises(ValueError, match=why):
             select_runs(runs, bad)
+
+
+def test_a_checkpoint_carried_in_parts_to_a_fresh_work_folder_resumes_to_the_uninterrupted_curve(tmp_path,
+                                                                                                  monkeypatch):
+    """The shuttle between device sessions: a stopped run packed into parts over two calls, reassembled in another
+    folder (as on a fresh machine) and resumed gives the uninterrupted run's curve; a damaged, missing or foreign
+    part is one ValueError and writes nothing."""
+    import pandas as pd
+
+    from studies.campaign import shuttle
+
+    full = _train(tmp_path / "full" / "main", "nvfp4")
+    part = _train(tmp_path / "a" / "main", "nvfp4", max_seconds=0.0)
+    assert part["status"] == "partial"
+    rid = part["run"]
+    blob = shuttle.archive_bytes(tmp_path / "a", "main", rid)
+    assert blob == shuttle.archive_bytes(tmp_path / "a", "main", rid)  # the same parts in every call
+    monkeypatch.setattr(shuttle, "PART_BYTES", len(blob) // 3 + 1)  # three parts
+    first = shuttle.pack(tmp_path / "a", "main", rid, tmp_path / "call1", slice(0, 2))
+    second = shuttle.pack(tmp_path / "a", "main", rid, tmp_path / "call2", slice(2, None))
+    assert [f.name for f in first] == [f"{rid}.part-000", f"{rid}.part-001", f"{rid}.shuttle.json"]
+    assert [f.name for f in second] == [f"{rid}.part-002", f"{rid}.shuttle.json"]
+
+    with pytest.raises(ValueError, match="part-002 is missing"):
+        shuttle.unpack([tmp_path / "call1"], tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in second:
+        (bad / f.name).write_bytes(f.read_bytes())
+    p = bad / f"{rid}.part-002"
+    p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1]))
+    with pytest.raises(ValueError, match="SHA-256"):
+        shuttle.unpack([tmp_path / "call1", bad], tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+    assert shuttle.unpack([tmp_path / "call1", tmp_path / "call2"], tmp_path / "b") == rid
+    done = _train(tmp_path / "b" / "main", "nvfp4")
+    assert done["status"] == "done"
+    a, b = (pd.read_csv(tmp_path / d / "main" / f"{rid}.csv") for d in ("full", "b"))
+    assert a[["step", "train_loss", "val_loss"]].equals(b[["step", "train_loss", "val_loss"]])
+
+
+def test_a_shuttle_archive_with_other_files_than_the_runs_four_is_refused(tmp_path):
+    """A manifest whose hashes match but whose tar holds another path (a hostile archive) writes nothing."""
+    import hashlib
+    import io
+    import tarfile
+
+    from studies.campaign import shuttle
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("../../escape.txt")
+        info.size = 2
+        tf.addfile(info, io.BytesIO(b"hi"))
+    blob = buf.getvalue()
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "r.part-000").write_bytes(blob)
+    sha = hashlib.sha256(blob).hexdigest()
+    (src / "r.shuttle.json").write_text(json.dumps({"run": "r", "plan": "main", "bytes": len(blob), "sha256": sha,
+                                                    "parts": [{"name": "r.part-000", "bytes": len(blob),
+                                                               "sha256": sha}]}))
+    with pytest.raises(ValueError, match="not the run's four files"):
+        shuttle.unpack([src], tmp_path / "w")
+    assert not (tmp_path / "w").exists() and not (tmp_path.parent / "escape.txt").exists()
+    with pytest.raises(ValueError, match="no checkpoint to pack"):
+        shuttle.pack(tmp_path / "w", "main", "r", tmp_path / "o")

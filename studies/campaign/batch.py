@@ -6,8 +6,9 @@
 Each run is its own process (``studies.campaign.run``) with ``--max-seconds``; runs that stop early checkpoint
 under ``--work`` and resume when the batch is run again.  The device machine's disk persists only while the
 machine stays warm (it is released 30 s after a command ends, and every session starts a bare one), so a run must
-finish within the commands of one session, chained without a pause; a checkpoint (130 MB for s10m: float32
-weights and both AdamW moments) is too large to bring back and carry to the next session.  The CSVs and JSONs
+finish within the commands of one session, chained without a pause, unless its checkpoint (130 MB for s10m:
+float32 weights and both AdamW moments) crosses to the next session in 15 MiB parts over a few calls each way
+(:mod:`studies.campaign.shuttle`; tested on the CPU, not yet used on the device).  The CSVs and JSONs
 go into one tar archive ``--out/<plan>.tar`` (the device returns at most 8 files per command) with the command's
 device-time entry ``<plan>/ledger.json``; unpack it into ``studies/data/campaign/``, then :func:`update_manifest`
 records each run's status and :func:`add_ledger` appends the entry to ``sessions.json`` (delete the

@@ -195,10 +195,9 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
     if blocked:
         text += (f" With {SIDE_BY_SIDE} side by side, a run of the {' and the '.join(blocked)} "
                  f"plan{'s' if len(blocked) > 1 else ''} "
-                 f"cannot finish within one session at that rate, and no checkpoint survives from one session to the "
-                 f"next on the device machine (a s10m checkpoint is 130 MB; at most 64 MiB travels each way): "
-                 f"{'they wait' if len(blocked) > 1 else 'it waits'} for faster steps, fewer runs side by side (the "
-                 f"rate of a graph run alone is not measured) or device terms that keep a disk between sessions.")
+                 f"cannot finish within one session at that rate: such a run's checkpoint (130 MB for s10m) has to cross "
+                 f"to the next session in parts (`studies.campaign.shuttle`: 15 MiB parts, about three calls each way "
+                 f"within the 64 MiB a call moves; tested on the CPU, not yet used on the device).")
     return text
 
 
