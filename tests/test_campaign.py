@@ -556,3 +556,15 @@ def test_a_shuttle_archive_with_other_files_than_the_runs_four_is_refused(tmp_pa
     assert not (tmp_path / "w").exists() and not (tmp_path.parent / "escape.txt").exists()
     with pytest.raises(ValueError, match="no checkpoint to pack"):
         shuttle.pack(tmp_path / "w", "main", "r", tmp_path / "o")
+
+
+def test_a_checkpoint_resumed_on_another_corpus_is_one_clear_error(tmp_path):
+    """Resuming needs the stream the run started on (a checkpoint carried to a machine with other packages)."""
+    part = _train(tmp_path, "bf16", max_seconds=0.0)
+    assert part["status"] == "partial"
+    c = _corpus()
+    other = Corpus(train=c.train[::-1].copy(), val=c.val, roots=c.roots, holdout=c.holdout,
+                   train_files=c.train_files, val_files=c.val_files)
+    with pytest.raises(ValueError, match="train stream with SHA-256"):
+        _train(tmp_path, "bf16", corpus=other)
+    assert _train(tmp_path, "bf16")["status"] == "done"  # the same corpus resumes

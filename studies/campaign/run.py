@@ -121,6 +121,19 @@ def _load(ckpt: Path, model, opt, device: str) -> int:
     return int(json.loads((ckpt / "step.json").read_text())["step"])
 
 
+def _same_corpus(prev: Path, now: dict) -> None:
+    """A resumed run must read the stream it started on: a checkpoint carried to another machine (whose installed
+    packages may differ) with another corpus is a ValueError naming both SHA-256s, not a silently mixed run."""
+    if not prev.exists():
+        return
+    was = json.loads(prev.read_text()).get("corpus") or {}
+    for part in ("train", "val"):
+        old = (was.get(part) or {}).get("sha256")
+        if old is not None and old != now[part]["sha256"]:
+            raise ValueError(f"{prev.stem}: the checkpoint was trained on a {part} stream with SHA-256 {old}, this "
+                             f"machine's corpus has {now[part]['sha256']}; resume it where its packages are the same")
+
+
 @torch.no_grad()
 def _val_loss(model, val: torch.Tensor, ctx: int, device: str, batch: int = 64) -> float:
     model.eval()
@@ -171,6 +184,9 @@ class Run:
         self.opt = opt = _optimizer(model, lr, device, self.graph_mode)
         self.ckpt = out / "ckpt" / rid
         self.start = start = _load(self.ckpt, model, opt, device)
+        self.corpus_manifest = corpus.manifest()
+        if start:
+            _same_corpus(out / f"{rid}.json", self.corpus_manifest)
         ft.set_step(model, start)
         self.csv_path = out / f"{rid}.csv"
         self.rows = self.csv_path.read_text().splitlines()[1:] if start and self.csv_path.exists() else []
@@ -274,7 +290,7 @@ class Run:
                "cuda_graph_failure": None if stepper is None else stepper.failed, "status": self.status,
                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
                "seconds_this_call": round(time.perf_counter() - self.t_start, 1),
-               "corpus": self.corpus.manifest(), "layers": [list(r) for r in ft.summary(self.model)]}
+               "corpus": self.corpus_manifest, "layers": [list(r) for r in ft.summary(self.model)]}
         if self.side_by_side:
             rec["side_by_side"] = self.side_by_side
         if prof_s is not None:

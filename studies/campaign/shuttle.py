@@ -19,7 +19,9 @@ call; a manifest ``<run>.shuttle.json`` holds each part's size and SHA-256 and t
 checks every hash before it writes anything, and extracts only regular files at the four expected paths; a
 missing, extra, altered or hostile part is one ValueError that names it.  Resuming from the unpacked checkpoint
 is the same as resuming within a session (``tests/test_campaign.py``: a resumed run's curve is the uninterrupted
-run's).
+run's), on a machine whose corpus has the run's SHA-256s: a resume on another stream is a ValueError
+(:func:`studies.campaign.run._same_corpus`).  Carry at most ~45 MiB of parts a call (the working tree, ~14 MB,
+travels with them within 64 MiB), and run a long plan's runs one or two at a time so their checkpoints stay few.
 """
 
 from __future__ import annotations
