@@ -498,7 +498,7 @@ def test_a_checkpoint_carried_in_parts_to_a_fresh_work_folder_resumes_to_the_uni
 
     from studies.campaign import shuttle
 
-    full = _train(tmp_path / "full" / "main", "nvfp4")
+    assert _train(tmp_path / "full" / "main", "nvfp4")["status"] == "done"
     part = _train(tmp_path / "a" / "main", "nvfp4", max_seconds=0.0)
     assert part["status"] == "partial"
     rid = part["run"]

@@ -30,16 +30,16 @@ state and curve, through a checkpoint, a resume and a recipe switch): it passed 
 ``torch.backends.cudnn.deterministic`` set by every run.
 
 ``--streams`` keeps the ``--parallel`` runs in this one process, each on its own CUDA stream
-(:func:`studies.campaign.run.train_many`), so they overlap on the GPU instead of time-slicing it.  With
-``--streams --cuda-graph`` three s10m runs summed to 1.17 M tokens/s on the H200 (2026-12-03: BF16 435 k, the
-recipe 401 k, without SR 333 k), against 1.03 M as three processes; two on streams summed to 0.95 M (2026-12-03:
-the recipe without RHT 521 k, without 2-D weights 433 k).  NVFP4 on every block is the slowest arm (230–280 k tokens/s
-as one of three: 159 M tokens after the first 505 s command), so a batch holding it needs a second command of
-~400 s; ``--runs`` takes indices as well as slices (``11,14,17``) to group arms by speed.  A batch of three 265 M-token runs is then two
-chained foreground commands, ``--max-seconds 510`` and at once again ``--max-seconds 540`` (about 530 + 150 s;
-about 690 s of device time with the cold start), so two batches fit in one session's 30 minutes.  A pause of more
-than 30 s between the two (the controlling session away) loses the first command's checkpoints with the machine,
-as happened twice (the ledger says when).
+(:func:`studies.campaign.run.train_many`), so they overlap on the GPU instead of time-slicing it.  With ``--streams
+--cuda-graph`` three s10m runs summed to 1.17 M tokens/s on the H200 (2026-12-03: BF16 435 k, the recipe 401 k,
+without SR 333 k), against 1.03 M as three processes; two on streams summed to 0.95 M (2026-12-03: the recipe
+without RHT 521 k, without 2-D weights 433 k).  NVFP4 on every block is the slowest arm (230–280 k tokens/s as one of
+three: 159 M tokens after the first 505 s command), so a batch holding it needs a second command of ~400 s;
+``--runs`` takes indices as well as slices (``11,14,17``) to group arms by speed.  A batch of three 265 M-token runs
+is then two chained foreground commands, ``--max-seconds 510`` and at once again ``--max-seconds 540`` (about 530 +
+150 s; about 690 s of device time with the cold start), so two batches fit in one session's 30 minutes.  A pause of
+more than 30 s between the two (the controlling session away) loses the first command's checkpoints with the
+machine, as happened twice (the ledger says when).
 """
 
 from __future__ import annotations

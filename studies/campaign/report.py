@@ -195,9 +195,9 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
     if blocked:
         text += (f" With {SIDE_BY_SIDE} side by side, a run of the {' and the '.join(blocked)} "
                  f"plan{'s' if len(blocked) > 1 else ''} "
-                 f"cannot finish within one session at that rate: such a run's checkpoint (130 MB for s10m) has to cross "
-                 f"to the next session in parts (`studies.campaign.shuttle`: 15 MiB parts, about three calls each way "
-                 f"within the 64 MiB a call moves; tested on the CPU, not yet used on the device).")
+                 f"cannot finish within one session at that rate: such a run's checkpoint (130 MB for s10m) has "
+                 f"to cross to the next session in parts (`studies.campaign.shuttle`: 15 MiB parts, about three "
+                 f"calls each way within the 64 MiB a call moves; tested on the CPU, not yet used on the device).")
     return text
 
 

@@ -13,13 +13,13 @@ moves as numbered parts over several calls:
     python -m studies.campaign.shuttle unpack --from /tmp/shuttle --work /tmp/campaign
     python -m studies.campaign.batch --plan horizon ...   # resumes from the checkpoint as within one session
 
-The archive is a tar of the run's CSV, JSON and ``ckpt/<run>/`` under ``--work/<plan>/``, written the same way
-every time (sorted names, zero times and owners), so ``pack`` on the same checkpoint gives the same parts in every
-call; a manifest ``<run>.shuttle.json`` holds each part's size and SHA-256 and the whole archive's.  ``unpack``
-checks every hash before it writes anything, and extracts only regular files at the four expected paths; a
-missing, extra, altered or hostile part is one ValueError that names it.  Resuming from the unpacked checkpoint
-is the same as resuming within a session (``tests/test_campaign.py``: a resumed run's curve is the uninterrupted
-run's), on a machine whose corpus has the run's SHA-256s: a resume on another stream is a ValueError
+The archive is a tar of the run's CSV, JSON and ``ckpt/<run>/`` under ``--work/<plan>/``, written the same way every
+time (names in a fixed order, zero times and owners), so ``pack`` on the same checkpoint gives the same parts in
+every call; a manifest ``<run>.shuttle.json`` holds each part's size and SHA-256 and the whole archive's.  ``unpack``
+checks every hash before it writes anything, and extracts only regular files at the four expected paths; a missing,
+extra, altered or hostile part is one ValueError that names it.  Resuming from the unpacked checkpoint is the same as
+resuming within a session (``tests/test_campaign.py``: a resumed run's curve is the uninterrupted run's), on a
+machine whose corpus has the run's SHA-256s: a resume on another stream is a ValueError
 (:func:`studies.campaign.run._same_corpus`).  Carry at most ~45 MiB of parts a call (the working tree, ~14 MB,
 travels with them within 64 MiB), and run a long plan's runs one or two at a time so their checkpoints stay few.
 """
@@ -33,7 +33,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from fpsim.io import atomic_write, dumps
+from fpsim.io import OutputError, atomic_write, dumps
 
 __all__ = ["PART_BYTES", "archive_bytes", "pack", "unpack", "main"]
 
@@ -81,9 +81,7 @@ def pack(work: Path, plan: str, rid: str, out: Path, parts: slice = slice(None))
     written = []
     for k in range(len(chunks))[parts]:
         dest = out / names[k]
-        tmp = dest.with_name(dest.name + ".tmp")
-        tmp.write_bytes(chunks[k])
-        tmp.replace(dest)
+        atomic_write(dest, chunks[k])
         written.append(dest)
     manifest = {"run": rid, "plan": plan, "bytes": len(blob), "sha256": _sha(blob),
                 "parts": [{"name": n, "bytes": len(c), "sha256": _sha(c)} for n, c in zip(names, chunks)]}
@@ -133,9 +131,7 @@ def unpack(sources: list[Path], work: Path) -> str:
     for name, data in sorted(contents.items()):
         dest = Path(work) / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(dest)
+        atomic_write(dest, data)
     return rid
 
 
@@ -163,7 +159,7 @@ def main(argv=None) -> None:
             print("\n".join(f"{f.name}: {f.stat().st_size:,} bytes" for f in files))
         else:
             print(f"unpacked {unpack(a.sources, a.work)} into {a.work}")
-    except ValueError as e:
+    except (ValueError, OutputError) as e:
         raise SystemExit(f"shuttle: {e}") from None
 
 
