@@ -13,7 +13,9 @@ head) under bf16 autocast, AdamW.  Arms, each timed in the same process after wa
 * the every-block graph arm with ``fpsim.torch.fastpath.GEMM = "triton"``: each scaled product as one Triton
   GEMM that applies alpha to its FP32 accumulator tiles (no FP32 product written and read back), against
   cuBLAS plus the epilogue kernel;
-* ``gemm=fp32`` (the bit-defined accumulator model) on a shorter run.
+* ``gemm=fp32`` (the bit-defined accumulator model) on a shorter run;
+* with ``--tune`` (CUDA): :mod:`studies.tune_kernels` sweeps the launch shapes of the two busiest copy kernels
+  first (the same bits), and one more every-block graph arm runs with the fastest ones; its tables follow.
 
     python -m studies.bench_training --out reports/bench_training.md            (GPU)
     python -m studies.bench_training --tiny                                     (CPU smoke test)
@@ -37,6 +39,7 @@ import fpsim.torch as ft
 from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
 from fpsim.torch import fastpath
+from fpsim.torch import quantize as tquant
 from fpsim.torch import rht as trht
 from fpsim.torch.launch import direct_enabled
 from studies import profiling
@@ -76,6 +79,8 @@ class GPT(torch.nn.Module):
         return self.lm_head(self.norm(x))
 
 
+#: The every-block graph arm that runs with studies.tune_kernels' fastest launch shapes (``--tune``).
+TUNED_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, tuned launch shapes"
 #: The arm whose scaled products run as one Triton GEMM with alpha on the accumulator (fpsim.torch.fastpath.GEMM).
 TRITON_GEMM_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, fused Triton GEMM (alpha on the accumulator)"
 #: The transposed RHT's layouts (fpsim.torch.rht.RHT_T_WIDE: False = the tile loop, True = wide tiles).
@@ -186,6 +191,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of two steps of the every-block arm")
+    ap.add_argument("--tune", action="store_true",
+                    help="sweep the copy kernels' launch shapes first (studies.tune_kernels) and add a graph arm "
+                         "with the fastest (CUDA)")
     ap.add_argument("--skip-fp32", action="store_true", help="leave out the (slow) bit-defined gemm=fp32 arm")
     ap.add_argument("--graph-only", action="store_true",
                     help="only the CUDA-graph arms (GPU-bound; ratios against the BF16 graph arm): the eager arms "
@@ -230,6 +238,8 @@ def main(argv=None) -> None:
         *[(f"nvfp4_paper, every block, gemm=blas, CUDA graph, RHT_T={v!r}",
            lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps)
           for v in layouts[1:]],
+        *([(TUNED_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
+             a.steps)] if a.tune and device == "cuda" else []),
         (TRITON_GEMM_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
          a.steps),
         ("nvfp4_paper, every block, gemm=fp32",
@@ -241,6 +251,13 @@ def main(argv=None) -> None:
         arms = [arm for arm in arms if arm[2] != "graph"]
     elif a.graph_only:
         arms = [arm for arm in arms if arm[2] == "graph"]
+    tuned = None
+    if a.tune and device == "cuda":
+        from studies import tune_kernels
+
+        tuned = tune_kernels.tune()
+        print("\n".join(tune_kernels.report(tuned)), flush=True)
+    shapes = trht.RHT_T_TILES, tquant.TWO_LEVEL_TILES
     tiles = fastpath.MMTiles(*map(int, a.mm_tiles.split(","))) if a.mm_tiles else fastpath.MM_TILES
     default_tiles = fastpath.MM_TILES
     defaults = fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE
@@ -252,6 +269,9 @@ def main(argv=None) -> None:
         fastpath.MM_TILES = tiles if name == TRITON_GEMM_ARM else default_tiles
         fastpath.WGRAD = next((w for w in wgrad[1:] if name.endswith(f"WGRAD={w!r}")), wgrad[0])
         trht.RHT_T_WIDE = RHT_T_LAYOUTS[next((v for v in layouts[1:] if name.endswith(f"RHT_T={v!r}")), layouts[0])]
+        trht.RHT_T_TILES, tquant.TWO_LEVEL_TILES = shapes
+        if name == TUNED_ARM:
+            tune_kernels.apply(tuned)
         t, peak, loss = _arm(cfg, device, conv, None if graph else mon, steps=steps,
                              warmup=1 if "fp32" in name else 3, graph=graph)
         base = base or (t, peak)
@@ -260,6 +280,7 @@ def main(argv=None) -> None:
         mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
     fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE = defaults
+    trht.RHT_T_TILES, tquant.TWO_LEVEL_TILES = shapes
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
     direct = "on" if direct_enabled() else "off (the JIT dispatched every launch)"
@@ -284,6 +305,10 @@ def main(argv=None) -> None:
     if device != "cuda":
         lines += ["", "Peak memory is CUDA's allocator peak (`torch.cuda.max_memory_allocated`): no GPU here, so "
                       "those columns are empty."]
+    if tuned is not None:
+        lines += ["", f"The tuned arm's launch shapes: `RHT_T_TILES = {tuned['best_rht_t']!r}`, `TWO_LEVEL_TILES = "
+                      f"{tuned['best_two_level']!r}`; the sweep (`studies.tune_kernels`) before the arms:",
+                  *tune_kernels.report(tuned)]
     write_report("\n".join(lines) + "\n", Path(a.out) if a.out else None)
 
 

@@ -25,7 +25,7 @@ from .launch import launch
 from .runtime import FLT_MAX, WARPS, dummy, f32, fdiv, hw_cvt, kernels, layout, torch_module
 
 __all__ = ["triton_unsupported", "eager_unsupported", "absmax", "amax_bits", "tile_absmax", "quantize_fused",
-           "quantize_eager", "pack_codes", "e8m0_bytes", "sr_kw", "two_level_kw"]
+           "quantize_eager", "pack_codes", "e8m0_bytes", "sr_kw", "two_level_kw", "TwoLevelTiles", "TWO_LEVEL_TILES"]
 
 _INF = 0x7F800000
 
@@ -217,9 +217,23 @@ def _fake_view(out):
 _BT_2D = 8  # 16×16 tiles per program of the one-pass 2-D kernel
 
 
+class TwoLevelTiles(NamedTuple):
+    """The launch shape of the 1-D / tiled two-level kernel (two_level_quant_kernel): about ``elems`` elements (that
+    many over the block width, at least one block) per program, on ``num_warps`` warps.  Every shape gives the
+    same bits: a block's scale, values and random bits depend on its index alone (``studies/tune_kernels.py``
+    checks this on the GPU while it times them)."""
+
+    elems: int = 2048
+    num_warps: int = WARPS
+
+
+#: The launch shape every two_level_quant_kernel call uses.
+TWO_LEVEL_TILES = TwoLevelTiles()
+
+
 @functools.lru_cache(maxsize=1024)
 def _two_level_launch_kw(plan: Plan, R: int, C: int, fake: bool, out_bf16: bool = False, apply_s_dec: bool = True,
-                         hw: bool = True) -> dict:
+                         hw: bool = True, tiles: TwoLevelTiles = TWO_LEVEL_TILES) -> dict:
     """Every keyword of a two-level launch but the SR key (the one-pass 16×16 kernel, or the 1-D / tiled one), for
     one plan, shape and output (``fake``: the FAKE-output switches too), built once per configuration: the
     training layer launches it for every copy of every step."""
@@ -231,8 +245,9 @@ def _two_level_launch_kw(plan: Plan, R: int, C: int, fake: bool, out_bf16: bool 
     if br == 16 == w:
         return {"BT": _BT_2D, "W": w, "IGNORE_NAN": plan.ignore_nan, **out, **sr, **two_level_kw(plan), **fos,
                 "num_warps": WARPS}
-    return {**out, "BB": max(2048 // w, 1), "W": w, "TR": br, "TILE": br > 1, "IGNORE_NAN": plan.ignore_nan,
-            "PER_ROW": tl_.per_row, **fos, **layout(R, C, w), **sr, **two_level_kw(plan)}
+    return {**out, "BB": max(tiles.elems // w, 1), "W": w, "TR": br, "TILE": br > 1, "IGNORE_NAN": plan.ignore_nan,
+            "PER_ROW": tl_.per_row, **fos, **layout(R, C, w), **sr, **two_level_kw(plan),
+            "num_warps": tiles.num_warps}
 
 
 def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_s_dec: bool = True,
@@ -248,10 +263,11 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
     dec = code_table("dec" if plan.packed else "byte", plan.element, device=dev)
     d8 = dummy(dev, "int32")
     if fake:
-        kw = _two_level_launch_kw(plan, R, C, True, out.dtype == torch.bfloat16, bool(apply_s_dec), hw_cvt())
+        kw = _two_level_launch_kw(plan, R, C, True, out.dtype == torch.bfloat16, bool(apply_s_dec), hw_cvt(),
+                                  TWO_LEVEL_TILES)
         q, sc, f = d8, d8, _fake_view(out)
     else:
-        kw = _two_level_launch_kw(plan, R, C, False)
+        kw = _two_level_launch_kw(plan, R, C, False, tiles=TWO_LEVEL_TILES)
         q, sc, f = out.view(torch.int32), s, d8
     if plan.is_sr:
         kw = {**kw, **sr_kw(plan, seed, counter)}
@@ -259,7 +275,7 @@ def _two_level_fused(X, plan: Plan, amax, fake: bool, seed, counter: int, apply_
         launch(KQ.two_level_quant_2d_kernel, (-(-R // 16), -(-nb // _BT_2D)), (X, q, sc, f, dec, amax, R, C, nb), kw)
     else:
         tmax = tile_absmax(X, br, w, plan.ignore_nan) if br > 1 else d8
-        launch(KQ.two_level_quant_kernel, (-(-nblk // max(2048 // w, 1)),),
+        launch(KQ.two_level_quant_kernel, (-(-nblk // kw["BB"]),),
                (X, q, sc, f, dec, tmax, amax, R, C, nb, nblk), kw)
     return out if fake else (out, s)
 

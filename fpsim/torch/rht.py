@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from .launch import launch
 from .runtime import WARPS, dummy, hw_cvt, kernels, torch_module, use_triton
 
 __all__ = ["rht", "rht_transposed", "rht_transposed_amaxes", "rht_transposed_scaled", "rht_transposed_scaled_pair",
-           "rht_t_amaxes", "scaled_fusable"]
+           "rht_t_amaxes", "scaled_fusable", "RhtTTiles", "RHT_T_TILES", "RHT_T_WIDE"]
 
 
 def _check_length(n: int, d: int) -> None:
@@ -140,10 +141,11 @@ def _rht_t_pass(x, d: int, signs, out, amax: bool, ignore_nan: bool, store: bool
     x = x.contiguous()
     acc = torch.zeros(2 if plain is not None else 1, dtype=torch.int32, device=x.device)
     if R and C:
-        inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan), bool(store), bool(RHT_T_WIDE))
+        t = RHT_T_TILES
+        inv_sqrt, kw = _rht_t_kw(d, bool(amax), bool(ignore_nan), bool(store), bool(RHT_T_WIDE), t)
         if plain is not None:
             kw = {**kw, "plain_ptr": acc[1:], "PLAIN": True, "PLAIN_IGNORE_NAN": bool(plain)}
-        launch(kernels().rht_t_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)),
+        launch(kernels().rht_t_kernel, (-(-(R // d) // t.TILES), -(-C // t.BF)),
                (x, _signs_on(d, signs, x.device), out, acc, R, C, inv_sqrt), kw)
     v = acc.view(torch.float32)
     am = v[0].reshape(()) if amax else None
@@ -235,14 +237,27 @@ def _scaled_launch(x, plan, d: int, signs, out, amax, sr: dict, extra: dict) -> 
         dev = str(x.device)
         kw = {**_rht_t_scaled_kw(plan, d, hw_cvt()), **sr, **extra}
         inv_sqrt = _rht_t_kw(d, True, plan.ignore_nan, False)[0]
-        launch(kernels("kernels_quant").rht_t_two_level_kernel, (-(-(R // d) // _RHT_T_TILES), -(-C // _RHT_T_BF)),
+        launch(kernels("kernels_quant").rht_t_two_level_kernel, (-(-(R // d) // _SCALED_TILES), -(-C // _SCALED_BF)),
                (x.contiguous(), _signs_on(d, signs, x.device), out.view(torch.int16),
                 code_table("dec" if plan.packed else "byte", plan.element, device=dev), amax.reshape(1), R, C, R // d,
                 inv_sqrt), kw)
 
 
-_RHT_T_BF = 64  # columns of X (rows of Xᵀ) per program of rht_t_kernel
-_RHT_T_TILES = 8  # D-row tiles per program: one atomic amax per 8 tiles (a 1024-token × 64-column block at D = 16)
+class RhtTTiles(NamedTuple):
+    """The launch shape of rht_t_kernel: BF columns of X (rows of Xᵀ) and TILES tiles of D tokens per program (one
+    atomic amax per program), on ``num_warps`` warps.  Every shape gives the same bits: each group of D tokens of
+    one column is transformed alone, and a maximum does not depend on its order (``studies/tune_kernels.py``
+    checks this on the GPU while it times them)."""
+
+    BF: int = 64
+    TILES: int = 8
+    num_warps: int = WARPS
+
+
+#: The launch shape every rht_t_kernel call uses.
+RHT_T_TILES = RhtTTiles()
+_SCALED_BF = 64  # columns per program of rht_t_two_level_kernel (the "registers" and "paired" Wgrad paths)
+_SCALED_TILES = 8  # D-row tiles per program of that kernel
 #: rht_t_kernel's WIDE layout (one [TILES·D, BF] tile per program, 256-byte row segments stored at D = 16, where
 #: the tile loop stores 32 bytes at a time); the same bits.  On: the every-block NVFP4 graph step on the H200
 #: (2026-12-02, ``studies.bench_training``) took 45.6 against 46.0 ms with the tile loop (Wgrad copies stored) and
@@ -251,11 +266,13 @@ RHT_T_WIDE = True
 
 
 @functools.lru_cache(maxsize=64)
-def _rht_t_kw(d: int, amax: bool, ignore_nan: bool, store: bool = True, wide: bool = False) -> tuple[float, dict]:
+def _rht_t_kw(d: int, amax: bool, ignore_nan: bool, store: bool = True, wide: bool = False,
+              tiles: RhtTTiles = RHT_T_TILES) -> tuple[float, dict]:
     """fl(1/√d) and the keyword arguments of one rht_t_kernel configuration (built once: the Wgrad hot path)."""
     return float(np.float32(1.0 / np.sqrt(d))), {
-        "D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "TILES": _RHT_T_TILES, "BF16_IN": True,
-        "BF16_OUT": True, "AMAX": amax, "IGNORE_NAN": ignore_nan, "STORE": store, "WIDE": wide, "num_warps": WARPS}
+        "D": d, "LOG2D": d.bit_length() - 1, "BF": tiles.BF, "TILES": tiles.TILES, "BF16_IN": True,
+        "BF16_OUT": True, "AMAX": amax, "IGNORE_NAN": ignore_nan, "STORE": store, "WIDE": wide,
+        "num_warps": tiles.num_warps}
 
 
 @functools.lru_cache(maxsize=64)
@@ -264,5 +281,5 @@ def _rht_t_scaled_kw(plan, d: int, hw: bool) -> dict:
     from .quantize import two_level_kw
 
     kw = {k: v for k, v in two_level_kw(plan).items() if k != "PACK4"}  # fake output only: no packed codes
-    return {"D": d, "LOG2D": d.bit_length() - 1, "BF": _RHT_T_BF, "TILES": _RHT_T_TILES,
+    return {"D": d, "LOG2D": d.bit_length() - 1, "BF": _SCALED_BF, "TILES": _SCALED_TILES,
             "IGNORE_NAN": plan.ignore_nan, "HW_CVT": hw, "num_warps": WARPS, **kw}
