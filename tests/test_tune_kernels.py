@@ -16,7 +16,7 @@ pytestmark = INTERPRETER_WARNINGS
 def test_every_candidate_launch_shape_gives_the_current_shapes_bits():
     old = trht.RHT_T_TILES, tq.TWO_LEVEL_TILES
     res = tk.tune(1, device=DEV, tokens=16 * 9, features={1024: 40, 3072: 64, 4096: 96},
-                  rht_candidates=[trht.RhtTTiles(32, 4, 4), trht.RhtTTiles(128, 16, 8)],
+                  rht_candidates=[trht.RhtTTiles(64, 8, 4), trht.RhtTTiles(128, 16, 8)],
                   two_level_candidates=[tq.TwoLevelTiles(256, 2), tq.TwoLevelTiles(8192, 8)])
     assert (trht.RHT_T_TILES, tq.TWO_LEVEL_TILES) == old  # the sweep leaves the shapes as they were
     for key in ("rht_t", "two_level"):

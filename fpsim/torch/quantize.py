@@ -223,11 +223,13 @@ class TwoLevelTiles(NamedTuple):
     same bits: a block's scale, values and random bits depend on its index alone (``studies/tune_kernels.py``
     checks this on the GPU while it times them)."""
 
-    elems: int = 2048
+    elems: int = 1024
     num_warps: int = WARPS
 
 
-#: The launch shape every two_level_quant_kernel call uses.
+#: The launch shape every two_level_quant_kernel call uses.  1024 elements on 4 warps: on the H200 (2026-12-03,
+#: ``studies.tune_kernels``) 11.76 against 11.84 ms a step at the earlier 2048, a difference within run-to-run
+#: noise; kept because the benchmark's graph step was measured with it (11 of the 12 shapes were slower).
 TWO_LEVEL_TILES = TwoLevelTiles()
 
 

@@ -249,12 +249,14 @@ class RhtTTiles(NamedTuple):
     one column is transformed alone, and a maximum does not depend on its order (``studies/tune_kernels.py``
     checks this on the GPU while it times them)."""
 
-    BF: int = 64
-    TILES: int = 8
+    BF: int = 32
+    TILES: int = 4
     num_warps: int = WARPS
 
 
-#: The launch shape every rht_t_kernel call uses.
+#: The launch shape every rht_t_kernel call uses.  32 × 4 (a 64-token × 32-column tile): on the H200
+#: (2026-12-03, ``studies.tune_kernels`` over the benchmark GPT's calls) 6.29 ms a step against 7.63 ms at the
+#: earlier 64 × 8, the fastest of 18 shapes; with it the every-block NVFP4 graph step took 41.3 against 42.8 ms.
 RHT_T_TILES = RhtTTiles()
 _SCALED_BF = 64  # columns per program of rht_t_two_level_kernel (the "registers" and "paired" Wgrad paths)
 _SCALED_TILES = 8  # D-row tiles per program of that kernel
