@@ -39,7 +39,10 @@ three: 159 M tokens after the first 505 s command), so a batch holding it needs 
 is then two chained foreground commands, ``--max-seconds 510`` and at once again ``--max-seconds 540`` (about 530 +
 150 s; about 690 s of device time with the cold start), so two batches fit in one session's 30 minutes.  A pause of
 more than 30 s between the two (the controlling session away) loses the first command's checkpoints with the
-machine, as happened twice (the ledger says when).
+machine, as happened three times (the ledger says when).  The safer shape is therefore a batch that finishes in
+one command: two runs on streams (``--parallel 2 --streams --cuda-graph --max-seconds 560``) finished in one
+command every time they were tried, the slowest pair (NVFP4 on every block, seeds 1 and 2, 2026-12-03) in 515 s;
+that is 0.95 M tokens/s in all instead of 1.17 M, but nothing is lost if the next call comes late.
 """
 
 from __future__ import annotations
