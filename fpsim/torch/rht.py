@@ -254,7 +254,8 @@ class RhtTTiles(NamedTuple):
     num_warps: int = WARPS
 
 
-#: The launch shape every rht_t_kernel call uses.  32 × 4 (a 64-token × 32-column tile): on the H200
+#: The launch shape every rht_t_kernel call uses.  32 columns × 4 tiles of D tokens (64 tokens at the recipe's
+#: D = 16): on the H200
 #: (2026-12-03, ``studies.tune_kernels`` over the benchmark GPT's calls) 6.29 ms a step against 7.63 ms at the
 #: earlier 64 × 8, the fastest of 18 shapes; with it the every-block NVFP4 graph step took 41.3 against 42.8 ms.
 RHT_T_TILES = RhtTTiles()
