@@ -4,7 +4,7 @@ For every GEMM shape of the ``studies.bench_training`` model (Fprop, Dgrad and W
 this times, on the same BF16 copies (exact e · s_b values with their tensor amax):
 
 * ``cublas+epilogue``: ``torch.mm`` with FP32 output, then the alpha epilogue kernel (``fastpath.GEMM =
-  "cublas"``, the default path);
+  "cublas"``; the default ``"cublaslt"`` is timed per step by ``studies.bench_training``);
 * each candidate :class:`fpsim.torch.fastpath.MMTiles` of ``fastpath.scaled_mm`` (alpha on the accumulator
   tiles, the FP32 product never in memory);
 * ``bf16 mm``: a plain BF16 ``torch.mm`` with BF16 output, what the BF16 model's layer costs (no alpha): the floor.

@@ -10,9 +10,10 @@ head) under bf16 autocast, AdamW.  Arms, each timed in the same process after wa
 * the same with :func:`fpsim.torch.monitor` at ``every=100`` (its overhead);
 * BF16 and every-block NVFP4 with the step captured as one CUDA graph (:class:`fpsim.torch.GraphKeys`;
   CUDA only): what is left when the host's launch overhead is gone;
-* the every-block graph arm with ``fpsim.torch.fastpath.GEMM = "triton"``: each scaled product as one Triton
-  GEMM that applies alpha to its FP32 accumulator tiles (no FP32 product written and read back), against
-  cuBLAS plus the epilogue kernel;
+* the every-block graph arm with each ``fpsim.torch.fastpath.GEMM`` that is not the default: ``"cublas"``
+  (``torch.mm`` with FP32 output, then the alpha epilogue kernel), ``"cublaslt"`` (one cuBLASLt GEMM that reads
+  alpha from device memory, in each of its pointer modes) and ``"triton"`` (one Triton GEMM that applies alpha
+  to its FP32 accumulator tiles); every other arm runs the library's default;
 * ``gemm=fp32`` (the bit-defined accumulator model) on a shorter run;
 * with ``--tune`` (CUDA): :mod:`studies.tune_kernels` sweeps the launch shapes of the two busiest copy kernels
   first (the same bits), and one more every-block graph arm runs with the fastest ones; its tables follow.
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 import fpsim.torch as ft
 from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
-from fpsim.torch import fastpath
+from fpsim.torch import cublaslt, fastpath
 from fpsim.torch import quantize as tquant
 from fpsim.torch import rht as trht
 from fpsim.torch.launch import direct_enabled
@@ -83,6 +84,14 @@ class GPT(torch.nn.Module):
 TUNED_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, tuned launch shapes"
 #: The arm whose scaled products run as one Triton GEMM with alpha on the accumulator (fpsim.torch.fastpath.GEMM).
 TRITON_GEMM_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, fused Triton GEMM (alpha on the accumulator)"
+#: The every-block graph arms of the other scaled-product paths: (fastpath.GEMM, cublaslt.POINTER_MODE) per arm.
+GEMM_ARMS = {
+    "nvfp4_paper, every block, gemm=blas, CUDA graph, GEMM='cublas' (torch.mm, FP32 out, alpha epilogue)":
+        ("cublas", None),
+    "nvfp4_paper, every block, gemm=blas, CUDA graph, GEMM='cublaslt', alpha a device scalar": ("cublaslt", "scalar"),
+    "nvfp4_paper, every block, gemm=blas, CUDA graph, GEMM='cublaslt', alpha a device vector": ("cublaslt", "vector"),
+    TRITON_GEMM_ARM: ("triton", None),
+}
 #: The transposed RHT's layouts (fpsim.torch.rht.RHT_T_WIDE: False = the tile loop, True = wide tiles).
 RHT_T_LAYOUTS = {"tiles": False, "wide": True}
 
@@ -240,8 +249,9 @@ def main(argv=None) -> None:
           for v in layouts[1:]],
         *([(TUNED_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
              a.steps)] if a.tune and device == "cuda" else []),
-        (TRITON_GEMM_ARM, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph",
-         a.steps),
+        *[(name, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps)
+          for name, (path, mode) in GEMM_ARMS.items()
+          if (path, mode) != (fastpath.GEMM, cublaslt.POINTER_MODE if path == "cublaslt" else None)],
         ("nvfp4_paper, every block, gemm=fp32",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, 1),
     ]
@@ -260,12 +270,13 @@ def main(argv=None) -> None:
     shapes = trht.RHT_T_TILES, tquant.TWO_LEVEL_TILES
     tiles = fastpath.MMTiles(*map(int, a.mm_tiles.split(","))) if a.mm_tiles else fastpath.MM_TILES
     default_tiles = fastpath.MM_TILES
-    defaults = fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE
+    defaults = fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE, cublaslt.POINTER_MODE
     rows = []
     base = None
     for name, conv, mon, steps in arms:
         graph = mon == "graph"
-        fastpath.GEMM = "triton" if name == TRITON_GEMM_ARM else "cublas"
+        fastpath.GEMM, mode = GEMM_ARMS.get(name, (defaults[0], defaults[4]))
+        cublaslt.POINTER_MODE = mode or defaults[4]
         fastpath.MM_TILES = tiles if name == TRITON_GEMM_ARM else default_tiles
         fastpath.WGRAD = next((w for w in wgrad[1:] if name.endswith(f"WGRAD={w!r}")), wgrad[0])
         trht.RHT_T_WIDE = RHT_T_LAYOUTS[next((v for v in layouts[1:] if name.endswith(f"RHT_T={v!r}")), layouts[0])]
@@ -279,7 +290,7 @@ def main(argv=None) -> None:
                      steps + (1 if "fp32" in name else 4 if graph else 3)))
         mem = f", peak {peak:.2f} GiB" if device == "cuda" else ""
         print(f"{name}: {t * 1e3:.1f} ms/step ({t / base[0]:.2f}x){mem}, loss {loss:.3f}", flush=True)
-    fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE = defaults
+    fastpath.GEMM, fastpath.MM_TILES, fastpath.WGRAD, trht.RHT_T_WIDE, cublaslt.POINTER_MODE = defaults
     trht.RHT_T_TILES, tquant.TWO_LEVEL_TILES = shapes
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     tok = cfg["batch"] * cfg["seq"]
@@ -293,8 +304,10 @@ def main(argv=None) -> None:
         "steps after warm-up; ratios against the first BF16 arm of the same run). Direct Triton launches "
         f"(`fpsim.torch.launch`) at the end of the run: {direct}. The fused Triton GEMM arm's tiling "
         f"(BM, BN, BK, GROUP_M, warps, stages): {tuple(tiles)}. Wgrad's RHT'd copies (`fastpath.WGRAD`): "
-        f"{wgrad[0]!r}, the transposed RHT's layout (`fpsim.torch.rht.RHT_T_WIDE`): {layouts[0]!r}, except where an "
-        "arm names another.",
+        f"{wgrad[0]!r}, the transposed RHT's layout (`fpsim.torch.rht.RHT_T_WIDE`): {layouts[0]!r}, scaled products "
+        f"(`fastpath.GEMM`): {defaults[0]!r}"
+        + (f" (cuBLASLt pointer mode {defaults[4]!r})" if defaults[0] == "cublaslt" else "")
+        + ", except where an arm names another.",
         "",
         "| arm | ms / step | × BF16 | tokens/s | peak GiB | × BF16 | steps run | loss after them |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

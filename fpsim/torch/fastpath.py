@@ -26,21 +26,27 @@ import numpy as np
 
 from ..plan import Plan
 from ..schemes import Kind
+from . import cublaslt
 from .container import second_level_scales
 from .gemm import gemm, mm_f32
 from .launch import launch
 from .quantize import absmax, quantize_fused, triton_unsupported
 from .runtime import hw_cvt, kernels, torch_module, use_triton
 
-__all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "scaled_mm", "alpha_epilogue", "enabled",
-           "IMPL", "GEMM", "WGRAD", "WGRAD_PATHS", "wgrad_path", "MMTiles", "MM_TILES"]
+__all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "scaled_mm", "lt_mm", "alpha_epilogue",
+           "enabled", "IMPL", "GEMM", "GEMMS", "WGRAD", "WGRAD_PATHS", "wgrad_path", "MMTiles", "MM_TILES"]
 
 #: ``impl`` of the fast path's kernels: "auto" (CUDA tensors only) or "triton" (any device: the interpreter, tests).
 IMPL = "auto"
 #: How a scaled × scaled product is computed: ``"cublas"`` (``torch.mm`` with FP32 output, then the alpha
-#: epilogue kernel) or ``"triton"`` (:func:`scaled_mm`: one Triton GEMM with alpha applied to its accumulator
-#: tiles, no FP32 product in memory).  Both accumulate exact BF16 products in FP32, in their own orders.
-GEMM = "cublas"
+#: epilogue kernel), ``"cublaslt"`` (:func:`lt_mm`: alpha computed on the GPU into a small vector, then one
+#: cuBLASLt GEMM that reads it from device memory and rounds alpha · acc once to the output type; where
+#: :func:`fpsim.torch.cublaslt.available` is False, the ``"cublas"`` path) or ``"triton"`` (:func:`scaled_mm`:
+#: one Triton GEMM with alpha applied to its accumulator tiles).  All accumulate exact BF16 products in FP32,
+#: in their own orders.  ``"cublaslt"`` is the default: on the H200's benchmark step it removes the epilogue
+#: kernel's pass over every FP32 product (``reports/bench_training.md``).
+GEMM = "cublaslt"
+GEMMS = ("cublas", "cublaslt", "triton")
 #: How the training layer makes Wgrad's scaled copies of RHT(Xᵀ) and RHT(dYᵀ); every path gives the same bits:
 #:
 #: * ``"stored"``: one pass writes the RHT'd transpose as BF16 with its amax, the fused quantizer reads it back;
@@ -244,13 +250,44 @@ def scaled_mm(a: Copy, b: Copy, out_dtype, tiles: MMTiles | None = None):
     return out
 
 
+def alpha_vector(a: Copy, b: Copy, n: int):
+    """SPEC §8's alpha of two scaled copies, written ``n`` times into a new float32 device tensor (one kernel)."""
+    K = kernels()
+    torch = torch_module()
+    out = torch.empty(max(n, 1), dtype=torch.float32, device=a.amax.device)
+    launch(K.alpha_kernel, (-(-out.numel() // _ALPHA_BLOCK),), (a.amax, b.amax, out, out.numel()),
+           _alpha_vector_kw(a.num, b.num))
+    return out
+
+
+_ALPHA_BLOCK = 1024
+
+
+@functools.lru_cache(maxsize=64)
+def _alpha_vector_kw(num_a: float, num_b: float) -> dict:
+    kw = _alpha_kw(num_a, num_b, False, True)
+    return {k: kw[k] for k in ("NUM_A", "NUM_B", "NUM_AB")} | {"BLOCK": _ALPHA_BLOCK, "num_warps": 4}
+
+
+def lt_mm(a: Copy, b: Copy, out_dtype):
+    """fl(A·Bᵀ · alpha) of two scaled copies on cuBLASLt (:mod:`fpsim.torch.cublaslt`): alpha from
+    :func:`alpha_vector`, one value per output column in its "vector" pointer mode, else one."""
+    n = b.values.shape[0] if cublaslt.POINTER_MODE == "vector" else 1
+    return cublaslt.matmul(a.values, b.values, alpha_vector(a, b, n), out_dtype)
+
+
 def mm(a: Copy, b: Copy, out_dtype):
     """``A · Bᵀ`` of two copies in ``out_dtype``: BF16 tensor cores with FP32 accumulation for scaled × scaled
     (then × alpha) and exact × exact; a float32 GEMM of the dequantized values otherwise."""
     torch = torch_module()
     if a.kind == b.kind == "scaled":
+        if GEMM not in GEMMS:
+            raise ValueError(f"fpsim.torch.fastpath.GEMM is {GEMM!r}; choose one of {', '.join(GEMMS)}")
         if GEMM == "triton" and out_dtype in (torch.float32, torch.bfloat16):
             return scaled_mm(a, b, out_dtype)
+        if GEMM == "cublaslt" and out_dtype in (torch.float32, torch.bfloat16, torch.float16) \
+                and a.values.shape[1] and cublaslt.available(a.values.device):
+            return lt_mm(a, b, out_dtype)
         return alpha_epilogue(mm_f32(a.values, b.values), a, b, out_dtype)
     if (a.kind == b.kind == "quantized" and not a.plan.element.name == b.plan.element.name == "float8_e5m2"
             and all(n % 16 == 0 for n in (*a.values.shape, *b.values.shape))):  # torch._scaled_mm's shapes

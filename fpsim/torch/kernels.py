@@ -499,6 +499,16 @@ def alpha_epilogue_kernel(acc_ptr, out_ptr, amax_a_ptr, amax_b_ptr, n, NUM_A: tl
 
 
 @triton.jit
+def alpha_kernel(amax_a_ptr, amax_b_ptr, out_ptr, n, NUM_A: tl.constexpr, NUM_B: tl.constexpr,
+                 NUM_AB: tl.constexpr, BLOCK: tl.constexpr):
+    """out[:n] = :func:`alpha_epilogue_kernel`'s alpha, for a GEMM that reads alpha from device memory
+    (fpsim.torch.cublaslt: one value, or one per output row)."""
+    alpha = _alpha(amax_a_ptr, amax_b_ptr, NUM_A, NUM_B, NUM_AB)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32) + alpha, mask=offs < n)
+
+
+@triton.jit
 def scaled_mm_kernel(a_ptr, b_ptr, out_ptr, amax_a_ptr, amax_b_ptr, M, N, K, s_am, s_ak, s_bn, s_bk, s_om,
                      NUM_A: tl.constexpr, NUM_B: tl.constexpr, NUM_AB: tl.constexpr, BM: tl.constexpr,
                      BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, OUT_BF16: tl.constexpr,
