@@ -216,6 +216,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rht-t", default=None, metavar="LAYOUT[,LAYOUT…]",
                     help="layouts of the transposed RHT (fpsim.torch.rht.RHT_T_WIDE) for the every-block graph arm, "
                          f"as --wgrad: {', '.join(RHT_T_LAYOUTS)} (default: the library's)")
+    ap.add_argument("--gemm-arms", default=None, metavar="PATH[,PATH…]",
+                    help="which other-GEMM arms to run: cublas, cublaslt-scalar, cublaslt-vector, triton (default: "
+                         "every one that is not the library's default)")
     a = ap.parse_args(argv)
     wgrad = (a.wgrad or fastpath.WGRAD).split(",")
     if not wgrad or any(w not in fastpath.WGRAD_PATHS for w in wgrad):
@@ -251,7 +254,8 @@ def main(argv=None) -> None:
              a.steps)] if a.tune and device == "cuda" else []),
         *[(name, lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas"), "graph", a.steps)
           for name, (path, mode) in GEMM_ARMS.items()
-          if (path, mode) != (fastpath.GEMM, cublaslt.POINTER_MODE if path == "cublaslt" else None)],
+          if (path, mode) != (fastpath.GEMM, cublaslt.POINTER_MODE if path == "cublaslt" else None)
+          and (a.gemm_arms is None or "-".join(filter(None, (path, mode))) in a.gemm_arms.split(","))],
         ("nvfp4_paper, every block, gemm=fp32",
          lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="fp32"), None, 1),
     ]

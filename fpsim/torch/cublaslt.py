@@ -33,10 +33,16 @@ from typing import NamedTuple
 
 from .runtime import torch_module
 
-__all__ = ["available", "matmul", "operand", "Operand", "POINTER_MODE", "POINTER_MODES", "WORKSPACE_BYTES"]
+__all__ = ["available", "matmul", "operand", "Operand", "Unsupported", "POINTER_MODE", "POINTER_MODES",
+           "WORKSPACE_BYTES"]
 
-#: How alpha reaches cuBLASLt (see the module docstring).
-POINTER_MODE = "vector"
+
+class Unsupported(RuntimeError):
+    """cuBLASLt has no algorithm for a configuration (shape, layouts, types, pointer mode)."""
+
+#: How alpha reaches cuBLASLt (see the module docstring).  On the H200 (2026-12-04, cuBLASLt of torch
+#: 2.11+cu130) the heuristic found no algorithm in ``"vector"`` mode for BF16 × BF16 with FP32 compute.
+POINTER_MODE = "scalar"
 POINTER_MODES = {"scalar": 1, "vector": 3}  # cublasLtPointerMode_t: DEVICE, ALPHA_DEVICE_VECTOR_BETA_ZERO
 #: Workspace per (device, stream), and the most a heuristic choice may use (torch's own default on Hopper).
 WORKSPACE_BYTES = 32 << 20
@@ -182,10 +188,11 @@ def _plan(key: tuple):
         _set(g, pref, _PREF_ALIGN[name], a, ctypes.c_uint32)
     res = _HeuristicResult()
     count = ctypes.c_int(0)
-    _check(lib.cublasLtMatmulAlgoGetHeuristic(_handle(lib), desc, la, lb, ld_, ld_, pref, 1, ctypes.byref(res),
-                                              ctypes.byref(count)), "cublasLtMatmulAlgoGetHeuristic")
-    if count.value < 1:
-        raise RuntimeError(f"cuBLASLt has no algorithm for D[{m}x{n}] = A·B, K = {k}, pointer mode {mode!r}")
+    status = lib.cublasLtMatmulAlgoGetHeuristic(_handle(lib), desc, la, lb, ld_, ld_, pref, 1, ctypes.byref(res),
+                                                ctypes.byref(count))
+    if status == 15 or (status == 0 and count.value < 1):  # NOT_SUPPORTED: no algorithm (cached as such)
+        return None
+    _check(status, "cublasLtMatmulAlgoGetHeuristic")
     return desc, la, lb, ld_, res
 
 
@@ -202,6 +209,8 @@ def matmul(a, b, alpha, out_dtype, out=None):
     FP32 accumulation; ``alpha`` a float32 device tensor of N values ("vector" mode) or one ("scalar" mode);
     the result M × N in ``out_dtype`` (float32, BF16 or FP16), written into ``out`` where given (contiguous)."""
     torch = torch_module()
+    if not available(a.device):
+        raise Unsupported(f"no cuBLASLt for tensors on {a.device}")
     (M, K), N = a.shape, b.shape[0]
     if b.shape[1] != K:
         raise ValueError(f"reduction lengths differ: {K} and {b.shape[1]}")
@@ -222,7 +231,11 @@ def matmul(a, b, alpha, out_dtype, out=None):
         opb = operand(tuple(a.shape), tuple(a.stride()), want_rows=True)
     mode = POINTER_MODE
     aligns = tuple(_alignment(t.data_ptr()) for t in (b, a, out, out))
-    desc, la, lb, ld_, res = _plan((a.device.index, N, M, K, opa, opb, out_type, mode, aligns))
+    plan = _plan((a.device.index, N, M, K, opa, opb, out_type, mode, aligns))
+    if plan is None:
+        raise Unsupported(f"cuBLASLt has no algorithm for D[{M}x{N}] = A·Bᵀ, K = {K}, {out_dtype}, "
+                          f"pointer mode {mode!r}")
+    desc, la, lb, ld_, res = plan
     lib = _state["lib"]
     stream = torch.cuda.current_stream(a.device).cuda_stream
     ws = _workspace(a.device, stream)

@@ -20,6 +20,7 @@ the hardware's, as the ``"blas"`` model says.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import NamedTuple
 
 import numpy as np
@@ -273,7 +274,17 @@ def lt_mm(a: Copy, b: Copy, out_dtype):
     """fl(A·Bᵀ · alpha) of two scaled copies on cuBLASLt (:mod:`fpsim.torch.cublaslt`): alpha from
     :func:`alpha_vector`, one value per output column in its "vector" pointer mode, else one."""
     n = b.values.shape[0] if cublaslt.POINTER_MODE == "vector" else 1
-    return cublaslt.matmul(a.values, b.values, alpha_vector(a, b, n), out_dtype)
+    try:
+        return cublaslt.matmul(a.values, b.values, alpha_vector(a, b, n), out_dtype)
+    except cublaslt.Unsupported as e:  # a configuration cuBLASLt has no algorithm for: the epilogue path
+        if str(e) not in _LT_UNSUPPORTED:
+            _LT_UNSUPPORTED.add(str(e))
+            log.warning("fpsim.torch: %s; using torch.mm and the alpha epilogue", e)
+        return alpha_epilogue(mm_f32(a.values, b.values), a, b, out_dtype)
+
+
+_LT_UNSUPPORTED: set = set()  # what lt_mm fell back on, once each (a warning, then silence)
+log = logging.getLogger("fpsim.torch")
 
 
 def mm(a: Copy, b: Copy, out_dtype):
