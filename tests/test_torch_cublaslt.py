@@ -123,7 +123,7 @@ def test_cublaslt_is_the_epilogue_path_up_to_fp32_summation_order(monkeypatch, c
     on a second call; most elements equal to the cuBLAS-then-epilogue path's.  A mode cuBLASLt has no algorithm
     for is reported (and must not be the default); fp.mm then still gives the epilogue path's product.  (One
     test, not 54 parametrized ones: CI, without CUDA, would list each as a skip.)"""
-    seen = {}
+    seen, default = {}, lt.POINTER_MODE
     for mode in sorted(lt.POINTER_MODES):
         monkeypatch.setattr(lt, "POINTER_MODE", mode)
         for (m, n, k) in [(256, 192, 512), (130, 264, 96), (8192, 1024, 1024)]:
@@ -156,8 +156,10 @@ def test_cublaslt_is_the_epilogue_path_up_to_fp32_summation_order(monkeypatch, c
                     seen[case] = f"ok, {same:.4f} bit-equal to the epilogue path"
     with capsys.disabled():
         for case, v in seen.items():
-            print("cublaslt", *case, v)
-    bad = {c: v for c, v in seen.items() if c[0] == lt.POINTER_MODE and not v.startswith("ok")}
+            print("\ncublaslt", *case, v, end="")
+    # the default mode runs every product the fast path sends it (BF16 and FP32 outputs; FP16 outputs take the
+    # epilogue path: on the H200 cuBLASLt had no FP16-output algorithm with a device alpha)
+    bad = {c: v for c, v in seen.items() if c[0] == default and c[3] != "torch.float16" and not v.startswith("ok")}
     assert not bad, bad
 
 

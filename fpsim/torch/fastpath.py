@@ -296,7 +296,7 @@ def mm(a: Copy, b: Copy, out_dtype):
             raise ValueError(f"fpsim.torch.fastpath.GEMM is {GEMM!r}; choose one of {', '.join(GEMMS)}")
         if GEMM == "triton" and out_dtype in (torch.float32, torch.bfloat16):
             return scaled_mm(a, b, out_dtype)
-        if GEMM == "cublaslt" and out_dtype in (torch.float32, torch.bfloat16, torch.float16) \
+        if GEMM == "cublaslt" and out_dtype in (torch.float32, torch.bfloat16) \
                 and a.values.shape[1] and cublaslt.available(a.values.device):
             return lt_mm(a, b, out_dtype)
         return alpha_epilogue(mm_f32(a.values, b.values), a, b, out_dtype)
