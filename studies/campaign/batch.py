@@ -41,8 +41,9 @@ is then two chained foreground commands, ``--max-seconds 510`` and at once again
 more than 30 s between the two (the controlling session away) loses the first command's checkpoints with the
 machine, as happened three times (the ledger says when).  The safer shape is therefore a batch that finishes in
 one command: two runs on streams (``--parallel 2 --streams --cuda-graph --max-seconds 560``) finished in one
-command every time they were tried, the slowest pair (NVFP4 on every block, seeds 1 and 2, 2026-12-03) in 515 s;
-that is 0.95 M tokens/s in all instead of 1.17 M, but nothing is lost if the next call comes late.
+command every time they were tried, the slowest pair (NVFP4 on every block, seeds 1 and 2, 2026-12-03) in 515 s,
+the forward-only, backward-only and late-BF16 arms in pairs in 423 s (2026-12-04: 1.25 M tokens/s in all); that is
+0.95–1.25 M tokens/s in all instead of 1.17 M for three, but nothing is lost if the next call comes late.
 """
 
 from __future__ import annotations
