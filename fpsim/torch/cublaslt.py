@@ -15,13 +15,15 @@ Conventions kept so the product is the model's and repeats bit for bit:
 * the algorithm is cuBLASLt's first heuristic choice for the shape, layouts, alignment and a fixed workspace
   (no timing-based choice), cached per configuration;
 * one workspace per (device, stream), so runs on concurrent streams never share one;
-* beta is zero and C is never read: ``POINTER_MODE = "vector"`` (``ALPHA_DEVICE_VECTOR_BETA_ZERO``: alpha as
-  a vector over D's rows) or ``"scalar"`` (``DEVICE``: alpha and beta as device scalars, C = D).
+* beta is zero and C is never read: ``POINTER_MODE = "scalar"`` (``DEVICE``: alpha and a zero beta as device
+  scalars, C = D; on the H200 a NaN-filled D came back without a NaN, so C was not read) or ``"vector"``
+  (``ALPHA_DEVICE_VECTOR_BETA_ZERO``: alpha as a vector over D's rows; no algorithm on the H200).
 
 The library is the one torch itself loaded (found in ``/proc/self/maps`` after a first torch GEMM on the
 device); where there is none (no CUDA, another platform) :func:`available` is False and the fast path uses the
-``"cublas"`` path instead.  Every call is capturable in a CUDA graph (no host synchronisation, no allocation
-but the output and the alpha vector, which the caller's allocator provides).
+``"cublas"`` path instead.  Every call is capturable in a CUDA graph: no host synchronisation, and no allocation
+but the output, the alpha and a stream's workspace on its first call, all from torch's allocator (inside a
+capture, from the graph's pool; the workspace is kept for the life of the process).
 """
 
 from __future__ import annotations
@@ -239,9 +241,9 @@ def matmul(a, b, alpha, out_dtype, out=None):
     lib = _state["lib"]
     stream = torch.cuda.current_stream(a.device).cuda_stream
     ws = _workspace(a.device, stream)
-    zero = ctypes.c_float(0.0)  # host beta, read only in "scalar" mode (then from the device copy below)
+    zero = ctypes.c_float(0.0)  # "vector" mode: beta is zero by the mode itself and this pointer is not read
     beta = ctypes.addressof(zero)
-    if mode == "scalar":
+    if mode == "scalar":  # alpha and beta both in device memory
         beta_t = _state.get(("zero", a.device.index))
         if beta_t is None:
             beta_t = _state[("zero", a.device.index)] = torch.zeros(1, dtype=torch.float32, device=a.device)
