@@ -42,6 +42,7 @@ __all__ = ["available", "matmul", "operand", "Operand", "Unsupported", "POINTER_
 class Unsupported(RuntimeError):
     """cuBLASLt has no algorithm for a configuration (shape, layouts, types, pointer mode)."""
 
+
 #: How alpha reaches cuBLASLt (see the module docstring).  On the H200 (2026-12-04, cuBLASLt of torch
 #: 2.11+cu130) the heuristic found no algorithm in ``"vector"`` mode for BF16 × BF16 with FP32 compute.
 POINTER_MODE = "scalar"
@@ -53,7 +54,7 @@ WORKSPACE_BYTES = 32 << 20
 _COMPUTE_32F = 68
 _R_32F, _R_16F, _R_16BF = 0, 2, 14
 _OP_N, _OP_T = 0, 1
-_DESC_SCALE_TYPE, _DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 1, 2, 3, 4
+_DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 2, 3, 4
 _PREF_MAX_WORKSPACE, _PREF_REDUCTION_MASK = 1, 3
 _PREF_ALIGN = {"A": 5, "B": 6, "C": 7, "D": 8}
 _REDUCTION_COMPUTE_TYPE = 2
@@ -209,7 +210,9 @@ def _workspace(device, stream: int):
 def matmul(a, b, alpha, out_dtype, out=None):
     """``fl_out(alpha · (a · bᵀ))``: ``a`` (M × K) and ``b`` (N × K) BF16 CUDA tensors, row- or column-major,
     FP32 accumulation; ``alpha`` a float32 device tensor of N values ("vector" mode) or one ("scalar" mode);
-    the result M × N in ``out_dtype`` (float32, BF16 or FP16), written into ``out`` where given (contiguous)."""
+    the result M × N in ``out_dtype`` (float32, BF16 or FP16), written into ``out`` where given (contiguous).
+    :class:`Unsupported` where cuBLASLt has no algorithm for the configuration (on the H200: FP16 outputs, and
+    every output in "vector" mode) or the device has no cuBLASLt."""
     torch = torch_module()
     if not available(a.device):
         raise Unsupported(f"no cuBLASLt for tensors on {a.device}")

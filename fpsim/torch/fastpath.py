@@ -40,9 +40,10 @@ __all__ = ["Copy", "copy_kind", "make_copy", "transposed", "values", "mm", "scal
 #: ``impl`` of the fast path's kernels: "auto" (CUDA tensors only) or "triton" (any device: the interpreter, tests).
 IMPL = "auto"
 #: How a scaled × scaled product is computed: ``"cublas"`` (``torch.mm`` with FP32 output, then the alpha
-#: epilogue kernel), ``"cublaslt"`` (:func:`lt_mm`: alpha computed on the GPU into a small vector, then one
-#: cuBLASLt GEMM that reads it from device memory and rounds alpha · acc once to the output type; where
-#: :func:`fpsim.torch.cublaslt.available` is False, the ``"cublas"`` path) or ``"triton"`` (:func:`scaled_mm`:
+#: epilogue kernel), ``"cublaslt"`` (:func:`lt_mm`: alpha computed on the GPU into device memory, then one
+#: cuBLASLt GEMM that reads it there and rounds alpha · acc once to the output type; where
+#: :func:`fpsim.torch.cublaslt.available` is False, for FP16 outputs and for a configuration cuBLASLt has no
+#: algorithm for, the ``"cublas"`` path) or ``"triton"`` (:func:`scaled_mm`:
 #: one Triton GEMM with alpha applied to its accumulator tiles).  All accumulate exact BF16 products in FP32,
 #: in their own orders.  ``"cublaslt"`` is the default: on the H200's benchmark step it removes the epilogue
 #: kernel's pass over every FP32 product (``reports/bench_training.md``).
