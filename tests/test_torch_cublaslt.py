@@ -13,6 +13,7 @@ from fpsim.torch import cublaslt as lt
 from fpsim.torch import fastpath as fp
 from fpsim.torch import nn as fnn
 from fpsim.torch.gemm import second_level_alpha
+from tests.test_torch_fastpath import _scaled_pair
 from tests.tritonenv import DEV, INTERPRETER_WARNINGS, torch
 
 pytestmark = INTERPRETER_WARNINGS
@@ -76,14 +77,6 @@ def test_alpha_vector_is_the_epilogues_alpha(amaxes, n):
     got = fp.alpha_vector(a, b, n).cpu().numpy()
     want = np.float32(second_level_alpha(aa, ab, num, num).cpu().numpy())
     assert got.shape == (n,) and np.array_equal(got.view(np.uint32), np.full(n, want).view(np.uint32))
-
-
-def _scaled_pair(m, n, k, seed=5):
-    rng = np.random.default_rng(seed)
-    plan = lower("nvfp4")
-    xa = torch.from_numpy((rng.standard_t(3, (m, k)) * 4).astype(np.float32)).to(DEV).to(torch.bfloat16)
-    xb = torch.from_numpy((rng.standard_normal((n, k)) * 0.02).astype(np.float32)).to(DEV).to(torch.bfloat16)
-    return fp.make_copy(xa, plan), fp.make_copy(xb, plan)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without CUDA")
