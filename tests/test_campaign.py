@@ -272,6 +272,7 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     text = "\n".join(blocks)
     assert "| NVFP4 recipe | 3 | 0.0107 |" in text  # mean of 0.010, 0.011, 0.011
     assert "stochastic rounding of gradients | helps | 0.0197 |" in text and "| resolved |" in text
+    assert "1 − 0.95^" not in text  # one component compared here: no multiple-comparison note
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
     # throughput is grouped by how the batch shared the GPU, never pooled across batch shapes
     assert "| BF16 | separate processes (see the ledger), eager steps | 1 | 250000 |" in text
@@ -568,3 +569,22 @@ def test_a_checkpoint_resumed_on_another_corpus_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match="train stream with SHA-256"):
         _train(tmp_path, "bf16", corpus=other)
     assert _train(tmp_path, "bf16")["status"] == "done"  # the same corpus resumes
+
+
+def test_budget_costs_slow_arms_at_their_own_rate_and_flags_runs_longer_than_a_session():
+    """The plan estimate: a 265 M-token FP8-blockwise run costs 265e6 / 394e3 = 673 s (its rate alone), any other
+    s10m run 265e6 / 1.23e6 = 215 s; a horizon run as one of two needs 1,727 s > 1,650 s, a size run 1,422 s."""
+    from studies.campaign import report as rep
+    from studies.campaign.batch import plan_runs
+
+    main = plan_runs("main", lr=1.0)
+    fp8 = [r for r in main if r["arm"] == "fp8_blockwise"]
+    assert rep._run_seconds(fp8[0]) == pytest.approx(265e6 / 394e3)
+    assert rep._run_seconds(main[0]) == pytest.approx(265e6 / 1.23e6)
+    done = {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in main if r["arm"] != "fp8_blockwise"}
+    text = rep._budget_text(done)
+    assert "main 33 of 36 runs done, 0.6 h left (~2 sessions)" in text  # 2,018 s: more than one session
+    assert "horizon run (1,062 M tokens: 1,727 s as one of 2)" in text and "size run" not in text
+    everything = done | {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in fp8}
+    assert "main 36 of 36 runs done, 0.0 h left (~0 sessions)" in rep._budget_text(everything)
+    assert rep._multiplicity_text(1) == "" and "1 − 0.95^5 = 23 %" in rep._multiplicity_text(5)
