@@ -279,6 +279,32 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     assert "| BF16 | 3 on streams, graph steps | 2 | 250000 |" in text
 
 
+def test_headline_states_paired_gaps_relative_to_bf16_and_the_components_verdicts(tmp_path):
+    """Study 8's measured/verdict lines come from the campaign once BF16 and the recipe have runs: the recipe's
+    gap here is 0.010, 0.011, 0.011 over BF16 losses 1.00, 1.02, 0.99 (mean 1.0033), so +1.1 % of BF16's loss with
+    an interval above zero; removing SR adds 0.020, 0.018, 0.021 (resolved)."""
+    from studies.campaign.report import headline
+
+    assert headline(tmp_path) is None  # no campaign data: the study falls back to the earlier runs
+    d = tmp_path / "main"
+    d.mkdir()
+    _fake_run(d, "bf16", 0, 1.0)
+    assert headline(tmp_path) is None  # no recipe run yet
+    for s, (b, n, nsr) in enumerate(((1.00, 1.010, 1.030), (1.02, 1.031, 1.049), (0.99, 1.001, 1.022))):
+        if s:
+            _fake_run(d, "bf16", s, b)
+        _fake_run(d, "nvfp4", s, n)
+        _fake_run(d, "nvfp4_no_sr", s, nsr)
+    _fake_run(d, "mxfp4", 0, 2.0, status="partial")  # not done: left out of every number
+    measured, verdict = headline(tmp_path)
+    assert "9 of the 36 main runs" in measured and "BF16's final validation loss: 1.0033 nats/byte" in measured
+    assert "NVFP4 recipe +0.0107 [" in measured and "(+1.1 %, 3 seeds)" in measured and "MXFP4" not in measured
+    assert verdict.startswith("The recipe stays behind BF16 by +0.0107 nats/byte (+1.1 %), its interval above zero")
+    assert "resolved in the paper's direction: stochastic rounding of gradients." in verdict
+    assert "1 − 0.95" not in verdict and "at least one would exclude zero" not in verdict  # one component only
+    assert "fewer than three seeds so far: NVFP4 − RHT" in verdict and "MXFP4 recipe" in verdict
+
+
 def test_a_ledger_command_lost_with_its_machine_is_counted_apart_not_as_zero(tmp_path):
     """A command whose machine was taken back has wall_s null: the device-time sum covers the known commands and
     names the others (it used to stop the whole study with a TypeError)."""

@@ -20,7 +20,7 @@ from studies.campaign.batch import LR, PARAMS, plan_runs
 from studies.campaign.stats import paired_gap, verdict
 from studies.common import save_fig
 
-__all__ = ["load_runs", "render"]
+__all__ = ["load_runs", "render", "headline"]
 
 
 def load_runs(data: Path) -> tuple[pd.DataFrame, list[dict]]:
@@ -346,3 +346,79 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
                   f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
                                                                       if not_done else ""))
     return blocks, figs
+
+
+def _final(val: pd.DataFrame, size: str, budget: int) -> dict[str, dict[int, float]]:
+    """arm → seed → final validation loss of the done runs of one size and budget."""
+    sub = val[(val["size"] == size) & (val.budget == budget)].dropna(subset=["val_loss"])
+    last = sub[sub.step == sub.groupby("run").step.transform("max")]
+    return {arm: g.set_index("seed").val_loss.to_dict() for arm, g in last.groupby("arm")}
+
+
+def _gap_phrase(gap, base_loss: float) -> str:
+    """``+0.0062 [-0.0013, +0.0137] (+0.9 %, 3 seeds)``: the mean paired gap, its 95 % interval, the mean as a
+    share of BF16's loss and the seed count."""
+    ci = f" [{gap.lo:+.4f}, {gap.hi:+.4f}]" if gap.n > 1 else ""
+    return f"{gap.mean:+.4f}{ci} ({100 * gap.mean / base_loss:+.1f} %, {gap.n} seed{'s' if gap.n > 1 else ''})"
+
+
+def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple[str, str] | None:
+    """(measured, verdict) of study 8 from the campaign's main size and budget, or None before its BF16 and
+    recipe runs exist.  Every figure is a paired gap over the seeds both arms finished (arm − BF16, or without −
+    with for a component), with its t-interval; the verdict words follow :func:`studies.campaign.stats.verdict`."""
+    budget = budget if budget is not None else plan_runs("main", lr=1.0)[0]["tokens"]
+    val, recs = load_runs(data)
+    fin = _final(val, size, budget)
+    if "bf16" not in fin or "nvfp4" not in fin:
+        return None
+    base = fin["bf16"]
+    base_loss = sum(base.values()) / len(base)
+    planned = plan_runs("main", lr=1.0)
+    done = sum(len(v) for v in fin.values())
+    ledger = Path(data) / "sessions.json"
+    walls = [c.get("wall_s") for c in json.loads(ledger.read_text())] if ledger.exists() else []
+    gaps = {a: paired_gap(fin[a], base) for a in fin if a != "bf16"}
+    order = [a for a in ARMS if a in gaps]
+    measured = (
+        f"{done} of the {len(planned)} main runs of the paired-seed campaign (issue 20; protocol below): a Llama-style "
+        f"byte-level model of {PARAMS[size] / 1e6:.1f} M non-embedding parameters trained on {budget / 1e6:.0f} M "
+        f"tokens ({budget / PARAMS[size]:.0f} per parameter) per run on the NVIDIA H200, "
+        f"{sum(w for w in walls if w is not None) / 3600:.1f} h of device time in all commands. BF16's final "
+        f"validation loss: {base_loss:.4f} nats/byte (mean of {len(base)} seeds). Paired gap to BF16 in final "
+        f"validation loss, arm − BF16 on the same seed (nats/byte, mean [95 % t-interval] (share of BF16's loss, "
+        f"seeds)): " + "; ".join(f"{ARMS[a].label} {_gap_phrase(gaps[a], base_loss)}" for a in order) + "."
+    )
+    comp = [(name, paired_gap(fin[w], fin[c]), claim) for name, w, c, claim in COMPONENTS if w in fin and c in fin]
+    words = {name: verdict(g, claim) for name, g, claim in comp}
+    res = [n for n, v in words.items() if v == "resolved"]
+    contra = [n for n, v in words.items() if v == "contradicted"]
+    open_ = [n for n, v in words.items() if v.startswith("not resolved")]
+    rec = gaps["nvfp4"]
+    if rec.n > 1 and rec.lo > 0:
+        first = (f"The recipe stays behind BF16 by {rec.mean:+.4f} nats/byte ({100 * rec.mean / base_loss:+.1f} %), "
+                 f"its interval above zero")
+    elif rec.n > 1 and rec.hi < 0:
+        first = f"The recipe ends below BF16 ({rec.mean:+.4f} nats/byte, its interval below zero)"
+    elif rec.n > 1:
+        first = (f"The recipe's gap to BF16 ({rec.mean:+.4f} nats/byte, {100 * rec.mean / base_loss:+.1f} %) is not "
+                 f"distinguishable from zero with {rec.n} seeds; at 95 % confidence it trails BF16 here by less than "
+                 f"{rec.hi:+.4f} ({100 * rec.hi / base_loss:+.1f} %), the interval's upper end")
+    else:
+        first = f"The recipe's gap to BF16 is {rec.mean:+.4f} nats/byte on one seed, no interval yet"
+    parts = [first + "."]
+    every = gaps.get("nvfp4_all")
+    if every is not None and every.n > 1 and every.lo > 0:
+        parts.append(f"NVFP4 on every block is behind BF16 ({every.mean:+.4f}, interval above zero), in the paper's "
+                     f"direction.")
+    parts.append(
+        f"Of the {len(comp)} recipe components compared, "
+        + (f"resolved in the paper's direction: {', '.join(res)}" if res else "none is resolved")
+        + (f"; not resolved at this scale (interval includes zero): {', '.join(open_)}" if open_ else "")
+        + (f"; contradicted: {', '.join(contra)}" if contra else "")
+        + (f" (with {len(comp)} intervals and no real effect, at least one would exclude zero "
+           f"{100 * (1 - 0.95 ** len(comp)):.0f} % of the time, so one resolved is evidence, not proof)"
+           if len(res) == 1 and len(comp) > 1 else "") + ".")
+    missing = [ARMS[a].label for a in ARMS if len(fin.get(a, {})) < 3]
+    if missing:
+        parts.append(f"Arms with fewer than three seeds so far: {', '.join(missing)}.")
+    return measured, " ".join(parts)
