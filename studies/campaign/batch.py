@@ -42,8 +42,14 @@ more than 30 s between the two (the controlling session away) loses the first co
 machine, as happened three times (the ledger says when).  The safer shape is therefore a batch that finishes in
 one command: two runs on streams (``--parallel 2 --streams --cuda-graph --max-seconds 560``) finished in one
 command every time they were tried, the slowest pair (NVFP4 on every block, seeds 1 and 2, 2026-12-03) in 515 s,
-the forward-only, backward-only and late-BF16 arms in pairs in 423 s (2026-12-04: 1.25 M tokens/s in all); that is
-0.95–1.25 M tokens/s in all instead of 1.17 M for three, but nothing is lost if the next call comes late.
+the forward-only, backward-only and late-BF16 arms in pairs in 423–475 s (five commands of 2026-12-04, MXFP4 in one
+of them: 1.12–1.25 M tokens/s in all); that is 0.95–1.25 M tokens/s in all instead of 1.17 M for three, but nothing
+is lost if the next call comes late.
+
+One run alone (2026-12-04 probe, graph steps, ~100 steps each): MXFP4 1.17 M tokens/s, four-over-six 828 k, FP8
+blockwise 394 k.  FP8 blockwise's operands have FP32 scales, so the fast path multiplies them in FP32 rather than on
+tensor cores (:func:`fpsim.torch.fastpath.copy_kind`); a 265 M-token run of it takes ~670 s alone, more than one
+command, so its seeds go side by side in one batch of two chained commands (``--runs 28,31,34``).
 """
 
 from __future__ import annotations
