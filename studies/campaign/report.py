@@ -225,6 +225,12 @@ def _multiplicity_text(k: int) -> str:
             f"single *resolved* verdict among them is evidence, not proof.")
 
 
+def _arm_color(arm: str):
+    """One colour per arm in every figure: tab20's ten dark shades in ``ARMS`` order, then its light ones."""
+    i = list(ARMS).index(arm)
+    return plt.get_cmap("tab20")((2 * i) % 20 + (2 * i) // 20)
+
+
 def _ci(gap) -> str:
     """The 95 % interval as text, or why there is none."""
     if gap.n < 2:
@@ -311,26 +317,48 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
                           + md_table(pd.DataFrame(comp), ".4f"))
             if len(comp) > 1:
                 blocks.append(_multiplicity_text(len(comp)))
-        fig, (ax, gx) = plt.subplots(1, 2, figsize=(12, 4.8))
+        fig = plt.figure(figsize=(12, 6))
+        grid = fig.add_gridspec(2, 2, height_ratios=(5.0, 0.8))
+        ax, gx, key = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+        zoom = ax.inset_axes((0.42, 0.36, 0.55, 0.36))  # the last quarter of the tokens, where the arms separate
+        late = budget * 0.75
         curves = {arm: g.pivot_table(index="tokens", columns="seed", values="val_loss")
                   for arm, g in sub.groupby("arm", sort=False)}
+        settled = []  # paired gaps after the first 15 % of the tokens (the warm-up's swings set no axis)
         for arm, band in curves.items():
-            line, = ax.plot(band.index / 1e6, band.mean(axis=1), label=ARMS[arm].label, lw=1.2)
-            ax.fill_between(band.index / 1e6, band.min(axis=1), band.max(axis=1), alpha=0.2)
+            color = _arm_color(arm)
+            x, mid = band.index / 1e6, band.mean(axis=1)
+            ax.plot(x, mid, label=ARMS[arm].label, lw=1.2, color=color)
+            ax.fill_between(x, band.min(axis=1), band.max(axis=1), alpha=0.2, color=color)
+            tail = band.index >= late
+            zoom.plot(x[tail], mid[tail], lw=1.2, color=color)
+            zoom.fill_between(x[tail], band.min(axis=1)[tail], band.max(axis=1)[tail], alpha=0.15, color=color)
             if arm != "bf16" and "bf16" in curves:
                 # the paired gap at each evaluation: arm − BF16 on the same seed and token count
                 gap = (band - curves["bf16"]).dropna(how="all")
-                gx.plot(gap.index / 1e6, gap.mean(axis=1), color=line.get_color(), label=ARMS[arm].label, lw=1.2)
-                gx.fill_between(gap.index / 1e6, gap.min(axis=1), gap.max(axis=1), color=line.get_color(), alpha=0.2)
+                gx.plot(gap.index / 1e6, gap.mean(axis=1), color=color, label=ARMS[arm].label, lw=1.2)
+                gx.fill_between(gap.index / 1e6, gap.min(axis=1), gap.max(axis=1), color=color, alpha=0.15)
+                settled.append(gap[gap.index >= 0.15 * budget])
+        zoom.set_title(f"evaluations past {late / 1e6:.0f} M tokens", fontsize=7)
+        zoom.tick_params(labelsize=7)
+        zoom.grid(alpha=0.3)
         ax.set_ylabel("validation loss (nats per byte)")
-        ax.set_title("validation loss (band: min–max over seeds)", fontsize=9)
+        ax.set_title("validation loss (line: mean, band: min–max over seeds)", fontsize=9)
         gx.axhline(0.0, color="k", lw=0.6)
+        if settled and any(len(g) for g in settled):
+            lo = min(float(g.min(axis=1).min()) for g in settled if len(g))
+            hi = max(float(g.max(axis=1).max()) for g in settled if len(g))
+            pad = 0.1 * (hi - lo) or 1e-3
+            gx.set_ylim(min(lo, 0.0) - pad, max(hi, 0.0) + pad)
         gx.set_ylabel("arm − BF16, same seed (nats per byte)")
-        gx.set_title("paired gap along one cosine schedule (evaluation points, not separate budgets)", fontsize=9)
+        gx.set_title("paired gap along one cosine schedule (evaluation points, not separate budgets;\n"
+                     "y axis fitted after the first 15 % of the tokens)", fontsize=9)
         for a_ in (ax, gx):
             a_.set_xlabel("training tokens (millions)")
-            a_.legend(fontsize=7, ncol=2)
             a_.grid(alpha=0.3)
+        # one legend for both panels (an arm has the same colour in each), in its own row, covering no curve
+        key.axis("off")
+        key.legend(*ax.get_legend_handles_labels(), loc="center", ncol=4, fontsize=8, frameon=False)
         name = f"campaign_{size}_{budget // 1_000_000}m.png"
         save_fig(fig, out_dir / name)
         figs.append(name)
