@@ -38,23 +38,33 @@ def _layouts(r, c, rng):
     wide[:, :c] = v
     tall = torch.zeros((c + 5, r))
     tall[:c, :] = v.t()
-    return {"rows": v, "cols": v.t().contiguous().t(), "rows-padded": wide[:, :c], "cols-padded": tall[:c].t()}
+    every_other = torch.zeros((r, 2 * c))
+    every_other[:, ::2] = v
+    return {"rows": v, "cols": v.t().contiguous().t(), "rows-padded": wide[:, :c], "cols-padded": tall[:c].t(),
+            "strided": every_other[:, ::2]}
 
 
-@pytest.mark.parametrize("la", ["rows", "cols", "rows-padded", "cols-padded"])
-@pytest.mark.parametrize("lb", ["rows", "cols", "rows-padded", "cols-padded"])
+LAYOUTS = ["rows", "cols", "rows-padded", "cols-padded", "strided"]
+
+
+@pytest.mark.parametrize("la", LAYOUTS)
+@pytest.mark.parametrize("lb", LAYOUTS)
 @pytest.mark.parametrize("shape", [(5, 7, 3), (1, 4, 6), (6, 1, 2), (3, 5, 1)])
 def test_operands_give_a_times_b_transposed_to_a_column_major_library(la, lb, shape):
-    """D (column-major N × M) = op(B) · op(A), read from raw storage as cuBLASLt reads it, is A·Bᵀ row-major."""
+    """D (column-major N × M) = op(B) · op(A), read from raw storage as cuBLASLt reads it, is A·Bᵀ row-major;
+    operands that are neither row- nor column-major go as row-major copies, the others as they are."""
     m, n, k = shape
     rng = np.random.default_rng(m * 100 + n * 10 + k)
     a = _layouts(m, k, rng)[la]
     b = _layouts(n, k, rng)[lb]
-    opa = lt.operand(tuple(b.shape), tuple(b.stride()), want_rows=False)
-    opb = lt.operand(tuple(a.shape), tuple(a.stride()), want_rows=True)
-    assert opa is not None and opb is not None
+    b_read, opa = lt._as_operand(b, want_rows=False)
+    a_read, opb = lt._as_operand(a, want_rows=True)
+    for t, read, name in ((a, a_read, la), (b, b_read, lb)):
+        # a 1-wide strided view is also row- or column-major: only wider ones need the copy
+        copied = name == "strided" and lt.operand(tuple(t.shape), tuple(t.stride()), want_rows=False) is None
+        assert (read.data_ptr() != t.data_ptr()) == copied and (not copied or read.is_contiguous())
     assert (opa.ld >= max(1, opa.rows)) and (opb.ld >= max(1, opb.rows))  # cuBLASLt's layout rule
-    d = _stored(b, opa) @ _stored(a, opb)  # N × M
+    d = _stored(b_read, opa) @ _stored(a_read, opb)  # N × M
     assert d.shape == (n, m)
     np.testing.assert_allclose(d.T, (a @ b.t()).numpy(), rtol=1e-6, atol=1e-6)
 

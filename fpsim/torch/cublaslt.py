@@ -207,6 +207,16 @@ def _workspace(device, stream: int):
     return ws
 
 
+def _as_operand(t, want_rows: bool):
+    """(``t`` or its contiguous copy, its :func:`operand` layout): the tensor as it is where cuBLASLt can read its
+    strides, else a row-major copy, which it always can."""
+    op = operand(tuple(t.shape), tuple(t.stride()), want_rows=want_rows)
+    if op is None:
+        t = t.contiguous()
+        op = operand(tuple(t.shape), tuple(t.stride()), want_rows=want_rows)
+    return t, op
+
+
 def matmul(a, b, alpha, out_dtype, out=None):
     """``fl_out(alpha · (a · bᵀ))``: ``a`` (M × K) and ``b`` (N × K) BF16 CUDA tensors, row- or column-major,
     FP32 accumulation; ``alpha`` a float32 device tensor of N values ("vector" mode) or one ("scalar" mode);
@@ -226,14 +236,8 @@ def matmul(a, b, alpha, out_dtype, out=None):
         return out
     # D (column-major N × M, leading dimension N) is the row-major M × N output: D = op(B) · op(A) with cuBLAS's
     # "A" our B (op gives N × K) and its "B" our A (op gives K × M)
-    opa = operand(tuple(b.shape), tuple(b.stride()), want_rows=False)
-    opb = operand(tuple(a.shape), tuple(a.stride()), want_rows=True)
-    if opa is None:
-        b = b.contiguous()
-        opa = operand(tuple(b.shape), tuple(b.stride()), want_rows=False)
-    if opb is None:
-        a = a.contiguous()
-        opb = operand(tuple(a.shape), tuple(a.stride()), want_rows=True)
+    b, opa = _as_operand(b, want_rows=False)
+    a, opb = _as_operand(a, want_rows=True)
     mode = POINTER_MODE
     aligns = tuple(_alignment(t.data_ptr()) for t in (b, a, out, out))
     plan = _plan((a.device.index, N, M, K, opa, opb, out_type, mode, aligns))
