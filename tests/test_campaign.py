@@ -305,6 +305,30 @@ def test_headline_states_paired_gaps_relative_to_bf16_and_the_components_verdict
     assert "fewer than three seeds so far: NVFP4 − RHT" in verdict and "MXFP4 recipe" in verdict
 
 
+def test_verdict_splits_the_gap_by_pass_and_compares_the_other_formats():
+    """Forward only +0.008 on three seeds (interval above zero) and backward only ±0.004 (across zero) put the
+    measurable gap in the forward pass; MXFP4 − NVFP4 of 0.010, 0.012, 0.011 is resolved in the paper's direction
+    (two seeds of it would not be: t = 12.7 makes their interval ±0.013); one-seed arms say nothing yet."""
+    from studies.campaign import report as rep
+
+    bf = {0: 1.0, 1: 1.1, 2: 0.9}
+    fin = {"bf16": bf, "nvfp4": {0: 1.006, 1: 1.105, 2: 0.907},
+           "nvfp4_fwd": {0: 1.008, 1: 1.109, 2: 0.907}, "nvfp4_bwd": {0: 1.004, 1: 1.096, 2: 0.901},
+           "mxfp4": {0: 1.016, 1: 1.117, 2: 0.918}, "fp8_blockwise": {0: 0.999}}
+    gaps = {a: paired_gap(v, bf) for a, v in fin.items() if a != "bf16"}
+    text = rep._split_text(gaps)
+    assert "forward pass alone costs +0.0080 (interval above zero)" in text
+    assert "backward pass alone +0.0003 (interval across zero)" in text and "forward pass's quantization" in text
+    assert rep._split_text({"nvfp4_fwd": gaps["nvfp4_fwd"]}) == ""
+    fmt = rep._format_text(fin, gaps)
+    two = rep._format_text({**fin, "mxfp4": {0: 1.016, 1: 1.117}}, gaps)
+    assert "+0.0110 (interval across zero; the paper's 'MXFP4 widens the gap': not resolved at this scale)" in two
+    assert fmt == "MXFP4's recipe − NVFP4's: +0.0110 (interval above zero; the paper's 'MXFP4 widens the gap': resolved)."
+    fin["fp8_blockwise"] = {0: 0.999, 1: 1.102, 2: 0.9}
+    gaps["fp8_blockwise"] = paired_gap(fin["fp8_blockwise"], bf)
+    assert rep._format_text(fin, gaps).endswith("; FP8 blockwise − BF16: +0.0003 (interval across zero).")
+
+
 def test_a_ledger_command_lost_with_its_machine_is_counted_apart_not_as_zero(tmp_path):
     """A command whose machine was taken back has wall_s null: the device-time sum covers the known commands and
     names the others (it used to stop the whole study with a TypeError)."""

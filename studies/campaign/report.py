@@ -446,7 +446,51 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         + (f" (with {len(comp)} intervals and no real effect, at least one would exclude zero "
            f"{100 * (1 - 0.95 ** len(comp)):.0f} % of the time, so one resolved is evidence, not proof)"
            if len(res) == 1 and len(comp) > 1 else "") + ".")
+    split = _split_text(gaps)
+    if split:
+        parts.append(split)
+    fmt = _format_text(fin, gaps)
+    if fmt:
+        parts.append(fmt)
     missing = [ARMS[a].label for a in ARMS if len(fin.get(a, {})) < 3]
     if missing:
         parts.append(f"Arms with fewer than three seeds so far: {', '.join(missing)}.")
     return measured, " ".join(parts)
+
+
+def _where(gap) -> str:
+    """Where a paired gap's 95 % interval lies: above zero, below zero, across zero, or no interval (one seed)."""
+    if gap.n < 2 or math.isnan(gap.lo):
+        return "one seed, no interval"
+    return "interval above zero" if gap.lo > 0 else "interval below zero" if gap.hi < 0 else "interval across zero"
+
+
+def _split_text(gaps: dict) -> str:
+    """Which pass carries the recipe's gap, from the forward-only and backward-only arms (each − BF16), or ""
+    before both have two seeds."""
+    fwd, bwd = gaps.get("nvfp4_fwd"), gaps.get("nvfp4_bwd")
+    if fwd is None or bwd is None or fwd.n < 2 or bwd.n < 2:
+        return ""
+    text = (f"Split by pass: NVFP4 in the forward pass alone costs {fwd.mean:+.4f} ({_where(fwd)}), in the backward "
+            f"pass alone {bwd.mean:+.4f} ({_where(bwd)})")
+    if fwd.lo > 0 and not (bwd.lo > 0 or bwd.hi < 0):
+        return text + "; the forward pass's quantization carries the measurable part of the gap."
+    if bwd.lo > 0 and not (fwd.lo > 0 or fwd.hi < 0):
+        return text + "; the backward pass's quantization carries the measurable part of the gap."
+    return text + "."
+
+
+def _format_text(fin: dict, gaps: dict) -> str:
+    """The other formats against the recipe: MXFP4's recipe − NVFP4's (the paper: MXFP4 widens the gap) and FP8
+    blockwise − BF16, each once both arms have two common seeds; "" before."""
+    out = []
+    if "mxfp4" in fin and "nvfp4" in fin:
+        g = paired_gap(fin["mxfp4"], fin["nvfp4"])
+        if g.n > 1:
+            word = verdict(g, "helps").split(" (")[0]
+            out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} ({_where(g)}; the paper's 'MXFP4 widens the gap': "
+                       f"{word})")
+    f8 = gaps.get("fp8_blockwise")
+    if f8 is not None and f8.n > 1:
+        out.append(f"FP8 blockwise − BF16: {f8.mean:+.4f} ({_where(f8)})")
+    return ("; ".join(out) + ".") if out else ""
