@@ -323,7 +323,8 @@ def test_verdict_splits_the_gap_by_pass_and_compares_the_other_formats():
     fmt = rep._format_text(fin, gaps)
     two = rep._format_text({**fin, "mxfp4": {0: 1.016, 1: 1.117}}, gaps)
     assert "+0.0110 (interval across zero; the paper's 'MXFP4 widens the gap': not resolved at this scale)" in two
-    assert fmt == "MXFP4's recipe − NVFP4's: +0.0110 (interval above zero; the paper's 'MXFP4 widens the gap': resolved)."
+    assert fmt == ("MXFP4's recipe − NVFP4's: +0.0110 (interval above zero; the paper's 'MXFP4 widens the gap': "
+                   "resolved).")
     fin["fp8_blockwise"] = {0: 0.999, 1: 1.102, 2: 0.9}
     gaps["fp8_blockwise"] = paired_gap(fin["fp8_blockwise"], bf)
     assert rep._format_text(fin, gaps).endswith("; FP8 blockwise − BF16: +0.0003 (interval across zero).")
