@@ -336,10 +336,15 @@ def test_a_ledger_command_lost_with_its_machine_is_counted_apart_not_as_zero(tmp
     from studies.campaign.report import render
     from studies.common import md_table
 
-    (tmp_path / "sessions.json").write_text(json.dumps([{"date": "d", "command": "a", "wall_s": 1800.0},
-                                                         {"date": "d", "command": "b", "wall_s": None}]))
+    (tmp_path / "sessions.json").write_text(json.dumps([
+        {"date": "d", "command": "a --work /tmp/campaign", "wall_s": 1800.0, "result": {"main/r1": "done",
+                                                                                         "main/r2": "partial"}},
+        {"date": "d", "command": "b", "wall_s": None, "result": "lost | nothing came back"}]))
     text = "\n".join(render(tmp_path, tmp_path, md_table)[0])
     assert "0.50 h over 1 commands, plus 1 command(s) whose machine was taken back" in text
+    # the table lists both commands; the unknown wall time is an empty cell, and a '|' stays inside its cell
+    assert "| d |  | `a` | 1800 | done: r1; partial: r2 |" in text
+    assert "| d |  | `b` |  | lost \\| nothing came back |" in text
 
 
 def _unswept(plan_runs):

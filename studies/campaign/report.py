@@ -272,6 +272,29 @@ def _ledger_text(ledger: Path) -> str:
                    if unknown else ".")
 
 
+def _ledger_table(ledger: Path, md_table) -> str:
+    """Every GPU command of the campaign as a table (date, GPU, command, wall s, what came of it), from the ledger;
+    "" without one.  A wall time the machine never reported stays empty, not 0."""
+    if not ledger.exists():
+        return ""
+    rows = []
+    for c in json.loads(ledger.read_text()):
+        res = c.get("result")
+        if isinstance(res, dict):
+            by: dict[str, list[str]] = {}
+            for run, status in res.items():
+                by.setdefault(str(status).split(";")[0], []).append(run.split("/")[-1])
+            res = "; ".join(f"{k}: {', '.join(v)}" for k, v in by.items())
+        # the shell's own paths say nothing about the run and differ between machines
+        cmd = " ".join(w for w in c["command"].replace("--work /tmp/campaign", "").replace("--out /root/out", "")
+                       .split())
+        rows.append({"date": c["date"], "GPU": c.get("gpu", ""), "command": f"`{cmd}`",
+                     "wall s": "" if c.get("wall_s") is None else f"{c['wall_s']:.0f}",
+                     "result": str(res).replace("|", "\\|")})  # a '|' would end the Markdown cell
+    return ("The ledger, one row per device command (`studies/data/campaign/sessions.json`; wall s: the command's "
+            "own wall time, without the machine's start or the transfers):\n\n" + md_table(pd.DataFrame(rows)))
+
+
 def _how_run(rec: dict) -> str:
     """How a run's batch shared the GPU: N runs on CUDA streams of one process (recorded as ``side_by_side``),
     or, for the records written before that field, separate processes (their count is in the ledger)."""
@@ -292,10 +315,11 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
                  f"`studies/data/campaign/sessions.json`, commands of the GPU sessions with their wall time): "
                  + _ledger_text(ledger))
     first = _probe_figure(data, out_dir)
+    table = _ledger_table(ledger, md_table)
     if val.empty:
         return [PROTOCOL, *early, "No main-campaign run has finished yet: the paired-gap numbers above are the "
-                "earlier small-model runs, and no verdict on a recipe component comes from this campaign yet."], \
-            [first] if first else []
+                "earlier small-model runs, and no verdict on a recipe component comes from this campaign yet.",
+                *([table] if table else [])], [first] if first else []
     blocks, figs = [PROTOCOL, *early], [first] if first else []
     gpu_h = sum(r.get("seconds_total", 0) for r in recs) / 3600
     for (size, budget), sub in val.groupby(["size", "budget"]):
@@ -373,6 +397,8 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     blocks.append(f"Run time summed over the committed runs: {gpu_h:.2f} h (runs of a batch share the GPU, so this "
                   f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
                                                                       if not_done else ""))
+    if table:
+        blocks.append(table)
     return blocks, figs
 
 
