@@ -241,17 +241,17 @@ def test_too_small_a_validation_stream_is_one_clear_error(tmp_path):
         _train(tmp_path, "bf16", corpus=_corpus(n_val=500))
 
 
-def _fake_run(d, arm, seed, final, status="done", **extra):
+def _fake_run(d, arm, seed, final, status="done", size="s10m", budget=265_000_000, **extra):
     """A run's CSV and JSON as the runner writes them (synthetic losses: the renderer's input, not a result)."""
     from fpsim.io import dumps
 
-    rid = crun.run_id(arm, seed, "s10m", 265_000_000)
+    rid = crun.run_id(arm, seed, size, budget)
     rows = [",".join(crun.CSV_COLUMNS)]
-    for k, tok in enumerate((1e8, 2e8, 2.65e8)):
-        rows.append(f"{k + 1},{int(tok)},0.001,1.0,{final + 0.1 * (2 - k):.6f},250000.0")
+    for k, frac in enumerate((0.4, 0.8, 1.0)):
+        rows.append(f"{k + 1},{int(frac * budget)},0.001,1.0,{final + 0.1 * (2 - k):.6f},250000.0")
     (d / f"{rid}.csv").write_text("\n".join(rows) + "\n")
-    (d / f"{rid}.json").write_text(dumps({"run": rid, "arm": arm, "seed": seed, "size": "s10m",
-                                          "tokens_budget": 265_000_000, "status": status, "seconds_total": 600,
+    (d / f"{rid}.json").write_text(dumps({"run": rid, "arm": arm, "seed": seed, "size": size,
+                                          "tokens_budget": budget, "status": status, "seconds_total": 600,
                                           **extra}))
 
 
@@ -328,6 +328,33 @@ def test_verdict_splits_the_gap_by_pass_and_compares_the_other_formats():
     fin["fp8_blockwise"] = {0: 0.999, 1: 1.102, 2: 0.9}
     gaps["fp8_blockwise"] = paired_gap(fin["fp8_blockwise"], bf)
     assert rep._format_text(fin, gaps).endswith("; FP8 blockwise − BF16: +0.0003 (interval across zero).")
+
+
+def test_gap_against_tokens_pairs_each_budget_with_the_main_one_per_seed(tmp_path):
+    """With the main budget alone the section says what the figure needs; with the horizon's runs it tabulates the
+    gap at 25 and 100 tokens per parameter and the paired change: recipe gaps 0.010, 0.011, 0.012 at 265 M and
+    0.015, 0.017, 0.016 at 1,062 M move by +0.005, +0.006, +0.004 (mean +0.0050)."""
+    from studies.campaign.report import render
+    from studies.common import md_table
+
+    main, hor = tmp_path / "main", tmp_path / "horizon"
+    main.mkdir()
+    hor.mkdir()
+    for s, b in enumerate((1.00, 1.02, 0.99)):
+        for arm, g in (("bf16", 0.0), ("nvfp4", 0.010 + 0.001 * s), ("nvfp4_no_sr", 0.020 + 0.001 * s)):
+            _fake_run(main, arm, s, b + g)
+    text = "\n".join(render(tmp_path, tmp_path, md_table)[0])
+    assert "Gap against the token budget and the model size: needs a second budget" in text
+    for s, b in enumerate((0.90, 0.93, 0.88)):
+        for arm, g in (("bf16", 0.0), ("nvfp4", (0.015, 0.017, 0.016)[s]), ("nvfp4_no_sr", 0.030)):
+            _fake_run(hor, arm, s, b + g, budget=1_062_000_000)
+    blocks, figs = render(tmp_path, tmp_path, md_table)
+    text = "\n".join(blocks)
+    assert "campaign_gap_vs_tokens.png" in figs and (tmp_path / "campaign_gap_vs_tokens.png").exists()
+    assert "| s10m | 265 M | 25 | NVFP4 recipe | 3 | 0.0110 |" in text
+    assert "| s10m | 1,062 M | 100 | NVFP4 recipe | 3 | 0.0160 |" in text
+    assert "| s10m | 1,062 M | 100 | SR's component (without − with) | 3 | 0.0140 |" in text  # 0.030 − 0.016
+    assert "| NVFP4 recipe | s10m, 265 M | s10m, 1,062 M | 3 | 0.0050 |" in text
 
 
 def test_a_ledger_command_lost_with_its_machine_is_counted_apart_not_as_zero(tmp_path):

@@ -2,8 +2,10 @@
 
 For each size and budget: the final validation loss of every arm and seed, the paired gap to BF16 (mean over
 seeds of arm − BF16, nats per byte) with its 95 % t-interval, each recipe component's gap with the paper's claim
-and the verdict of :func:`studies.campaign.stats.verdict`, loss curves with the seed band, the gap against tokens,
-throughput per arm and the GPU time spent.  Runs that are not ``"done"`` are listed and left out of the numbers.
+and the verdict of :func:`studies.campaign.stats.verdict`, loss curves with the seed band, the gap along the
+schedule; across budgets and sizes, the recipe's and SR's gaps against tokens per parameter with their paired change
+from the main budget (once a second budget or size has runs); throughput per arm, the GPU time spent and the ledger
+of device commands.  Runs that are not ``"done"`` are listed and left out of the numbers.
 """
 
 from __future__ import annotations
@@ -295,6 +297,82 @@ def _ledger_table(ledger: Path, md_table) -> str:
             "own wall time, without the machine's start or the transfers):\n\n" + md_table(pd.DataFrame(rows)))
 
 
+#: The arms the horizon and size plans run, whose gap to BF16 is compared across budgets and sizes.
+SCALING_ARMS = ("nvfp4", "nvfp4_no_sr")
+
+
+def _scaling_block(val: pd.DataFrame, out_dir: Path, md_table) -> tuple[str, str | None]:
+    """(Markdown, figure name or None): the paired gap to BF16 of the recipe and of the recipe without SR, and SR's
+    component (without − with), at each (size, token budget) with two or more common seeds, against tokens per
+    parameter; and how the gap moves from the main budget to each other one, paired per seed (the same seed fixes
+    the initial weights and the data order at every budget, so (gap at B) − (gap at the main budget) on each seed
+    is a paired difference with its own t-interval)."""
+    main_size, main_budget = "s10m", plan_runs("main", lr=1.0)[0]["tokens"]
+    groups = {k: _final(val, *k) for k in sorted({(r.size, int(r.budget)) for r in val.itertuples()})}
+    rows, series = [], {}
+    for (size, budget), fin in groups.items():
+        if "bf16" not in fin:
+            continue
+        pairs = [(ARMS[a].label, fin[a], fin["bf16"]) for a in SCALING_ARMS if a in fin]
+        if all(a in fin for a in SCALING_ARMS):
+            pairs.append(("SR's component (without − with)", fin["nvfp4_no_sr"], fin["nvfp4"]))
+        for label, arm, base in pairs:
+            gap = paired_gap(arm, base)
+            if gap.n < 2:
+                continue
+            tpp = budget / PARAMS[size]
+            rows.append({"size": size, "tokens": f"{budget / 1e6:,.0f} M", "tokens per parameter": f"{tpp:.0f}",
+                         "gap": label, "seeds": gap.n, "mean (nats/byte)": gap.mean, "95 % CI": _ci(gap)})
+            series.setdefault((label, size), []).append((tpp, gap))
+    if len({(r["size"], r["tokens"]) for r in rows}) < 2:
+        return ("Gap against the token budget and the model size: needs a second budget or size with two or more "
+                "seeds of BF16 and the recipe (the horizon plan, 100 tokens per parameter, and the size plan, "
+                "19.3 M parameters; neither has such runs yet)."), None
+    # the change from the main budget, paired per seed
+    moves = []
+    main = groups.get((main_size, main_budget), {})
+    for (size, budget), fin in groups.items():
+        if (size, budget) == (main_size, main_budget) or "bf16" not in fin or "bf16" not in main:
+            continue
+        for a in SCALING_ARMS:
+            if a not in fin or a not in main:
+                continue
+            here = {s: fin[a][s] - fin["bf16"][s] for s in fin[a] if s in fin["bf16"]}
+            there = {s: main[a][s] - main["bf16"][s] for s in main[a] if s in main["bf16"]}
+            d = paired_gap(here, there)
+            if d.n >= 2:
+                moves.append({"arm": ARMS[a].label, "from": f"{main_size}, {main_budget / 1e6:,.0f} M",
+                              "to": f"{size}, {budget / 1e6:,.0f} M", "seeds": d.n,
+                              "gap change (nats/byte)": d.mean, "95 % CI": _ci(d)})
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    markers = {"s10m": "o", "s20m": "s"}
+    for k, ((label, size), pts) in enumerate(sorted(series.items())):
+        pts.sort(key=lambda p: p[0])
+        x = [p[0] * (1 + 0.03 * (k - 1)) for p in pts]  # a small shift keeps the error bars apart
+        y = [p[1].mean for p in pts]
+        err = [[p[1].mean - p[1].lo for p in pts], [p[1].hi - p[1].mean for p in pts]]
+        ax.errorbar(x, y, yerr=err, marker=markers.get(size, "^"), capsize=3, lw=1.2, label=f"{label}, {size}")
+    ax.axhline(0.0, color="k", lw=0.6)
+    ax.set_xscale("log")
+    budgets = sorted({p[0] for pts in series.values() for p in pts})
+    ax.set_xticks(budgets, [f"{b:.0f}" for b in budgets])
+    ax.minorticks_off()
+    ax.set_xlim(budgets[0] / 1.3, budgets[-1] * 1.3)
+    ax.set_xlabel("training tokens per non-embedding parameter (log scale)")
+    ax.set_ylabel("paired gap, final validation loss (nats per byte)")
+    ax.set_title("paired gaps against the token budget (mean and 95 % t-interval over seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    name = "campaign_gap_vs_tokens.png"
+    save_fig(fig, Path(out_dir) / name)
+    text = ("Gap against the token budget and the model size (final validation loss, paired over seeds; each budget "
+            "is its own run with its own cosine schedule):\n\n" + md_table(pd.DataFrame(rows), ".4f"))
+    if moves:
+        text += ("\n\nHow the gap moves from the main budget (per seed: gap there − gap at the main budget; the "
+                 "literature expects it to grow with tokens):\n\n" + md_table(pd.DataFrame(moves), ".4f"))
+    return text, name
+
+
 def _how_run(rec: dict) -> str:
     """How a run's batch shared the GPU: N runs on CUDA streams of one process (recorded as ``side_by_side``),
     or, for the records written before that field, separate processes (their count is in the ledger)."""
@@ -397,6 +475,9 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     blocks.append(f"Run time summed over the committed runs: {gpu_h:.2f} h (runs of a batch share the GPU, so this "
                   f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
                                                                       if not_done else ""))
+    scaling, scaling_fig = _scaling_block(val, out_dir, md_table)
+    blocks.append(scaling)
+    figs += [scaling_fig] if scaling_fig else []
     if table:
         blocks.append(table)
     return blocks, figs
