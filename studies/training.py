@@ -1,8 +1,10 @@
-"""Study 8 — training-scale evidence: loss curves of a small LM under the emulated recipes (issue 9).
+"""Study 8 — training-scale evidence: the paired-seed campaign (issue 20) and the earlier small-LM runs (issue 9).
 
-Reads the CSVs that ``studies/train_lm.py`` wrote on the H200 (committed in studies/data/training/, so
-this study needs no GPU) and draws the loss curves, the relative validation-loss gap to BF16 over
-tokens (as the paper's Fig. 2/4/6) and a table of final gaps with the seed spread.
+The section's measured and verdict lines come from the campaign's committed runs (studies/data/campaign/, rendered
+by :mod:`studies.campaign.report`: paired gaps to BF16 with t-intervals, the recipe components' verdicts, curves,
+throughput and the device ledger).  The 400-step runs that ``studies/train_lm.py`` wrote on the H200
+(studies/data/training/) follow as the lesson on seed noise that led to the campaign: their loss curves, relative gap
+to BF16 over tokens and final gaps with the seed spread.  No GPU is needed to render either.
 """
 
 from __future__ import annotations
