@@ -49,7 +49,9 @@ is lost if the next call comes late.
 One run alone (2026-12-04 probe, graph steps, ~100 steps each): MXFP4 1.17 M tokens/s, four-over-six 828 k, FP8
 blockwise 394 k.  FP8 blockwise's operands have FP32 scales, so the fast path multiplies them in FP32 rather than on
 tensor cores (:func:`fpsim.torch.fastpath.copy_kind`); a 265 M-token run of it takes ~670 s alone, more than one
-command, so its seeds go side by side in one batch of two chained commands (``--runs 28,31,34``).
+command.  Its three seeds side by side would share the same FP32 units (~2,000 s if they sum to no more than one
+run alone, more than a session), so each goes beside a four-over-six seed (``--runs 28,29``, ``31,32``, ``34,35``)
+as two chained commands, ~700–800 s if it keeps most of its rate (not measured).
 """
 
 from __future__ import annotations
