@@ -357,6 +357,29 @@ def test_gap_against_tokens_pairs_each_budget_with_the_main_one_per_seed(tmp_pat
     assert "| NVFP4 recipe | s10m, 265 M | s10m, 1,062 M | 3 | 0.0050 |" in text
 
 
+def test_arms_without_a_seed_in_common_with_bf16_are_reported_as_such_not_a_crash(tmp_path):
+    """Part-way through a plan an arm can have finished a seed BF16 has not (it used to raise "no seed in common"
+    and stop `make reports`): its row says so, its component has no verdict, and the headline waits."""
+    from studies.campaign.report import headline, render
+    from studies.common import md_table
+
+    d = tmp_path / "main"
+    d.mkdir()
+    _fake_run(d, "bf16", 0, 1.0)
+    _fake_run(d, "nvfp4", 1, 1.01)
+    _fake_run(d, "nvfp4_no_sr", 1, 1.02)
+    text = "\n".join(render(tmp_path, tmp_path, md_table)[0])
+    assert "| NVFP4 recipe | 0 |  | — (no seed in common yet) |  |" in text
+    assert "| no verdict (no seed in common yet) |" not in text  # no_sr and nvfp4 share seed 1: a one-seed verdict
+    assert "stochastic rounding of gradients | helps | 0.0100 | — (1 seed: no interval) |" in text
+    assert headline(tmp_path) is None
+    hor = tmp_path / "horizon"
+    hor.mkdir()
+    _fake_run(hor, "bf16", 0, 1.0, budget=1_062_000_000)
+    _fake_run(hor, "nvfp4", 1, 1.0, budget=1_062_000_000)
+    assert "needs a second budget" in "\n".join(render(tmp_path, tmp_path, md_table)[0])
+
+
 def test_a_ledger_command_lost_with_its_machine_is_counted_apart_not_as_zero(tmp_path):
     """A command whose machine was taken back has wall_s null: the device-time sum covers the known commands and
     names the others (it used to stop the whole study with a TypeError)."""

@@ -244,9 +244,18 @@ def _per_seed(arm: dict, base: dict) -> str:
     return ", ".join(f"s{s}: {arm[s] - base[s]:+.4f}" for s in sorted(set(arm) & set(base)))
 
 
+def _pair(arm: dict, base: dict):
+    """:func:`paired_gap` of ``arm`` over ``base`` (seed → final loss), or None while they share no seed (a plan
+    part-way through can hold an arm's seed 1 before BF16's)."""
+    return paired_gap(arm, base) if set(arm) & set(base) else None
+
+
 def _gap_cells(arm: dict, base: dict):
-    """(the paired gap of ``arm`` over ``base`` (seed → final loss), its table cells: mean, interval, per seed)."""
-    gap = paired_gap(arm, base)
+    """(the paired gap of ``arm`` over ``base`` (seed → final loss), its table cells: mean, interval, per seed);
+    without a common seed (None, cells that say so)."""
+    gap = _pair(arm, base)
+    if gap is None:
+        return None, {"gap": "", "95 % CI": "— (no seed in common yet)", "per seed": ""}
     return gap, {"gap": gap.mean, "95 % CI": _ci(gap), "per seed": _per_seed(arm, base)}
 
 
@@ -257,7 +266,8 @@ def _gap_rows(final: pd.DataFrame) -> list[dict]:
         if arm == "bf16" or not base:
             continue
         gap, cells = _gap_cells(g.set_index("seed").val_loss.to_dict(), base)
-        rows.append({"arm": ARMS[arm].label, "seeds": gap.n, "gap vs BF16 (nats/byte)": cells.pop("gap"), **cells})
+        rows.append({"arm": ARMS[arm].label, "seeds": 0 if gap is None else gap.n,
+                     "gap vs BF16 (nats/byte)": cells.pop("gap"), **cells})
     return rows
 
 
@@ -317,8 +327,8 @@ def _scaling_block(val: pd.DataFrame, out_dir: Path, md_table) -> tuple[str, str
         if all(a in fin for a in SCALING_ARMS):
             pairs.append(("SR's component (without − with)", fin["nvfp4_no_sr"], fin["nvfp4"]))
         for label, arm, base in pairs:
-            gap = paired_gap(arm, base)
-            if gap.n < 2:
+            gap = _pair(arm, base)
+            if gap is None or gap.n < 2:
                 continue
             tpp = budget / PARAMS[size]
             rows.append({"size": size, "tokens": f"{budget / 1e6:,.0f} M", "tokens per parameter": f"{tpp:.0f}",
@@ -339,8 +349,8 @@ def _scaling_block(val: pd.DataFrame, out_dir: Path, md_table) -> tuple[str, str
                 continue
             here = {s: fin[a][s] - fin["bf16"][s] for s in fin[a] if s in fin["bf16"]}
             there = {s: main[a][s] - main["bf16"][s] for s in main[a] if s in main["bf16"]}
-            d = paired_gap(here, there)
-            if d.n >= 2:
+            d = _pair(here, there)
+            if d is not None and d.n >= 2:
                 moves.append({"arm": ARMS[a].label, "from": f"{main_size}, {main_budget / 1e6:,.0f} M",
                               "to": f"{size}, {budget / 1e6:,.0f} M", "seeds": d.n,
                               "gap change (nats/byte)": d.mean, "95 % CI": _ci(d)})
@@ -413,7 +423,7 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
                 gap, cells = _gap_cells(*(per_arm.get_group(a).set_index("seed").val_loss.to_dict()
                                           for a in (without, with_)))
                 comp.append({"component": name, "claim": claim, "gap (nats/byte)": cells.pop("gap"), **cells,
-                             "verdict": verdict(gap, claim)})
+                             "verdict": "no verdict (no seed in common yet)" if gap is None else verdict(gap, claim)})
         if comp:
             blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
                           + md_table(pd.DataFrame(comp), ".4f"))
@@ -512,7 +522,9 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
     done = sum(len(v) for v in fin.values())
     ledger = Path(data) / "sessions.json"
     walls = [c.get("wall_s") for c in json.loads(ledger.read_text())] if ledger.exists() else []
-    gaps = {a: paired_gap(fin[a], base) for a in fin if a != "bf16"}
+    gaps = {a: g for a in fin if a != "bf16" and (g := _pair(fin[a], base)) is not None}
+    if "nvfp4" not in gaps:  # the recipe's seeds are not BF16's yet: no paired number to lead with
+        return None
     order = [a for a in ARMS if a in gaps]
     measured = (
         f"{done} of the {len(planned)} main runs of the paired-seed campaign (issue 20; protocol below): a Llama-style "
@@ -523,7 +535,8 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         f"validation loss, arm − BF16 on the same seed (nats/byte, mean [95 % t-interval] (share of BF16's loss, "
         f"seeds)): " + "; ".join(f"{ARMS[a].label} {_gap_phrase(gaps[a], base_loss)}" for a in order) + "."
     )
-    comp = [(name, paired_gap(fin[w], fin[c]), claim) for name, w, c, claim in COMPONENTS if w in fin and c in fin]
+    comp = [(name, g, claim) for name, w, c, claim in COMPONENTS
+            if w in fin and c in fin and (g := _pair(fin[w], fin[c])) is not None]
     words = {name: verdict(g, claim) for name, g, claim in comp}
     res = [n for n, v in words.items() if v == "resolved"]
     contra = [n for n, v in words.items() if v == "contradicted"]
@@ -592,8 +605,8 @@ def _format_text(fin: dict, gaps: dict) -> str:
     blockwise − BF16, each once both arms have two common seeds; "" before."""
     out = []
     if "mxfp4" in fin and "nvfp4" in fin:
-        g = paired_gap(fin["mxfp4"], fin["nvfp4"])
-        if g.n > 1:
+        g = _pair(fin["mxfp4"], fin["nvfp4"])
+        if g is not None and g.n > 1:
             word = verdict(g, "helps").split(" (")[0]
             out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} ({_where(g)}; the paper's 'MXFP4 widens the gap': "
                        f"{word})")
