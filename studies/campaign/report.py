@@ -216,13 +216,18 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
     return text
 
 
+def _chance_any(k: int) -> float:
+    """The probability that at least one of ``k`` independent 95 % intervals excludes zero with no real effect."""
+    return 1 - 0.95 ** k
+
+
 def _multiplicity_text(k: int) -> str:
     """How often ``k`` intervals at 95 % would exclude zero by chance alone (independent tests, no real effect);
     empty for a single interval."""
     if k < 2:
         return ""
     return (f"Each interval is a 95 % interval on its own: with {k} components and none of them doing anything, "
-            f"at least one interval would exclude zero with probability 1 − 0.95^{k} = {100 * (1 - 0.95 ** k):.0f} % "
+            f"at least one interval would exclude zero with probability 1 − 0.95^{k} = {100 * _chance_any(k):.0f} % "
             f"(were they independent; they share the recipe's runs), so a "
             f"single *resolved* verdict among them is evidence, not proof.")
 
@@ -259,13 +264,14 @@ def _gap_cells(arm: dict, base: dict):
     return gap, {"gap": gap.mean, "95 % CI": _ci(gap), "per seed": _per_seed(arm, base)}
 
 
-def _gap_rows(final: pd.DataFrame) -> list[dict]:
+def _gap_rows(fin: dict[str, dict[int, float]]) -> list[dict]:
+    """The paired-gap table's rows of every arm of :func:`_final`'s ``fin`` against its BF16 runs."""
     rows = []
-    base = final[final.arm == "bf16"].set_index("seed").val_loss.to_dict()
-    for arm, g in final.groupby("arm", sort=False):
+    base = fin.get("bf16")
+    for arm, seeds in fin.items():
         if arm == "bf16" or not base:
             continue
-        gap, cells = _gap_cells(g.set_index("seed").val_loss.to_dict(), base)
+        gap, cells = _gap_cells(seeds, base)
         rows.append({"arm": ARMS[arm].label, "seeds": 0 if gap is None else gap.n,
                      "gap vs BF16 (nats/byte)": cells.pop("gap"), **cells})
     return rows
@@ -411,17 +417,15 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     blocks, figs = [PROTOCOL, *early], [first] if first else []
     gpu_h = sum(r.get("seconds_total", 0) for r in recs) / 3600
     for (size, budget), sub in val.groupby(["size", "budget"]):
-        final = sub[sub.step == sub.groupby("run").step.transform("max")]
-        rows = _gap_rows(final)
+        fin = _final(sub, size, budget)
+        rows = _gap_rows(fin)
         if rows:
             blocks.append(f"Paired gaps to BF16, {size}, {budget / 1e6:.0f} M tokens:\n\n"
                           + md_table(pd.DataFrame(rows), ".4f"))
         comp = []
-        per_arm = final.groupby("arm")
         for name, without, with_, claim in COMPONENTS:
-            if without in per_arm.groups and with_ in per_arm.groups:
-                gap, cells = _gap_cells(*(per_arm.get_group(a).set_index("seed").val_loss.to_dict()
-                                          for a in (without, with_)))
+            if without in fin and with_ in fin:
+                gap, cells = _gap_cells(fin[without], fin[with_])
                 comp.append({"component": name, "claim": claim, "gap (nats/byte)": cells.pop("gap"), **cells,
                              "verdict": "no verdict (no seed in common yet)" if gap is None else verdict(gap, claim)})
         if comp:
@@ -494,16 +498,17 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
 
 
 def _final(val: pd.DataFrame, size: str, budget: int) -> dict[str, dict[int, float]]:
-    """arm → seed → final validation loss of the done runs of one size and budget."""
+    """arm → seed → final validation loss of the done runs of one size and budget (arms in their order in
+    ``val``)."""
     sub = val[(val["size"] == size) & (val.budget == budget)].dropna(subset=["val_loss"])
     last = sub[sub.step == sub.groupby("run").step.transform("max")]
-    return {arm: g.set_index("seed").val_loss.to_dict() for arm, g in last.groupby("arm")}
+    return {arm: g.set_index("seed").val_loss.to_dict() for arm, g in last.groupby("arm", sort=False)}
 
 
 def _gap_phrase(gap, base_loss: float) -> str:
     """``+0.0062 [-0.0013, +0.0137] (+0.9 %, 3 seeds)``: the mean paired gap, its 95 % interval, the mean as a
     share of BF16's loss and the seed count."""
-    ci = f" [{gap.lo:+.4f}, {gap.hi:+.4f}]" if gap.n > 1 else ""
+    ci = f" {_ci(gap)}" if gap.n > 1 else ""
     return f"{gap.mean:+.4f}{ci} ({100 * gap.mean / base_loss:+.1f} %, {gap.n} seed{'s' if gap.n > 1 else ''})"
 
 
@@ -542,12 +547,13 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
     contra = [n for n, v in words.items() if v == "contradicted"]
     open_ = [n for n, v in words.items() if v.startswith("not resolved")]
     rec = gaps["nvfp4"]
-    if rec.n > 1 and rec.lo > 0:
+    where = _where(rec)
+    if where == "interval above zero":
         first = (f"The recipe stays behind BF16 by {rec.mean:+.4f} nats/byte ({100 * rec.mean / base_loss:+.1f} %), "
                  f"its interval above zero")
-    elif rec.n > 1 and rec.hi < 0:
+    elif where == "interval below zero":
         first = f"The recipe ends below BF16 ({rec.mean:+.4f} nats/byte, its interval below zero)"
-    elif rec.n > 1:
+    elif where == "interval across zero":
         first = (f"The recipe's gap to BF16 ({rec.mean:+.4f} nats/byte, {100 * rec.mean / base_loss:+.1f} %) is not "
                  f"distinguishable from zero with {rec.n} seeds; at 95 % confidence it trails BF16 here by less than "
                  f"{rec.hi:+.4f} ({100 * rec.hi / base_loss:+.1f} %), the interval's upper end")
@@ -555,7 +561,7 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         first = f"The recipe's gap to BF16 is {rec.mean:+.4f} nats/byte on one seed, no interval yet"
     parts = [first + "."]
     every = gaps.get("nvfp4_all")
-    if every is not None and every.n > 1 and every.lo > 0:
+    if every is not None and _where(every) == "interval above zero":
         parts.append(f"NVFP4 on every block is behind BF16 ({every.mean:+.4f}, interval above zero), in the paper's "
                      f"direction.")
     parts.append(
@@ -564,7 +570,7 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         + (f"; not resolved at this scale (interval includes zero): {', '.join(open_)}" if open_ else "")
         + (f"; contradicted: {', '.join(contra)}" if contra else "")
         + (f" (with {len(comp)} intervals and no real effect, at least one would exclude zero "
-           f"{100 * (1 - 0.95 ** len(comp)):.0f} % of the time, so one resolved is evidence, not proof)"
+           f"{100 * _chance_any(len(comp)):.0f} % of the time, so one resolved is evidence, not proof)"
            if len(res) == 1 and len(comp) > 1 else "") + ".")
     split = _split_text(gaps)
     if split:
@@ -593,9 +599,10 @@ def _split_text(gaps: dict) -> str:
         return ""
     text = (f"Split by pass: NVFP4 in the forward pass alone costs {fwd.mean:+.4f} ({_where(fwd)}), in the backward "
             f"pass alone {bwd.mean:+.4f} ({_where(bwd)})")
-    if fwd.lo > 0 and not (bwd.lo > 0 or bwd.hi < 0):
+    ends = _where(fwd), _where(bwd)
+    if ends == ("interval above zero", "interval across zero"):
         return text + "; the forward pass's quantization carries the measurable part of the gap."
-    if bwd.lo > 0 and not (fwd.lo > 0 or fwd.hi < 0):
+    if ends == ("interval across zero", "interval above zero"):
         return text + "; the backward pass's quantization carries the measurable part of the gap."
     return text + "."
 
