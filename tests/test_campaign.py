@@ -322,12 +322,12 @@ def test_verdict_splits_the_gap_by_pass_and_compares_the_other_formats():
     assert rep._split_text({"nvfp4_fwd": gaps["nvfp4_fwd"]}) == ""
     fmt = rep._format_text(fin, gaps)
     two = rep._format_text({**fin, "mxfp4": {0: 1.016, 1: 1.117}}, gaps)
-    assert "+0.0110 (interval across zero; the paper's 'MXFP4 widens the gap': not resolved at this scale)" in two
-    assert fmt == ("MXFP4's recipe − NVFP4's: +0.0110 (interval above zero; the paper's 'MXFP4 widens the gap': "
-                   "resolved).")
+    assert "+0.0110 [-0.0017, +0.0237] (interval across zero; the paper's 'MXFP4 widens the gap': not resolved" in two
+    assert fmt == ("MXFP4's recipe − NVFP4's: +0.0110 [+0.0085, +0.0135] (interval above zero; the paper's 'MXFP4 "
+                   "widens the gap': resolved).")
     fin["fp8_blockwise"] = {0: 0.999, 1: 1.102, 2: 0.9}
     gaps["fp8_blockwise"] = paired_gap(fin["fp8_blockwise"], bf)
-    assert rep._format_text(fin, gaps).endswith("; FP8 blockwise − BF16: +0.0003 (interval across zero).")
+    assert rep._format_text(fin, gaps).endswith("; FP8 blockwise − BF16: +0.0003 [-0.0035, +0.0041] (interval across zero).")
 
 
 def test_gap_against_tokens_pairs_each_budget_with_the_main_one_per_seed(tmp_path):
@@ -389,12 +389,14 @@ def test_a_ledger_command_lost_with_its_machine_is_counted_apart_not_as_zero(tmp
     (tmp_path / "sessions.json").write_text(json.dumps([
         {"date": "d", "command": "a --work /tmp/campaign", "wall_s": 1800.0, "result": {"main/r1": "done",
                                                                                          "main/r2": "partial"}},
-        {"date": "d", "command": "b", "wall_s": None, "result": "lost | nothing came back"}]))
+        {"date": "d", "command": "b", "wall_s": None, "result": "lost | nothing came back"},
+        {"date": "d", "command": "c --work /tmp/w2 --out /root/out/a --parallel 2", "wall_s": 32.0, "result": "x"}]))
     text = "\n".join(render(tmp_path, tmp_path, md_table)[0])
-    assert "0.50 h over 1 commands, plus 1 command(s) whose machine was taken back" in text
+    assert "0.51 h over 2 commands, plus 1 command(s) whose machine was taken back" in text
     # the table lists both commands; the unknown wall time is an empty cell, and a '|' stays inside its cell
     assert "| d |  | `a` | 1800 | done: r1; partial: r2 |" in text
     assert "| d |  | `b` |  | lost \\| nothing came back |" in text
+    assert "| d |  | `c --parallel 2` | 32 | x |" in text  # a path under --out is the shell's too, not '/a'
 
 
 def _unswept(plan_runs):

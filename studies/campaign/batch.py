@@ -49,9 +49,12 @@ is lost if the next call comes late.
 One run alone (2026-12-04 probe, graph steps, ~100 steps each): MXFP4 1.17 M tokens/s, four-over-six 828 k, FP8
 blockwise 394 k.  FP8 blockwise's operands have FP32 scales, so the fast path multiplies them in FP32 rather than on
 tensor cores (:func:`fpsim.torch.fastpath.copy_kind`); a 265 M-token run of it takes ~670 s alone, more than one
-command.  Its three seeds side by side would share the same FP32 units (~2,000 s if they sum to no more than one
-run alone, more than a session), so each goes beside a four-over-six seed (``--runs 28,29``, ``31,32``, ``34,35``)
-as two chained commands, ~700–800 s if it keeps most of its rate (not measured).
+command.  Beside a four-over-six seed (``--runs 28,29``, 2026-12-04) it kept 273 k tokens/s but cut its neighbour to
+227 k (828 k alone): 500 k in all, 1,043 s over three chained commands (``--max-seconds 440``, ``545``, then the last
+32 s), worse than running the two one after the other (~670 + ~320 s).  So the remaining FP8 blockwise seeds run
+alone (``--runs 31`` then ``--runs 34``, ``--parallel 1``: two chained commands each, ``--max-seconds 540`` and the
+same again) and the four-over-six seeds as a pair (``--runs 32,35``), the pairs' usual one command.
+"""
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -303,9 +304,8 @@ def _ledger_table(ledger: Path, md_table) -> str:
             for run, status in res.items():
                 by.setdefault(str(status).split(";")[0], []).append(run.split("/")[-1])
             res = "; ".join(f"{k}: {', '.join(v)}" for k, v in by.items())
-        # the shell's own paths say nothing about the run and differ between machines
-        cmd = " ".join(w for w in c["command"].replace("--work /tmp/campaign", "").replace("--out /root/out", "")
-                       .split())
+        # the shell's own paths (--work, --out and their values) say nothing about the run and differ between machines
+        cmd = re.sub(r"\s*--(?:work|out)\s+\S+", "", c["command"]).strip()
         rows.append({"date": c["date"], "GPU": c.get("gpu", ""), "command": f"`{cmd}`",
                      "wall s": "" if c.get("wall_s") is None else f"{c['wall_s']:.0f}",
                      "result": str(res).replace("|", "\\|")})  # a '|' would end the Markdown cell
@@ -615,9 +615,9 @@ def _format_text(fin: dict, gaps: dict) -> str:
         g = _pair(fin["mxfp4"], fin["nvfp4"])
         if g is not None and g.n > 1:
             word = verdict(g, "helps").split(" (")[0]
-            out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} ({_where(g)}; the paper's 'MXFP4 widens the gap': "
-                       f"{word})")
+            out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} {_ci(g)} ({_where(g)}; the paper's 'MXFP4 widens "
+                       f"the gap': {word})")
     f8 = gaps.get("fp8_blockwise")
     if f8 is not None and f8.n > 1:
-        out.append(f"FP8 blockwise − BF16: {f8.mean:+.4f} ({_where(f8)})")
+        out.append(f"FP8 blockwise − BF16: {f8.mean:+.4f} {_ci(f8)} ({_where(f8)})")
     return ("; ".join(out) + ".") if out else ""
