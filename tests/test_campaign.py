@@ -586,6 +586,67 @@ def test_the_batch_driver_runs_its_plan_in_one_process_with_streams(tmp_path, mo
     assert (tmp_path / "o" / "main" / "s10m-nvfp4-s1-t265m.csv").exists()
 
 
+def test_the_batch_driver_spreads_its_runs_over_gpus_one_child_batch_each(tmp_path, monkeypatch):
+    """``--gpus 2`` gives GPU k the runs ``idx[k::2]`` as a child batch with the command's other options and
+    CUDA_VISIBLE_DEVICES=k; the children's files land under --out in one archive with one ledger entry for every
+    run, and a child that dies before writing a record leaves its runs as "exit N, no record"."""
+    import tarfile
+
+    from studies.campaign import batch, data
+
+    def fake_many(specs, *, parallel, on_done, **kw):
+        for s in specs:
+            rid = crun.run_id(s["arm"], s["seed"], s["size"], s["tokens"])
+            s["out"].mkdir(parents=True, exist_ok=True)
+            (s["out"] / f"{rid}.json").write_text(json.dumps({"run": rid, "status": "done"}))
+            (s["out"] / f"{rid}.csv").write_text("step\n")
+            on_done(s, {"run": rid, "status": "done"})
+
+    children = []
+
+    class FakeChild:  # runs the child batch in this process; the child on GPU "1" dies first
+        def __init__(self, cmd, env):
+            assert cmd[1:3] == ["-m", "studies.campaign.batch"]
+            children.append((cmd[3:], env["CUDA_VISIBLE_DEVICES"]))
+            self.code = 3 if env["CUDA_VISIBLE_DEVICES"] == "1" else 0
+            if not self.code:
+                batch.main(cmd[3:])
+
+        def wait(self):
+            return self.code
+
+    monkeypatch.setattr(crun, "train_many", fake_many)
+    monkeypatch.setattr(data, "python_sources", lambda holdout=None: "corpus")
+    monkeypatch.setattr(batch.subprocess, "Popen", FakeChild)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    out = tmp_path / "o"
+    argv = ["--plan", "main", "--runs", "3:6", "--work", str(tmp_path / "w"), "--out", str(out), "--parallel", "2",
+            "--streams", "--gpus", "2", "--max-seconds=100"]
+    batch.main(argv)
+    assert [(c[c.index("--runs") + 1], g) for c, g in children] == [("3,5", "0"), ("4", "1")]
+    assert all("--gpus" not in c and "--max-seconds=100" in c and "--loose" in c and "--streams" in c
+               and c[c.index("--out") + 1] == str(out / f"gpu{g}") for c, g in children)
+    assert [p.name for p in out.iterdir()] == ["main.tar"]  # the children's folders are gone
+    with tarfile.open(out / "main.tar") as tf:
+        tf.extractall(tmp_path / "x", filter="data")
+    entry = json.loads((tmp_path / "x" / "main" / "ledger.json").read_text())
+    assert entry["gpus"] == 2 and entry["command"] == "batch " + " ".join(argv)
+    assert entry["result"] == {"main/s10m-bf16-s1-t265m": "done", "main/s10m-nvfp4-s1-t265m": "exit 3, no record",
+                               "main/s10m-nvfp4_no_sr-s1-t265m": "done"}
+    assert sorted(p.name for p in (tmp_path / "x" / "main").iterdir()) == [
+        "ledger.json", "s10m-bf16-s1-t265m.csv", "s10m-bf16-s1-t265m.json", "s10m-nvfp4_no_sr-s1-t265m.csv",
+        "s10m-nvfp4_no_sr-s1-t265m.json"]
+    led = batch.add_ledger(tmp_path / "x" / "main" / "ledger.json", tmp_path / "sessions.json", gpu="NVIDIA H200")
+    assert led[-1]["gpu"] == "2 × NVIDIA H200" and "gpus" not in led[-1]
+    # more GPUs than the machine shows: one clear message before anything starts
+    children.clear()
+    with pytest.raises(SystemExit, match="--gpus 3, but this machine shows 2"):
+        batch.main([("3" if a == "2" and argv[i - 1] == "--gpus" else a) for i, a in enumerate(argv)])
+    assert children == []
+
+
 def test_runs_are_selected_by_slices_and_indices_and_a_bad_selection_is_one_clear_error():
     from studies.campaign.batch import select_runs
 

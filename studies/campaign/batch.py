@@ -52,15 +52,25 @@ tensor cores (:func:`fpsim.torch.fastpath.copy_kind`); a 265 M-token run of it t
 command.  Beside a four-over-six seed (``--runs 28,29``, 2026-12-04) it kept 273 k tokens/s but cut its neighbour to
 227 k (828 k alone): 500 k in all, 1,043 s over three chained commands (``--max-seconds 440``, ``545``, then the last
 32 s), worse than running the two one after the other (~670 + ~320 s).  So the remaining FP8 blockwise seeds run
-alone (``--runs 31`` then ``--runs 34``, ``--parallel 1``: two chained commands each, ``--max-seconds 540`` and the
-same again) and the four-over-six seeds as a pair (``--runs 32,35``), the pairs' usual one command.
-"""
+one at a time, three chained commands with ``--parallel 1 --streams --cuda-graph`` (``--max-seconds`` counts from
+each run's own start): ``--runs 31 --max-seconds 540``; ``--runs 31,34 --max-seconds 400`` (run 31's last ~130 s,
+then run 34 starts); ``--runs 34 --max-seconds 540`` (its last ~270 s): ~1,400 s, one session.  The four-over-six
+seeds then go as a pair (``--runs 32,35``), the pairs' usual one command.
+
+``--gpus N`` is for a machine of several GPUs (the device kinds nvidia-h200-x2/x4, when they are lent): the
+selected runs go round robin to N child batches, one per GPU (``CUDA_VISIBLE_DEVICES``), each with this command's
+other options (so ``--parallel 2 --streams`` means two runs on streams per GPU); their files come back in the one
+archive with one ledger entry (``"gpus": N``; :func:`add_ledger` writes the GPU as "N × …").  A session's device
+time counts the machine's time, not its GPUs', so N GPUs finish N times the runs per session.  For the horizon
+plan (nine 1,062 M-token runs, 1,727 s per pair at the one-GPU pair rate: a whole session), 4 GPUs would run 8 of
+the 9 in one session of four chained commands (an estimate; ``--gpus`` has not run on the device yet).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -71,7 +81,7 @@ from pathlib import Path
 from fpsim.io import atomic_write, dumps
 from studies.campaign.run import run_id
 
-__all__ = ["PARAMS", "PLANS", "plan_runs", "select_runs", "update_manifest", "add_ledger", "main"]
+__all__ = ["PARAMS", "PLANS", "plan_runs", "select_indices", "select_runs", "update_manifest", "add_ledger", "main"]
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "campaign"
 
@@ -121,27 +131,32 @@ def _dir(plan: str, r: dict) -> str:
     return f"lr_sweep/lr{r['lr']:.0e}" if plan == "lr_sweep" else plan  # no '.': the device drops such names
 
 
-def select_runs(runs: list[dict], spec: str) -> list[dict]:
-    """The runs a ``--runs`` spec names, in the spec's order: comma-separated Python slices ``start:stop`` and
-    single indices (so one slow arm's seeds can share a batch, e.g. ``11,14,17``).  An index past the plan, a
-    run named twice or an empty selection is a ValueError."""
+def select_indices(n: int, spec: str) -> list[int]:
+    """The plan indices (of ``n`` runs) a ``--runs`` spec names, in the spec's order: comma-separated Python
+    slices ``start:stop`` and single indices (so one slow arm's seeds can share a batch, e.g. ``11,14,17``).  An
+    index past the plan, a run named twice or an empty selection is a ValueError."""
     idx: list[int] = []
     for part in spec.split(","):
         part = part.strip()
         try:
             if ":" in part:
                 lo, hi = (int(v) if v else None for v in part.split(":"))
-                idx += list(range(len(runs)))[lo:hi]
+                idx += list(range(n))[lo:hi]
             else:
                 i = int(part)
-                if not -len(runs) <= i < len(runs):
-                    raise ValueError(f"run {i} is past the plan's {len(runs)} runs")
-                idx.append(i % len(runs))
+                if not -n <= i < n:
+                    raise ValueError(f"run {i} is past the plan's {n} runs")
+                idx.append(i % n)
         except ValueError as e:
             raise ValueError(f"--runs {spec!r}: {e}") from None
     if not idx or len(set(idx)) != len(idx):
         raise ValueError(f"--runs {spec!r}: " + ("selects no run" if not idx else "names a run twice"))
-    return [runs[i] for i in idx]
+    return idx
+
+
+def select_runs(runs: list[dict], spec: str) -> list[dict]:
+    """The runs a ``--runs`` spec names (:func:`select_indices`), in the spec's order."""
+    return [runs[i] for i in select_indices(len(runs), spec)]
 
 
 def update_manifest(results: Path, manifest: Path = DATA / "manifest.json") -> dict:
@@ -176,23 +191,84 @@ def main(argv=None) -> None:
     ap.add_argument("--streams", action="store_true",
                     help="the --parallel runs in this one process, each on its own CUDA stream (run.train_many), "
                          "instead of one process each")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="spread the runs over this many GPUs of the machine, round robin: one child batch per GPU "
+                         "(CUDA_VISIBLE_DEVICES), each with this command's --parallel; one archive, one ledger entry")
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(argv)
-    runs = plan_runs(a.plan, a.lr)
-    if a.runs:
-        runs = select_runs(runs, a.runs)
+    plan = plan_runs(a.plan, a.lr)
+    idx = select_indices(len(plan), a.runs) if a.runs else list(range(len(plan)))
+    runs = [plan[i] for i in idx]
     t0 = time.perf_counter()
-    exits = _in_process(a, runs) if a.streams else _processes(a, runs)
+    if a.gpus > 1:
+        exits = _over_gpus(a, argv, plan, idx)
+    else:
+        exits = _in_process(a, runs) if a.streams else _processes(a, runs)
     # the command's entry for the device-time ledger (studies/data/campaign/sessions.json; add_ledger merges it)
     statuses = {}
     for key, code in exits.items():
         js = a.out / f"{key}.json"
         statuses[key] = json.loads(js.read_text()).get("status", "?") if js.exists() else f"exit {code}, no record"
-    entry = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["batch", *(argv or sys.argv[1:])]),
+    entry = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["batch", *argv]),
              "wall_s": round(time.perf_counter() - t0, 1), "result": statuses}
+    if a.gpus > 1:
+        entry["gpus"] = a.gpus
     (a.out / a.plan).mkdir(parents=True, exist_ok=True)
     atomic_write(a.out / a.plan / "ledger.json", dumps(entry))
     if not a.loose:
         _archive(a.out, a.plan)
+
+
+def _key(plan: str, r: dict) -> str:
+    """A run's key in the ledger and the manifest: its plan folder / run id."""
+    return f"{_dir(plan, r)}/{run_id(r['arm'], r['seed'], r['size'], r['tokens'])}"
+
+
+def _without(argv: list[str], options: tuple[str, ...], flags: tuple[str, ...] = ()) -> list[str]:
+    """``argv`` without the given options (``--opt value`` or ``--opt=value``) and flags."""
+    out, skip = [], False
+    for w in argv:
+        if skip:
+            skip = False
+        elif w in options:
+            skip = True
+        elif not (w in flags or any(w.startswith(o + "=") for o in options)):
+            out.append(w)
+    return out
+
+
+def _over_gpus(a, argv: list[str], plan: list[dict], idx: list[int]) -> dict:
+    """The runs ``idx`` of ``plan`` spread over ``a.gpus`` GPUs, round robin: GPU k runs ``idx[k::gpus]`` as a
+    child batch with this command's other options (CUDA_VISIBLE_DEVICES names that one GPU, so it is the child's
+    cuda:0), writing loose files to ``out/gpu<k>``; its files then move under ``out``.  {key: the child's exit
+    code}.  Why children: one process per GPU keeps each GPU's streams and graphs in their own context, the shape
+    already measured on one GPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(k) for k in range(a.gpus)]
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else None
+    if len(ids) < a.gpus or (have is not None and have < a.gpus):
+        raise SystemExit(f"batch: --gpus {a.gpus}, but this machine shows {have if have is not None else len(ids)}")
+    base = _without(argv, ("--runs", "--out", "--gpus"), ("--loose",))
+    children = []
+    for k in range(min(a.gpus, len(idx))):
+        sub = idx[k::a.gpus]
+        out_k = a.out / f"gpu{k}"
+        cmd = [sys.executable, "-m", "studies.campaign.batch", *base, "--runs", ",".join(map(str, sub)),
+               "--out", str(out_k), "--loose"]
+        children.append((sub, out_k, subprocess.Popen(cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": ids[k]})))
+    exits = {}
+    for sub, out_k, p in children:
+        code = p.wait()
+        for f in sorted(f for f in out_k.rglob("*") if f.is_file() and f.name != "ledger.json"):
+            dest = a.out / f.relative_to(out_k)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            f.replace(dest)
+        shutil.rmtree(out_k, ignore_errors=True)
+        for i in sub:  # a run whose child died before writing its record is "exit N, no record" in the ledger
+            exits[_key(a.plan, plan[i])] = code
+    return exits
 
 
 def _collect(a, r: dict) -> str:
@@ -261,7 +337,8 @@ def add_ledger(entry_file: Path, ledger: Path = DATA / "sessions.json", gpu: str
     entries = json.loads(ledger.read_text()) if ledger.exists() else []
     e = json.loads(Path(entry_file).read_text())
     if gpu:
-        e = {"date": e["date"], "gpu": gpu, **{k: v for k, v in e.items() if k != "date"}}
+        n = e.pop("gpus", 1)
+        e = {"date": e["date"], "gpu": gpu if n == 1 else f"{n} × {gpu}", **{k: v for k, v in e.items() if k != "date"}}
     entries.append(e)
     atomic_write(ledger, dumps(entries))
     return entries
