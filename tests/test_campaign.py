@@ -268,11 +268,13 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
         _fake_run(d, "nvfp4", s, n)
         _fake_run(d, "nvfp4_no_sr", s, nsr)
     _fake_run(d, "mxfp4", 0, 2.0, status="partial")
+    _fake_run(d, "nvfp4_no_rht", 0, 1.012)
     blocks, figs = render(tmp_path, tmp_path, md_table)
     text = "\n".join(blocks)
     assert "| NVFP4 recipe | 3 | 0.0107 |" in text  # mean of 0.010, 0.011, 0.011
     assert "stochastic rounding of gradients | helps | 0.0197 |" in text and "| resolved |" in text
-    assert "1 − 0.95^" not in text  # one component compared here: no multiple-comparison note
+    assert "| random Hadamard transform (Wgrad) | helps | 0.0020 |" in text  # one seed: listed, no interval
+    assert "1 − 0.95^" not in text  # one component with an interval: no multiple-comparison note
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
     # throughput is grouped by how the batch shared the GPU, never pooled across batch shapes
     assert "| BF16 | separate processes (see the ledger), eager steps | 1 | 250000 |" in text
@@ -296,12 +298,15 @@ def test_headline_states_paired_gaps_relative_to_bf16_and_the_components_verdict
         _fake_run(d, "nvfp4", s, n)
         _fake_run(d, "nvfp4_no_sr", s, nsr)
     _fake_run(d, "mxfp4", 0, 2.0, status="partial")  # not done: left out of every number
+    _fake_run(d, "nvfp4_no_rht", 0, 1.012)  # one seed: a component without an interval, not "includes zero"
     measured, verdict = headline(tmp_path)
-    assert "9 of the 36 main runs" in measured and "BF16's final validation loss: 1.0033 nats/byte" in measured
+    assert "10 of the 36 main runs" in measured and "BF16's final validation loss: 1.0033 nats/byte" in measured
     assert "NVFP4 recipe +0.0107 [" in measured and "(+1.1 %, 3 seeds)" in measured and "MXFP4" not in measured
     assert verdict.startswith("The recipe stays behind BF16 by +0.0107 nats/byte (+1.1 %), its interval above zero")
-    assert "resolved in the paper's direction: stochastic rounding of gradients." in verdict
-    assert "1 − 0.95" not in verdict and "at least one would exclude zero" not in verdict  # one component only
+    assert ("Of the 1 recipe component with an interval, resolved in the paper's direction: stochastic rounding of "
+            "gradients; one seed so far, no interval: random Hadamard transform (Wgrad).") in verdict
+    assert "interval includes zero" not in verdict
+    assert "1 − 0.95" not in verdict and "at least one would exclude zero" not in verdict  # one interval only
     assert "fewer than three seeds so far: NVFP4 − RHT" in verdict and "MXFP4 recipe" in verdict
 
 

@@ -227,7 +227,8 @@ def _multiplicity_text(k: int) -> str:
     empty for a single interval."""
     if k < 2:
         return ""
-    return (f"Each interval is a 95 % interval on its own: with {k} components and none of them doing anything, "
+    return (f"Each interval is a 95 % interval on its own: with {k} of them (one per component with two or more seeds) "
+            f"and none of those components doing anything, "
             f"at least one interval would exclude zero with probability 1 − 0.95^{k} = {100 * _chance_any(k):.0f} % "
             f"(were they independent; they share the recipe's runs), so a "
             f"single *resolved* verdict among them is evidence, not proof.")
@@ -422,17 +423,18 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         if rows:
             blocks.append(f"Paired gaps to BF16, {size}, {budget / 1e6:.0f} M tokens:\n\n"
                           + md_table(pd.DataFrame(rows), ".4f"))
-        comp = []
+        comp, intervals = [], 0
         for name, without, with_, claim in COMPONENTS:
             if without in fin and with_ in fin:
                 gap, cells = _gap_cells(fin[without], fin[with_])
                 comp.append({"component": name, "claim": claim, "gap (nats/byte)": cells.pop("gap"), **cells,
                              "verdict": "no verdict (no seed in common yet)" if gap is None else verdict(gap, claim)})
+                intervals += gap is not None and gap.n > 1
         if comp:
             blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
                           + md_table(pd.DataFrame(comp), ".4f"))
-            if len(comp) > 1:
-                blocks.append(_multiplicity_text(len(comp)))
+            if intervals > 1:  # a one-seed component has no interval, so it cannot exclude zero by chance
+                blocks.append(_multiplicity_text(intervals))
         fig = plt.figure(figsize=(12, 6))
         grid = fig.add_gridspec(2, 2, height_ratios=(5.0, 0.8))
         ax, gx, key = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
@@ -540,8 +542,10 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         f"validation loss, arm − BF16 on the same seed (nats/byte, mean [95 % t-interval] (share of BF16's loss, "
         f"seeds)): " + "; ".join(f"{ARMS[a].label} {_gap_phrase(gaps[a], base_loss)}" for a in order) + "."
     )
-    comp = [(name, g, claim) for name, w, c, claim in COMPONENTS
-            if w in fin and c in fin and (g := _pair(fin[w], fin[c])) is not None]
+    paired = [(name, g, claim) for name, w, c, claim in COMPONENTS
+              if w in fin and c in fin and (g := _pair(fin[w], fin[c])) is not None]
+    comp = [(name, g, claim) for name, g, claim in paired if g.n > 1]  # those with an interval
+    single = [name for name, g, _ in paired if g.n < 2]
     words = {name: verdict(g, claim) for name, g, claim in comp}
     res = [n for n, v in words.items() if v == "resolved"]
     contra = [n for n, v in words.items() if v == "contradicted"]
@@ -565,10 +569,11 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         parts.append(f"NVFP4 on every block is behind BF16 ({every.mean:+.4f}, interval above zero), in the paper's "
                      f"direction.")
     parts.append(
-        f"Of the {len(comp)} recipe components compared, "
+        f"Of the {len(comp)} recipe component{'s' if len(comp) != 1 else ''} with an interval, "
         + (f"resolved in the paper's direction: {', '.join(res)}" if res else "none is resolved")
         + (f"; not resolved at this scale (interval includes zero): {', '.join(open_)}" if open_ else "")
         + (f"; contradicted: {', '.join(contra)}" if contra else "")
+        + (f"; one seed so far, no interval: {', '.join(single)}" if single else "")
         + (f" (with {len(comp)} intervals and no real effect, at least one would exclude zero "
            f"{100 * _chance_any(len(comp)):.0f} % of the time, so one resolved is evidence, not proof)"
            if len(res) == 1 and len(comp) > 1 else "") + ".")
