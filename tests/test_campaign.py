@@ -332,7 +332,8 @@ def test_verdict_splits_the_gap_by_pass_and_compares_the_other_formats():
                    "widens the gap': resolved).")
     fin["fp8_blockwise"] = {0: 0.999, 1: 1.102, 2: 0.9}
     gaps["fp8_blockwise"] = paired_gap(fin["fp8_blockwise"], bf)
-    assert rep._format_text(fin, gaps).endswith("; FP8 blockwise − BF16: +0.0003 [-0.0035, +0.0041] (interval across zero).")
+    assert rep._format_text(fin, gaps).endswith(
+        "; FP8 blockwise − BF16: +0.0003 [-0.0035, +0.0041] (interval across zero).")
 
 
 def test_gap_against_tokens_pairs_each_budget_with_the_main_one_per_seed(tmp_path):

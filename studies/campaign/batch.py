@@ -272,15 +272,13 @@ def _over_gpus(a, argv: list[str], plan: list[dict], idx: list[int]) -> dict:
 
 
 def _collect(a, r: dict) -> str:
-    """Copy a stopped run's CSV and JSON from --work to --out; returns its key (plan folder / run id)."""
-    d = a.work / _dir(a.plan, r)
-    rid = run_id(r["arm"], r["seed"], r["size"], r["tokens"])
-    dest = a.out / _dir(a.plan, r)
-    dest.mkdir(parents=True, exist_ok=True)
+    """Copy a stopped run's CSV and JSON from --work to --out; returns its key (:func:`_key`)."""
+    key = _key(a.plan, r)
+    (a.out / key).parent.mkdir(parents=True, exist_ok=True)
     for ext in (".csv", ".json"):
-        if (d / f"{rid}{ext}").exists():
-            shutil.copy2(d / f"{rid}{ext}", dest / f"{rid}{ext}")
-    return f"{_dir(a.plan, r)}/{rid}"
+        if (a.work / f"{key}{ext}").exists():
+            shutil.copy2(a.work / f"{key}{ext}", a.out / f"{key}{ext}")
+    return key
 
 
 def _in_process(a, runs: list[dict]) -> dict:
