@@ -46,24 +46,26 @@ the forward-only, backward-only and late-BF16 arms in pairs in 423–475 s (five
 of them: 1.12–1.25 M tokens/s in all); that is 0.95–1.25 M tokens/s in all instead of 1.17 M for three, but nothing
 is lost if the next call comes late.
 
-One run alone (2026-12-04 probe, graph steps, ~100 steps each): MXFP4 1.17 M tokens/s, four-over-six 828 k, FP8
-blockwise 394 k.  FP8 blockwise's operands have FP32 scales, so the fast path multiplies them in FP32 rather than on
-tensor cores (:func:`fpsim.torch.fastpath.copy_kind`); a 265 M-token run of it takes ~670 s alone, more than one
-command.  Beside a four-over-six seed (``--runs 28,29``, 2026-12-04) it kept 273 k tokens/s but cut its neighbour to
-227 k (828 k alone): 500 k in all, 1,043 s over three chained commands (``--max-seconds 440``, ``545``, then the last
-32 s), worse than running the two one after the other (~670 + ~320 s).  So the remaining FP8 blockwise seeds run
-one at a time, three chained commands with ``--parallel 1 --streams --cuda-graph`` (``--max-seconds`` counts from
-each run's own start): ``--runs 31 --max-seconds 540``; ``--runs 31,34 --max-seconds 400`` (run 31's last ~130 s,
-then run 34 starts); ``--runs 34 --max-seconds 540`` (its last ~270 s): ~1,400 s, one session.  The four-over-six
-seeds then go as a pair (``--runs 32,35``), the pairs' usual one command.
+One run alone (2026-12-04 probes, graph steps, ~200 steps each): BF16 1.53 M tokens/s, the recipe 1.10 M, without
+SR 1.12 M, MXFP4 1.17 M, four-over-six 828 k, FP8 blockwise 394 k.  So two side by side gain little over one alone
+(1.12–1.25 M against 1.10 M for the recipe), and nothing for some arms: BF16 alone beats every pair, and the pair of
+four-over-six seeds 1 and 2 (``--runs 32,35``, 2026-12-04) summed to 0.80 M (660 s over two commands,
+``--max-seconds 520`` then ``300``), below one alone.  FP8 blockwise's operands have FP32 scales, so the fast path
+multiplies them in FP32 rather than on tensor cores (:func:`fpsim.torch.fastpath.copy_kind`).  Beside a
+four-over-six seed (``--runs 28,29``) it kept 273 k tokens/s but cut its neighbour to 227 k: 500 k in all, 1,043 s
+over three chained commands.  Alone (seed 1, ``--runs 31 --parallel 1 --streams --cuda-graph``, 2026-12-04) it
+held 394 k over the whole run: ``--max-seconds 400`` and at once ``--max-seconds 420`` (411 + 308 s).  Seed 2
+(``--runs 34``) goes the same way.  The horizon runs (1,062 M tokens) go alone too: 694 s (BF16) to 965 s (the
+recipe), two chained commands each.
 
 ``--gpus N`` is for a machine of several GPUs (the device kinds nvidia-h200-x2/x4, when they are lent): the
 selected runs go round robin to N child batches, one per GPU (``CUDA_VISIBLE_DEVICES``), each with this command's
 other options (so ``--parallel 2 --streams`` means two runs on streams per GPU); their files come back in the one
 archive with one ledger entry (``"gpus": N``; :func:`add_ledger` writes the GPU as "N × …").  A session's device
 time counts the machine's time, not its GPUs', so N GPUs finish N times the runs per session.  For the horizon
-plan (nine 1,062 M-token runs, 1,727 s per pair at the one-GPU pair rate: a whole session), 4 GPUs would run 8 of
-the 9 in one session of four chained commands (an estimate; ``--gpus`` has not run on the device yet).
+plan (nine 1,062 M-token runs, 694–965 s each alone on one GPU: ~5 sessions), ``--gpus 4 --parallel 1`` would run
+four at once in two chained commands, the nine in three such rounds: about two sessions (an estimate; ``--gpus``
+has not run on the device yet).
 """
 
 from __future__ import annotations

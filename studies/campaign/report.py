@@ -170,50 +170,60 @@ def _probe_figure(data: Path, out_dir: Path) -> str | None:
 #: Measured on the H200: two s10m runs side by side in one process, each on its own CUDA stream with CUDA-graph
 #: steps (``batch --parallel 2 --streams --cuda-graph``), the way every main batch since 2026-12-03 ran: five
 #: commands of 2026-12-04 that each took a pair from zero to 265 M tokens summed to 1.12–1.25 M tokens/s (wall of
-#: the command, start-up included; median 1.23 M).  Three on streams summed to 1.17 M (2026-12-03), no more.
+#: the command, start-up included; median 1.23 M).  Three on streams summed to 1.17 M (2026-12-03), no more.  This
+#: is the rate of an arm whose rate alone is not measured.
 TOKENS_PER_S = 1.23e6
-#: Runs a batch keeps side by side (``--parallel``), each getting about that share of the rate.
-SIDE_BY_SIDE = 2
-#: Arms slower than that: tokens/s of one run alone on the H200 (2026-12-04 probe, CUDA-graph steps).  FP8
-#: blockwise has FP32-scaled operands, which the fast path multiplies in FP32 (not on tensor cores); how much more
-#: several such runs side by side get is not measured, so its runs are costed at the rate of one alone.
-ALONE_TOKENS_PER_S = {"fp8_blockwise": 394e3}
+#: Tokens/s of one run alone on the H200 (2026-12-04 probes, CUDA-graph steps, the rate at step 191 of ~200, or
+#: at step 100 (FP8 blockwise) and 50 (four-over-six); FP8 blockwise's 394 k held over its whole seed-1 run).
+#: Where it is measured a run is costed at it: BF16 alone beats any pair (1.53 M), the recipe alone is 11 % below
+#: the best pairs, and a pair of four-over-six seeds summed to 0.80 M (2026-12-04, 2 × 265 M tokens in 660 s of
+#: two commands), less than one alone.  FP8 blockwise has FP32-scaled operands, which the fast path multiplies in
+#: FP32 (not on tensor cores).
+ALONE_TOKENS_PER_S = {"bf16": 1.53e6, "nvfp4": 1.10e6, "nvfp4_no_sr": 1.12e6, "mxfp4": 1.17e6,
+                      "nvfp4_46": 828e3, "fp8_blockwise": 394e3}
 #: Device seconds a session can spend on runs: 30 minutes less a cold start (~60 s) and the gaps between calls.
 SESSION_S = 1_650
+#: Seconds of runs one device command holds (at most 600 s a command, less start-up and the archive).
+COMMAND_S = 540
 
 
 def _run_seconds(r: dict) -> float:
-    """Device seconds a plan's run costs: its tokens at the batch rate (or its arm's rate alone where that is
-    lower), scaled by its non-embedding parameters (the GEMM FLOPs; the second size is not measured yet)."""
-    rate = min(TOKENS_PER_S, ALONE_TOKENS_PER_S.get(r["arm"], TOKENS_PER_S))
+    """Device seconds a plan's run costs: its tokens at its arm's rate alone where that is measured, else at the
+    pair rate, scaled by its non-embedding parameters (the GEMM FLOPs; the second size is not measured yet)."""
+    rate = ALONE_TOKENS_PER_S.get(r["arm"], TOKENS_PER_S)
     return r["tokens"] * PARAMS[r["size"]] / PARAMS["s10m"] / rate
 
 
 def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
     """GPU time still needed by each plan at the measured rates, from the runs ``done`` ((arm, size, seed,
-    tokens)), and which plans' runs cannot end within one session as one of a batch."""
-    parts, long_runs = [], []
+    tokens)), and which plans' runs take more than one command or more than one session."""
+    parts, chained, long_runs = [], [], []
     for plan in ("main", "horizon", "size"):
         runs = plan_runs(plan, lr=1.0)
         left = [r for r in runs if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
         sec = sum(_run_seconds(r) for r in left)
+        n = math.ceil(sec / SESSION_S)
         parts.append(f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
-                     f"(~{math.ceil(sec / SESSION_S)} sessions)")
-        # one of a batch gets its share of the rate, and its checkpoint does not outlive the session's machine
-        share = max(_run_seconds(r) for r in runs) * SIDE_BY_SIDE
-        if share > SESSION_S:
-            long_runs.append(f"{plan} run ({runs[0]['tokens'] / 1e6:,.0f} M tokens: {share:,.0f} s as one of "
-                             f"{SIDE_BY_SIDE})")
-    text = (f"GPU time at the measured {TOKENS_PER_S / 1e6:.2f} M tokens/s in all ({SIDE_BY_SIDE} runs side by "
-            f"side; " + ", ".join(f"{ARMS[a].label} at its {v / 1e3:.0f} k tokens/s alone"
-                                  for a, v in ALONE_TOKENS_PER_S.items())
-            + f") and ~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
+                     f"(~{n} session{'' if n == 1 else 's'})")
+        secs = sorted(_run_seconds(r) for r in runs)
+        what = f"{plan} runs of {runs[0]['tokens'] / 1e6:,.0f} M tokens take {secs[0]:,.0f}–{secs[-1]:,.0f} s alone"
+        if secs[-1] > SESSION_S:
+            long_runs.append(what)
+        elif secs[-1] > COMMAND_S:
+            chained.append(what)
+    text = ("GPU time at the measured rates of a run alone (" +
+            ", ".join(f"{ARMS[a].label} {v / 1e6:.2f} M" for a, v in ALONE_TOKENS_PER_S.items())
+            + f" tokens/s; other arms at the {TOKENS_PER_S / 1e6:.2f} M tokens/s of two side by side) and "
+            f"~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
+    if chained:
+        text += (f" Runs longer than one command's ~{COMMAND_S} s ({', '.join(chained)}) resume from their "
+                 f"checkpoint when their batch is run again at once; if the session ends first, the checkpoint "
+                 f"(130 MB for s10m) crosses to the next session in parts (`studies.campaign.shuttle`: 15 MiB "
+                 f"parts, about three calls each way within the 64 MiB a call moves; tested on the CPU, not yet used "
+                 f"on the device).")
     if long_runs:
-        text += (f" A {' or a '.join(long_runs)} does not end within one session's "
-                 f"~{SESSION_S:,} s: it runs with fewer beside it (its rate alone with CUDA-graph steps is not "
-                 f"measured yet), or its checkpoint (130 MB for s10m) crosses to the next session in parts "
-                 f"(`studies.campaign.shuttle`: 15 MiB parts, about three calls each way within the 64 MiB a call "
-                 f"moves; tested on the CPU, not yet used on the device).")
+        text += (f" Some runs do not end within one session's ~{SESSION_S:,} s ({', '.join(long_runs)}): their "
+                 f"checkpoints must cross sessions (`studies.campaign.shuttle`).")
     return text
 
 
