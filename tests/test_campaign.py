@@ -271,9 +271,9 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     _fake_run(d, "nvfp4_no_rht", 0, 1.012)
     blocks, figs = render(tmp_path, tmp_path, md_table)
     text = "\n".join(blocks)
-    assert "| NVFP4 recipe | 3 | 0.0107 |" in text  # mean of 0.010, 0.011, 0.011
-    assert "stochastic rounding of gradients | helps | 0.0197 |" in text and "| resolved |" in text
-    assert "| random Hadamard transform (Wgrad) | helps | 0.0020 |" in text  # one seed: listed, no interval
+    assert "| NVFP4 recipe | 3 | +0.0107 |" in text  # mean of 0.010, 0.011, 0.011
+    assert "stochastic rounding of gradients | helps | +0.0197 |" in text and "| resolved |" in text
+    assert "| random Hadamard transform (Wgrad) | helps | +0.0020 |" in text  # one seed: listed, no interval
     assert "1 − 0.95^" not in text  # one component with an interval: no multiple-comparison note
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
     # throughput is grouped by how the batch shared the GPU, never pooled across batch shapes
@@ -357,10 +357,10 @@ def test_gap_against_tokens_pairs_each_budget_with_the_main_one_per_seed(tmp_pat
     blocks, figs = render(tmp_path, tmp_path, md_table)
     text = "\n".join(blocks)
     assert "campaign_gap_vs_tokens.png" in figs and (tmp_path / "campaign_gap_vs_tokens.png").exists()
-    assert "| s10m | 265 M | 25 | NVFP4 recipe | 3 | 0.0110 |" in text
-    assert "| s10m | 1,062 M | 100 | NVFP4 recipe | 3 | 0.0160 |" in text
-    assert "| s10m | 1,062 M | 100 | SR's component (without − with) | 3 | 0.0140 |" in text  # 0.030 − 0.016
-    assert "| NVFP4 recipe | s10m, 265 M | s10m, 1,062 M | 3 | 0.0050 |" in text
+    assert "| s10m | 265 M | 25 | NVFP4 recipe | 3 | +0.0110 |" in text
+    assert "| s10m | 1,062 M | 100 | NVFP4 recipe | 3 | +0.0160 |" in text
+    assert "| s10m | 1,062 M | 100 | SR's component (without − with) | 3 | +0.0140 |" in text  # 0.030 − 0.016
+    assert "| NVFP4 recipe | s10m, 265 M | s10m, 1,062 M | 3 | +0.0050 |" in text
 
 
 def test_arms_without_a_seed_in_common_with_bf16_are_reported_as_such_not_a_crash(tmp_path):
@@ -377,7 +377,7 @@ def test_arms_without_a_seed_in_common_with_bf16_are_reported_as_such_not_a_cras
     text = "\n".join(render(tmp_path, tmp_path, md_table)[0])
     assert "| NVFP4 recipe | 0 |  | — (no seed in common yet) |  |" in text
     assert "| no verdict (no seed in common yet) |" not in text  # no_sr and nvfp4 share seed 1: a one-seed verdict
-    assert "stochastic rounding of gradients | helps | 0.0100 | — (1 seed: no interval) |" in text
+    assert "stochastic rounding of gradients | helps | +0.0100 | — (1 seed: no interval) |" in text
     assert headline(tmp_path) is None
     hor = tmp_path / "horizon"
     hor.mkdir()

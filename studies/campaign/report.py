@@ -276,6 +276,18 @@ def _gap_cells(arm: dict, base: dict):
     return gap, {"gap": gap.mean, "95 % CI": _ci(gap), "per seed": _per_seed(arm, base)}
 
 
+def _has_interval(gap) -> bool:
+    """Whether a paired gap (or None: no seed in common) has a t-interval, i.e. two or more seeds; only those can
+    exclude zero, by chance or not."""
+    return gap is not None and gap.n > 1
+
+
+def _component_runs(fin: dict[str, dict[int, float]]) -> list[tuple[str, str, dict, dict]]:
+    """(component, claim, runs without it, runs with it) of each recipe component whose two arms both have final
+    losses in :func:`_final`'s ``fin``; the study's table and its verdict both read this list."""
+    return [(name, claim, fin[w], fin[c]) for name, w, c, claim in COMPONENTS if w in fin and c in fin]
+
+
 def _gap_rows(fin: dict[str, dict[int, float]]) -> list[dict]:
     """The paired-gap table's rows of every arm of :func:`_final`'s ``fin`` against its BF16 runs."""
     rows = []
@@ -393,10 +405,10 @@ def _scaling_block(val: pd.DataFrame, out_dir: Path, md_table) -> tuple[str, str
     name = "campaign_gap_vs_tokens.png"
     save_fig(fig, Path(out_dir) / name)
     text = ("Gap against the token budget and the model size (final validation loss, paired over seeds; each budget "
-            "is its own run with its own cosine schedule):\n\n" + md_table(pd.DataFrame(rows), ".4f"))
+            "is its own run with its own cosine schedule):\n\n" + md_table(pd.DataFrame(rows), "+.4f"))
     if moves:
         text += ("\n\nHow the gap moves from the main budget (per seed: gap there − gap at the main budget; the "
-                 "literature expects it to grow with tokens):\n\n" + md_table(pd.DataFrame(moves), ".4f"))
+                 "literature expects it to grow with tokens):\n\n" + md_table(pd.DataFrame(moves), "+.4f"))
     return text, name
 
 
@@ -432,17 +444,16 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         rows = _gap_rows(fin)
         if rows:
             blocks.append(f"Paired gaps to BF16, {size}, {budget / 1e6:.0f} M tokens:\n\n"
-                          + md_table(pd.DataFrame(rows), ".4f"))
+                          + md_table(pd.DataFrame(rows), "+.4f"))
         comp, intervals = [], 0
-        for name, without, with_, claim in COMPONENTS:
-            if without in fin and with_ in fin:
-                gap, cells = _gap_cells(fin[without], fin[with_])
-                comp.append({"component": name, "claim": claim, "gap (nats/byte)": cells.pop("gap"), **cells,
-                             "verdict": "no verdict (no seed in common yet)" if gap is None else verdict(gap, claim)})
-                intervals += gap is not None and gap.n > 1
+        for name, claim, without, with_ in _component_runs(fin):
+            gap, cells = _gap_cells(without, with_)
+            comp.append({"component": name, "claim": claim, "gap (nats/byte)": cells.pop("gap"), **cells,
+                         "verdict": "no verdict (no seed in common yet)" if gap is None else verdict(gap, claim)})
+            intervals += _has_interval(gap)
         if comp:
             blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
-                          + md_table(pd.DataFrame(comp), ".4f"))
+                          + md_table(pd.DataFrame(comp), "+.4f"))
             if intervals > 1:  # a one-seed component has no interval, so it cannot exclude zero by chance
                 blocks.append(_multiplicity_text(intervals))
         fig = plt.figure(figsize=(12, 6))
@@ -552,10 +563,9 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         f"validation loss, arm − BF16 on the same seed (nats/byte, mean [95 % t-interval] (share of BF16's loss, "
         f"seeds)): " + "; ".join(f"{ARMS[a].label} {_gap_phrase(gaps[a], base_loss)}" for a in order) + "."
     )
-    paired = [(name, g, claim) for name, w, c, claim in COMPONENTS
-              if w in fin and c in fin and (g := _pair(fin[w], fin[c])) is not None]
-    comp = [(name, g, claim) for name, g, claim in paired if g.n > 1]  # those with an interval
-    single = [name for name, g, _ in paired if g.n < 2]
+    paired = [(name, g, claim) for name, claim, w, c in _component_runs(fin) if (g := _pair(w, c)) is not None]
+    comp = [(name, g, claim) for name, g, claim in paired if _has_interval(g)]
+    single = [name for name, g, _ in paired if not _has_interval(g)]
     words = {name: verdict(g, claim) for name, g, claim in comp}
     res = [n for n, v in words.items() if v == "resolved"]
     contra = [n for n, v in words.items() if v == "contradicted"]
