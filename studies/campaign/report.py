@@ -252,7 +252,7 @@ def _arm_color(arm: str):
 
 def _ci(gap) -> str:
     """The 95 % interval as text, or why there is none."""
-    if gap.n < 2:
+    if not _has_interval(gap):
         return f"— ({gap.n} seed: no interval)"
     return f"[{gap.lo:+.4f}, {gap.hi:+.4f}]"
 
@@ -340,14 +340,15 @@ def _ledger_table(ledger: Path, md_table) -> str:
 SCALING_ARMS = ("nvfp4", "nvfp4_no_sr")
 
 
-def _scaling_block(val: pd.DataFrame, out_dir: Path, md_table) -> tuple[str, str | None]:
+def _scaling_block(groups: dict[tuple[str, int], dict[str, dict[int, float]]], out_dir: Path,
+                   md_table) -> tuple[str, str | None]:
     """(Markdown, figure name or None): the paired gap to BF16 of the recipe and of the recipe without SR, and SR's
     component (without − with), at each (size, token budget) with two or more common seeds, against tokens per
     parameter; and how the gap moves from the main budget to each other one, paired per seed (the same seed fixes
     the initial weights and the data order at every budget, so (gap at B) − (gap at the main budget) on each seed
-    is a paired difference with its own t-interval)."""
+    is a paired difference with its own t-interval).  ``groups``: (size, budget) → :func:`_final`'s arm → seed →
+    final loss, as :func:`render` computed them."""
     main_size, main_budget = "s10m", plan_runs("main", lr=1.0)[0]["tokens"]
-    groups = {k: _final(val, *k) for k in sorted({(r.size, int(r.budget)) for r in val.itertuples()})}
     rows, series = [], {}
     for (size, budget), fin in groups.items():
         if "bf16" not in fin:
@@ -357,7 +358,7 @@ def _scaling_block(val: pd.DataFrame, out_dir: Path, md_table) -> tuple[str, str
             pairs.append(("SR's component (without − with)", fin["nvfp4_no_sr"], fin["nvfp4"]))
         for label, arm, base in pairs:
             gap = _pair(arm, base)
-            if gap is None or gap.n < 2:
+            if not _has_interval(gap):
                 continue
             tpp = budget / PARAMS[size]
             rows.append({"size": size, "tokens": f"{budget / 1e6:,.0f} M", "tokens per parameter": f"{tpp:.0f}",
@@ -379,7 +380,7 @@ def _scaling_block(val: pd.DataFrame, out_dir: Path, md_table) -> tuple[str, str
             here = {s: fin[a][s] - fin["bf16"][s] for s in fin[a] if s in fin["bf16"]}
             there = {s: main[a][s] - main["bf16"][s] for s in main[a] if s in main["bf16"]}
             d = _pair(here, there)
-            if d is not None and d.n >= 2:
+            if _has_interval(d):
                 moves.append({"arm": ARMS[a].label, "from": f"{main_size}, {main_budget / 1e6:,.0f} M",
                               "to": f"{size}, {budget / 1e6:,.0f} M", "seeds": d.n,
                               "gap change (nats/byte)": d.mean, "95 % CI": _ci(d)})
@@ -439,8 +440,9 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
                 *([table] if table else [])], [first] if first else []
     blocks, figs = [PROTOCOL, *early], [first] if first else []
     gpu_h = sum(r.get("seconds_total", 0) for r in recs) / 3600
+    finals = {}  # (size, budget) → arm → seed → final loss, for the tables here and the scaling block
     for (size, budget), sub in val.groupby(["size", "budget"]):
-        fin = _final(sub, size, budget)
+        fin = finals[(size, int(budget))] = _final(sub, size, budget)
         rows = _gap_rows(fin)
         if rows:
             blocks.append(f"Paired gaps to BF16, {size}, {budget / 1e6:.0f} M tokens:\n\n"
@@ -512,7 +514,7 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     blocks.append(f"Run time summed over the committed runs: {gpu_h:.2f} h (runs of a batch share the GPU, so this "
                   f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
                                                                       if not_done else ""))
-    scaling, scaling_fig = _scaling_block(val, out_dir, md_table)
+    scaling, scaling_fig = _scaling_block(finals, out_dir, md_table)
     blocks.append(scaling)
     figs += [scaling_fig] if scaling_fig else []
     if table:
@@ -531,7 +533,7 @@ def _final(val: pd.DataFrame, size: str, budget: int) -> dict[str, dict[int, flo
 def _gap_phrase(gap, base_loss: float) -> str:
     """``+0.0062 [-0.0013, +0.0137] (+0.9 %, 3 seeds)``: the mean paired gap, its 95 % interval, the mean as a
     share of BF16's loss and the seed count."""
-    ci = f" {_ci(gap)}" if gap.n > 1 else ""
+    ci = f" {_ci(gap)}" if _has_interval(gap) else ""
     return f"{gap.mean:+.4f}{ci} ({100 * gap.mean / base_loss:+.1f} %, {gap.n} seed{'s' if gap.n > 1 else ''})"
 
 
@@ -611,7 +613,7 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
 
 def _where(gap) -> str:
     """Where a paired gap's 95 % interval lies: above zero, below zero, across zero, or no interval (one seed)."""
-    if gap.n < 2 or math.isnan(gap.lo):
+    if not _has_interval(gap) or math.isnan(gap.lo):
         return "one seed, no interval"
     return "interval above zero" if gap.lo > 0 else "interval below zero" if gap.hi < 0 else "interval across zero"
 
@@ -620,7 +622,7 @@ def _split_text(gaps: dict) -> str:
     """Which pass carries the recipe's gap, from the forward-only and backward-only arms (each − BF16), or ""
     before both have two seeds."""
     fwd, bwd = gaps.get("nvfp4_fwd"), gaps.get("nvfp4_bwd")
-    if fwd is None or bwd is None or fwd.n < 2 or bwd.n < 2:
+    if not (_has_interval(fwd) and _has_interval(bwd)):
         return ""
     text = (f"Split by pass: NVFP4 in the forward pass alone costs {fwd.mean:+.4f} ({_where(fwd)}), in the backward "
             f"pass alone {bwd.mean:+.4f} ({_where(bwd)})")
@@ -638,11 +640,11 @@ def _format_text(fin: dict, gaps: dict) -> str:
     out = []
     if "mxfp4" in fin and "nvfp4" in fin:
         g = _pair(fin["mxfp4"], fin["nvfp4"])
-        if g is not None and g.n > 1:
+        if _has_interval(g):
             word = verdict(g, "helps").split(" (")[0]
             out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} {_ci(g)} ({_where(g)}; the paper's 'MXFP4 widens "
                        f"the gap': {word})")
     f8 = gaps.get("fp8_blockwise")
-    if f8 is not None and f8.n > 1:
+    if _has_interval(f8):
         out.append(f"FP8 blockwise − BF16: {f8.mean:+.4f} {_ci(f8)} ({_where(f8)})")
     return ("; ".join(out) + ".") if out else ""
