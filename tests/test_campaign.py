@@ -277,8 +277,26 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     assert "1 − 0.95^" not in text  # one component with an interval: no multiple-comparison note
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
     # throughput is grouped by how the batch shared the GPU, never pooled across batch shapes
-    assert "| BF16 | separate processes (see the ledger), eager steps | 1 | 250000 |" in text
-    assert "| BF16 | 3 on streams, graph steps | 2 | 250000 |" in text
+    assert "| BF16 | s10m | separate processes (see the ledger), eager steps | 1 | 250000 |" in text
+    assert "| BF16 | s10m | 3 on streams, graph steps | 2 | 250000 |" in text
+
+
+def test_a_budget_without_a_pair_says_so_in_the_gap_panel(tmp_path, monkeypatch):
+    """A budget with BF16 alone (the first horizon run) draws its loss curve, and the gap panel says why it is
+    empty instead of showing blank axes."""
+    from studies.campaign import report as rep
+    from studies.common import md_table
+
+    figs = {}
+    monkeypatch.setattr(rep, "save_fig", lambda fig, path: figs.__setitem__(Path(path).name, fig))
+    d = tmp_path / "horizon"
+    d.mkdir()
+    _fake_run(d, "bf16", 0, 1.0, budget=1_062_000_000)
+    _fake_run(d, "nvfp4", 1, 1.01, budget=1_062_000_000)  # another arm, but on no seed BF16 has
+    rep.render(tmp_path, tmp_path, md_table)
+    loss, gap = figs["campaign_s10m_1062m.png"].axes[:2]
+    assert len(loss.lines) == 2 and not gap.lines[:-1]  # the two curves; only the zero line in the gap panel
+    assert any("no paired gap yet" in t.get_text() for t in gap.texts)
 
 
 def test_headline_states_paired_gaps_relative_to_bf16_and_the_components_verdicts(tmp_path):
@@ -437,7 +455,7 @@ def test_the_learning_rate_is_the_committed_sweeps_best_and_the_section_shows_th
     recs = [json.loads(js.read_text()) for js in (batch.DATA / "main").glob("*.json")]
     done = sum(r["status"] == "done" for r in recs)
     assert "Paired gaps to BF16, s10m, 265 M tokens" in text
-    assert f"main {done} of 36 runs done" in text and "nan" not in text
+    assert (f"main {done} of 36 runs done" if done < 36 else "main: all 36 runs done") in text and "nan" not in text
 
 
 def test_plans_need_the_swept_learning_rate_and_the_manifest_records_runs(tmp_path):
@@ -750,7 +768,8 @@ def test_budget_costs_each_arm_at_its_rate_alone_and_flags_runs_longer_than_a_co
     """The plan estimate: a run costs its tokens at its arm's rate alone where measured (FP8 blockwise 265e6 / 394e3
     = 673 s, BF16 265e6 / 1.53e6 = 173 s), any other s10m run 265e6 / 1.23e6 = 215 s; horizon runs alone take
     1,062e6 / 1.53e6 = 694 s (BF16) to 1,062e6 / 1.10e6 = 965 s (the recipe): more than a command, less than a
-    session; a size run scales by the parameters (19,274,240 / 10,621,824): 572–795 s."""
+    session; a size run costs the recipe's measured s20m rate, 482e6 / 795e3 = 606 s, and any other arm its s10m rate
+    times the recipe's ratio 795e3 / 1.10e6: BF16 482e6 / (1.53e6 × 0.7227) = 436 s.  A finished plan says so."""
     from studies.campaign import report as rep
     from studies.campaign.batch import plan_runs
 
@@ -764,9 +783,13 @@ def test_budget_costs_each_arm_at_its_rate_alone_and_flags_runs_longer_than_a_co
     text = rep._budget_text(done)
     assert "main 33 of 36 runs done, 0.6 h left (~2 sessions)" in text  # 2,018 s: more than one session
     assert "horizon runs of 1,062 M tokens take 694–965 s alone" in text
-    assert "size runs of 482 M tokens take 572–795 s alone" in text and "do not end within" not in text
+    assert "size runs of 482 M tokens take 436–606 s alone" in text and "do not end within" not in text
+    size = plan_runs("size", lr=1.0)
+    assert rep._run_seconds(next(r for r in size if r["arm"] == "nvfp4")) == pytest.approx(482e6 / 795e3)
+    bf16 = next(r for r in size if r["arm"] == "bf16")
+    assert rep._run_seconds(bf16) == pytest.approx(482e6 / (1.53e6 * 795e3 / 1.10e6))
     one = done | {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in fp8[:2]}
     assert "main 35 of 36 runs done, 0.2 h left (~1 session)" in rep._budget_text(one)
     everything = done | {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in fp8}
-    assert "main 36 of 36 runs done, 0.0 h left (~0 sessions)" in rep._budget_text(everything)
+    assert "main: all 36 runs done;" in rep._budget_text(everything) and "0.0 h" not in rep._budget_text(everything)
     assert rep._multiplicity_text(1) == "" and "1 − 0.95^5 = 23 %" in rep._multiplicity_text(5)

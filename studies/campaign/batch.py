@@ -54,9 +54,10 @@ four-over-six seeds 1 and 2 (``--runs 32,35``, 2026-12-04) summed to 0.80 M (660
 multiplies them in FP32 rather than on tensor cores (:func:`fpsim.torch.fastpath.copy_kind`).  Beside a
 four-over-six seed (``--runs 28,29``) it kept 273 k tokens/s but cut its neighbour to 227 k: 500 k in all, 1,043 s
 over three chained commands.  Alone (seed 1, ``--runs 31 --parallel 1 --streams --cuda-graph``, 2026-12-04) it
-held 394 k over the whole run: ``--max-seconds 400`` and at once ``--max-seconds 420`` (411 + 308 s).  Seed 2
-(``--runs 34``) goes the same way.  The horizon runs (1,062 M tokens) go alone too: 694 s (BF16) to 965 s (the
-recipe), two chained commands each.
+held 394 k over the whole run: ``--max-seconds 400`` and at once ``--max-seconds 420`` (411 + 308 s); seed 2
+(``--runs 34``) the same way (568 + 157 s).  The horizon runs (1,062 M tokens) go alone too: 694 s (BF16; seed 0
+took 369 + 333 s, 1.57 M tokens/s) to 965 s (the recipe), two chained commands each.  Size runs (482 M tokens at
+s20m, where the recipe alone makes 0.80 M tokens/s) take ~440–610 s alone: one command or two.
 
 ``--gpus N`` is for a machine of several GPUs (the device kinds nvidia-h200-x2/x4, when they are lent): the
 selected runs go round robin to N child batches, one per GPU (``CUDA_VISIBLE_DEVICES``), each with this command's

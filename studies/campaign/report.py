@@ -181,17 +181,28 @@ TOKENS_PER_S = 1.23e6
 #: FP32 (not on tensor cores).
 ALONE_TOKENS_PER_S = {"bf16": 1.53e6, "nvfp4": 1.10e6, "nvfp4_no_sr": 1.12e6, "mxfp4": 1.17e6,
                       "nvfp4_46": 828e3, "fp8_blockwise": 394e3}
+#: Tokens/s of one run alone at the second size (2026-12-04 probe: the recipe at s20m, 786–795 k over steps
+#: 732–1037).  An arm not measured there is costed at its s10m rate times the recipe's measured ratio (0.72), not
+#: the parameter ratio (0.55): the embedding, attention and the optimizer do not grow with the block linears.
+S20M_ALONE_TOKENS_PER_S = {"nvfp4": 795e3}
 #: Device seconds a session can spend on runs: 30 minutes less a cold start (~60 s) and the gaps between calls.
 SESSION_S = 1_650
 #: Seconds of runs one device command holds (at most 600 s a command, less start-up and the archive).
 COMMAND_S = 540
 
 
+def _s20m_ratio() -> float:
+    """The recipe's measured s20m rate over its s10m rate (alone on the H200)."""
+    return S20M_ALONE_TOKENS_PER_S["nvfp4"] / ALONE_TOKENS_PER_S["nvfp4"]
+
+
 def _run_seconds(r: dict) -> float:
     """Device seconds a plan's run costs: its tokens at its arm's rate alone where that is measured, else at the
-    pair rate, scaled by its non-embedding parameters (the GEMM FLOPs; the second size is not measured yet)."""
+    pair rate; at s20m the measured s20m rate, else the s10m rate times the recipe's s20m/s10m ratio."""
     rate = ALONE_TOKENS_PER_S.get(r["arm"], TOKENS_PER_S)
-    return r["tokens"] * PARAMS[r["size"]] / PARAMS["s10m"] / rate
+    if r["size"] == "s20m":
+        rate = S20M_ALONE_TOKENS_PER_S.get(r["arm"], rate * _s20m_ratio())
+    return r["tokens"] / rate
 
 
 def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
@@ -203,7 +214,8 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
         left = [r for r in runs if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
         sec = sum(_run_seconds(r) for r in left)
         n = math.ceil(sec / SESSION_S)
-        parts.append(f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
+        parts.append(f"{plan}: all {len(runs)} runs done" if not left else
+                     f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
                      f"(~{n} session{'' if n == 1 else 's'})")
         secs = sorted(_run_seconds(r) for r in runs)
         what = f"{plan} runs of {runs[0]['tokens'] / 1e6:,.0f} M tokens take {secs[0]:,.0f}–{secs[-1]:,.0f} s alone"
@@ -213,7 +225,9 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
             chained.append(what)
     text = ("GPU time at the measured rates of a run alone (" +
             ", ".join(f"{ARMS[a].label} {v / 1e6:.2f} M" for a, v in ALONE_TOKENS_PER_S.items())
-            + f" tokens/s; other arms at the {TOKENS_PER_S / 1e6:.2f} M tokens/s of two side by side) and "
+            + f" tokens/s at s10m; other arms at the {TOKENS_PER_S / 1e6:.2f} M tokens/s of two side by side; at s20m "
+            + ", ".join(f"{ARMS[a].label} {v / 1e6:.2f} M" for a, v in S20M_ALONE_TOKENS_PER_S.items())
+            + f", other arms at their s10m rate × {_s20m_ratio():.2f}, the recipe's measured ratio) and "
             f"~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
     if chained:
         text += (f" Runs longer than one command's ~{COMMAND_S} s ({', '.join(chained)}) resume from their "
@@ -477,6 +491,8 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
             if arm != "bf16" and "bf16" in curves:
                 # the paired gap at each evaluation: arm − BF16 on the same seed and token count
                 gap = (band - curves["bf16"]).dropna(how="all")
+                if gap.empty:  # no seed in common with BF16 yet
+                    continue
                 gx.plot(gap.index / 1e6, gap.mean(axis=1), color=color, label=ARMS[arm].label, lw=1.2)
                 gx.fill_between(gap.index / 1e6, gap.min(axis=1), gap.max(axis=1), color=color, alpha=0.15)
                 settled.append(gap[gap.index >= 0.15 * budget])
@@ -485,6 +501,11 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         zoom.grid(alpha=0.3)
         ax.set_ylabel("validation loss (nats per byte)")
         ax.set_title("validation loss (line: mean, band: min–max over seeds)", fontsize=9)
+        if not settled:  # say why the panel is empty rather than leave blank axes
+            gx.text(0.5, 0.5, "no paired gap yet: needs BF16 and another arm\nfinished on the same seed",
+                    ha="center", va="center", transform=gx.transAxes)
+            gx.set_xticks([])
+            gx.set_yticks([])
         gx.axhline(0.0, color="k", lw=0.6)
         if settled and any(len(g) for g in settled):
             lo = min(float(g.min(axis=1).min()) for g in settled if len(g))
@@ -504,13 +525,14 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         save_fig(fig, out_dir / name)
         figs.append(name)
     how = {r["run"]: _how_run(r) for r in recs}
-    tput = (val.assign(how=val.run.map(how)).groupby(["arm", "how"], sort=False)
+    tput = (val.assign(how=val.run.map(how)).groupby(["arm", "size", "how"], sort=False)
             .agg(runs=("run", "nunique"), tps=("tokens_per_s", "median")).reset_index()
             .assign(arm=lambda d: d.arm.map(lambda a: ARMS[a].label))
             .rename(columns={"how": "how the batch ran", "tps": "tokens/s (median)"}))
-    blocks.append("Median training throughput per run (tokens/s at the validation points). Each run shared the GPU "
-                  "with the other runs of its batch, so these are shares of the GPU, not a run alone, and runs of "
-                  "different batch shapes are not comparable with each other:\n\n" + md_table(tput, ".0f"))
+    blocks.append("Median training throughput per run (tokens/s at the validation points). A run of a batch of two "
+                  "or more shared the GPU with the others, so its rate is a share of the GPU; '1 on streams' is a "
+                  "run alone. Runs of different batch shapes or sizes are not comparable with each other:\n\n"
+                  + md_table(tput, ".0f"))
     blocks.append(f"Run time summed over the committed runs: {gpu_h:.2f} h (runs of a batch share the GPU, so this "
                   f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
                                                                       if not_done else ""))
