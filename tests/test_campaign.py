@@ -456,6 +456,9 @@ def test_the_learning_rate_is_the_committed_sweeps_best_and_the_section_shows_th
     done = sum(r["status"] == "done" for r in recs)
     assert "Paired gaps to BF16, s10m, 265 M tokens" in text
     assert (f"main {done} of 36 runs done" if done < 36 else "main: all 36 runs done") in text and "nan" not in text
+    from studies.campaign.report import headline
+
+    assert headline(batch.DATA)[0].startswith(f"{done} of the 36 main runs" if done < 36 else "All 36 main runs")
 
 
 def test_plans_need_the_swept_learning_rate_and_the_manifest_records_runs(tmp_path):

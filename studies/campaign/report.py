@@ -579,7 +579,8 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         return None
     order = [a for a in ARMS if a in gaps]
     measured = (
-        f"{done} of the {len(planned)} main runs of the paired-seed campaign (issue 20; protocol below): a Llama-style "
+        (f"All {done} main runs" if done == len(planned) else f"{done} of the {len(planned)} main runs")
+        + " of the paired-seed campaign (issue 20; protocol below): a Llama-style "
         f"byte-level model of {PARAMS[size] / 1e6:.1f} M non-embedding parameters trained on {budget / 1e6:.0f} M "
         f"tokens ({budget / PARAMS[size]:.0f} per parameter) per run on the NVIDIA H200, "
         f"{sum(w for w in walls if w is not None) / 3600:.1f} h of device time in all commands. BF16's final "
