@@ -519,9 +519,10 @@ def test_the_batch_driver_keeps_its_parallel_runs_going_and_collects_their_resul
     monkeypatch.setattr(batch.subprocess, "Popen", FakeRun)
     monkeypatch.setattr(batch, "POLL_S", 0.0)
     batch.main(["--plan", "lr_sweep", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
-                "--parallel", "2"])
+                "--parallel", "2", "--manifest", str(tmp_path / "none.json")])
     assert [s["--lr"] for s in started] == ["0.001", "0.002", "0.004", "0.008"]
-    assert all(s["--batch"] == str(batch.BATCH) and float(s["--max-seconds"]) == 540 for s in started)
+    # each run gets what is left of the command's 540 s (here almost all: the fakes take no time)
+    assert all(s["--batch"] == str(batch.BATCH) and 539 < float(s["--max-seconds"]) <= 540 for s in started)
     import tarfile
 
     # one archive (the device returns at most 8 files), folder names without '.' (the device drops those)
@@ -561,6 +562,100 @@ def test_runs_side_by_side_in_one_process_give_their_alone_curves(tmp_path):
         assert "side_by_side" not in alone
         a, b = (pd.read_csv(tmp_path / d / f"{rec['run']}.csv") for d in ("many", "alone"))
         assert a[["step", "train_loss", "val_loss"]].equals(b[["step", "train_loss", "val_loss"]])
+
+
+def test_max_seconds_is_the_calls_time_so_a_queued_run_gets_what_is_left_or_does_not_start(monkeypatch, tmp_path):
+    """One at a time under max_seconds 500 (a fake clock: each step takes 100 s): the first run takes 300 s, the
+    second starts with 200 s left, the third with 100 s, and the fourth, with 0 s left (under MIN_START_S), is
+    not started: a status, no files.  Before, every queued run got the whole 500 s, so a batch could run past its
+    ten-minute command and be killed before its checkpoints and archive were written."""
+    clock, made = [0.0], []
+
+    class FakeRun:
+        def __init__(self, arm, seed, size, tokens, lr, out, *, max_seconds, **kw):
+            self.n, self.rid = int(tokens), crun.run_id(arm, seed, size, tokens)
+            made.append((self.rid, max_seconds))
+
+        def advance(self):
+            clock[0] += 100.0
+            self.n -= 1
+            return self.n > 0
+
+        def finish(self):
+            return {"run": self.rid, "status": "done"}
+
+    monkeypatch.setattr(crun, "Run", FakeRun)
+    monkeypatch.setattr(crun.time, "perf_counter", lambda: clock[0])
+    specs = [dict(arm="bf16", seed=k, size="tiny", tokens=n, lr=1e-3, out=tmp_path) for k, n in enumerate((3, 1, 1, 1))]
+    seen = []
+    recs = crun.train_many(specs, parallel=1, on_done=lambda s, r: seen.append(r["status"]), max_seconds=500.0,
+                           device="cpu")
+    assert [m for _, m in made] == [500.0, 200.0, 100.0] and len(seen) == 4
+    assert [r["status"] for r in recs[:3]] == ["done"] * 3
+    assert recs[3]["status"] == f"{crun.NOT_STARTED}: 0 s of max_seconds left" and not list(tmp_path.iterdir())
+
+
+def test_separate_process_runs_get_what_is_left_of_the_commands_time(tmp_path, monkeypatch):
+    """The same deadline for ``batch`` without --streams: with --max-seconds 250 and each process taking 100 s
+    (a fake clock), the lr sweep's runs one at a time get 250 and 150 s; the third and the fourth, with 50 s left
+    (under MIN_START_S), are not started, and the ledger says so."""
+    from studies.campaign import batch
+
+    clock, started = [0.0], []
+
+    class FakeProc:
+        def __init__(self, cmd):
+            started.append(float(cmd[cmd.index("--max-seconds") + 1]))
+            self.returncode = None
+
+        def poll(self):
+            clock[0] += 100.0
+            self.returncode = 0
+            return 0
+
+    monkeypatch.setattr(batch.subprocess, "Popen", FakeProc)
+    monkeypatch.setattr(batch, "POLL_S", 0.0)
+    monkeypatch.setattr(batch.time, "perf_counter", lambda: clock[0])
+    batch.main(["--plan", "lr_sweep", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--parallel",
+                "1", "--max-seconds", "250", "--loose", "--manifest", str(tmp_path / "none.json")])
+    assert started == [250.0, 150.0]
+    result = json.loads((tmp_path / "o" / "lr_sweep" / "ledger.json").read_text())["result"]
+    assert [result[f"lr_sweep/lr{v}/s10m-bf16-s0-t40m"] for v in ("1e-03", "2e-03", "4e-03", "8e-03")] == [
+        "exit 0, no record", "exit 0, no record", f"{crun.NOT_STARTED}: 50 s of max_seconds left",
+        f"{crun.NOT_STARTED}: 50 s of max_seconds left"]
+
+
+def test_the_batch_driver_skips_done_runs_and_records_runs_it_could_not_start(tmp_path, monkeypatch):
+    """A run the committed manifest lists as done, or whose record under --work says done (an earlier command of
+    the session), is skipped rather than trained again from zero; --redo runs it.  A run train_many did not start
+    goes into the ledger entry with its status and nothing is collected for it."""
+    from studies.campaign import batch, data
+
+    calls = []
+
+    def fake_many(specs, *, parallel, on_done, **kw):
+        calls.append([s["arm"] for s in specs])
+        for s in specs:
+            on_done(s, {"run": crun.run_id(s["arm"], s["seed"], s["size"], s["tokens"]),
+                        "status": f"{crun.NOT_STARTED}: 12 s of max_seconds left"})
+
+    monkeypatch.setattr(crun, "train_many", fake_many)
+    monkeypatch.setattr(data, "python_sources", lambda holdout=None: "corpus")
+    man = tmp_path / "manifest.json"
+    man.write_text(json.dumps({"main/s10m-bf16-s1-t265m": {"status": "done"},
+                               "main/s10m-nvfp4_no_sr-s1-t265m": {"status": "partial"}}))
+    (tmp_path / "w" / "main").mkdir(parents=True)
+    (tmp_path / "w" / "main" / "s10m-nvfp4-s1-t265m.json").write_text(json.dumps(
+        {"run": "s10m-nvfp4-s1-t265m", "status": "done"}))
+    argv = ["--plan", "main", "--runs", "3:6", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+            "--streams", "--loose", "--manifest", str(man)]
+    batch.main(argv)
+    assert calls == [["nvfp4_no_sr"]]
+    entry = json.loads((tmp_path / "o" / "main" / "ledger.json").read_text())
+    assert entry["result"] == {"main/s10m-nvfp4_no_sr-s1-t265m": f"{crun.NOT_STARTED}: 12 s of max_seconds left"}
+    assert sorted(p.name for p in (tmp_path / "o" / "main").iterdir()) == ["ledger.json"]
+    batch.main([*argv, "--redo"])
+    assert calls[-1] == ["bf16", "nvfp4", "nvfp4_no_sr"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams need a GPU (the device machine)")
@@ -604,6 +699,7 @@ def test_the_batch_driver_runs_its_plan_in_one_process_with_streams(tmp_path, mo
     monkeypatch.setattr(crun, "train_many", fake_many)
     monkeypatch.setattr(data, "python_sources", lambda holdout=None: "corpus")
     batch.main(["--plan", "main", "--runs", "3:5", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+                "--manifest", str(tmp_path / "none.json"),
                 "--parallel", "2", "--streams", "--cuda-graph", "--max-seconds", "100", "--loose"])
     assert calls["parallel"] == 2 and [s["arm"] for s in calls["specs"]] == ["bf16", "nvfp4"]
     assert calls["kw"] == dict(batch=batch.BATCH, max_seconds=100.0, corpus="corpus", cuda_graph=True)
@@ -650,7 +746,7 @@ def test_the_batch_driver_spreads_its_runs_over_gpus_one_child_batch_each(tmp_pa
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     out = tmp_path / "o"
     argv = ["--plan", "main", "--runs", "3:6", "--work", str(tmp_path / "w"), "--out", str(out), "--parallel", "2",
-            "--streams", "--gpus", "2", "--max-seconds=100"]
+            "--streams", "--gpus", "2", "--max-seconds=100", "--manifest", str(tmp_path / "none.json")]
     batch.main(argv)
     assert [(c[c.index("--runs") + 1], g) for c, g in children] == [("3,5", "0"), ("4", "1")]
     assert all("--gpus" not in c and "--max-seconds=100" in c and "--loose" in c and "--streams" in c

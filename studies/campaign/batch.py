@@ -3,16 +3,20 @@
     python -m studies.campaign.batch --plan main --runs 0:4 --work /tmp/campaign --out $OUT/campaign \\
         --max-seconds 540 --parallel 4
 
-Each run is its own process (``studies.campaign.run``) with ``--max-seconds``; runs that stop early checkpoint
-under ``--work`` and resume when the batch is run again.  The device machine's disk persists only while the
-machine stays warm (it is released 30 s after a command ends, and every session starts a bare one), so a run must
-finish within the commands of one session, chained without a pause, unless its checkpoint (130 MB for s10m:
-float32 weights and both AdamW moments) crosses to the next session in 15 MiB parts over a few calls each way
-(:mod:`studies.campaign.shuttle`; tested on the CPU, not yet used on the device).  The CSVs and JSONs
+Each run is its own process (``studies.campaign.run``), or with ``--streams`` one of several in this process; runs
+that stop early checkpoint under ``--work`` and resume when the batch is run again.  ``--max-seconds`` is the
+command's time for runs: a run started when another stops gets what is left, none starts with less than
+``run.MIN_START_S`` left (the ledger says "not started"), so a queue such as ``--runs 1,3 --parallel 1`` can be sent
+as the same command again and again until both are done.  Runs that are done (in the committed manifest, or by their
+record under ``--work``) are skipped, not trained again from zero (``--redo`` runs them).  The device machine's disk
+persists only while the machine stays warm (it is released 30 s after a command ends, and every session starts a
+bare one), so a run must finish within the commands of one session, chained without a pause, unless its checkpoint
+(130 MB for s10m: float32 weights and both AdamW moments) crosses to the next session in 15 MiB parts over a few
+calls each way (:mod:`studies.campaign.shuttle`; tested on the CPU, not yet used on the device).  The CSVs and JSONs
 go into one tar archive ``--out/<plan>.tar`` (the device returns at most 8 files per command) with the command's
 device-time entry ``<plan>/ledger.json``; unpack it into ``studies/data/campaign/``, then :func:`update_manifest`
-records each run's status and :func:`add_ledger` appends the entry to ``sessions.json`` (delete the
-``ledger.json`` after: the next batch's has the same name).
+records each run's status and :func:`add_ledger` appends the entry to ``sessions.json`` (delete the ``ledger.json``
+after: the next batch's has the same name).
 
 Measured on the H200 (s10m, batch 64 × 512, eager steps): the NVFP4 recipe alone 368 k tokens/s; six runs side
 by side (2026-12-01) 224 k (BF16) and 144–154 k (NVFP4 arms) each; three side by side (2026-12-02) 440 k (BF16),
@@ -82,7 +86,7 @@ import time
 from pathlib import Path
 
 from fpsim.io import atomic_write, dumps
-from studies.campaign.run import run_id
+from studies.campaign.run import MIN_START_S, NOT_STARTED, run_id
 
 __all__ = ["PARAMS", "PLANS", "plan_runs", "select_indices", "select_runs", "update_manifest", "add_ledger", "main"]
 
@@ -186,7 +190,10 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--max-seconds", type=float, default=540)
+    ap.add_argument("--max-seconds", type=float, default=540,
+                    help="seconds of runs this command may spend: a run started when others stop gets what is left, "
+                         f"and none starts with less than {MIN_START_S:.0f} s left; a run stops at its first log "
+                         "step past it and checkpoints")
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--holdout", default=None)
     ap.add_argument("--loose", action="store_true", help="copy loose files to --out instead of one tar archive")
@@ -197,10 +204,19 @@ def main(argv=None) -> None:
     ap.add_argument("--gpus", type=int, default=1,
                     help="spread the runs over this many GPUs of the machine, round robin: one child batch per GPU "
                          "(CUDA_VISIBLE_DEVICES), each with this command's --parallel; one archive, one ledger entry")
+    ap.add_argument("--manifest", type=Path, default=DATA / "manifest.json",
+                    help="runs this manifest lists as done are skipped, as are runs whose record under --work says "
+                         "done (default: the committed manifest)")
+    ap.add_argument("--redo", action="store_true", help="run the selected runs even if they are done")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(argv)
     plan = plan_runs(a.plan, a.lr)
     idx = select_indices(len(plan), a.runs) if a.runs else list(range(len(plan)))
+    if not a.redo:  # a done run started again would train from zero (its checkpoint is gone) to the same bits
+        done = _done_keys(a)
+        for i in [i for i in idx if _key(a.plan, plan[i]) in done]:
+            print(f"{_key(a.plan, plan[i])}: done already, skipped (--redo runs it again)", flush=True)
+        idx = [i for i in idx if _key(a.plan, plan[i]) not in done]
     runs = [plan[i] for i in idx]
     t0 = time.perf_counter()
     if a.gpus > 1:
@@ -209,9 +225,13 @@ def main(argv=None) -> None:
         exits = _in_process(a, runs) if a.streams else _processes(a, runs)
     # the command's entry for the device-time ledger (studies/data/campaign/sessions.json; add_ledger merges it)
     statuses = {}
-    for key, code in exits.items():
+    for key, code in exits.items():  # code: an exit code, or the status of a run that was not started
         js = a.out / f"{key}.json"
-        statuses[key] = json.loads(js.read_text()).get("status", "?") if js.exists() else f"exit {code}, no record"
+        if isinstance(code, str):
+            statuses[key] = code
+        else:
+            statuses[key] = (json.loads(js.read_text()).get("status", "?") if js.exists()
+                             else f"exit {code}, no record")
     entry = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["batch", *argv]),
              "wall_s": round(time.perf_counter() - t0, 1), "result": statuses}
     if a.gpus > 1:
@@ -225,6 +245,19 @@ def main(argv=None) -> None:
 def _key(plan: str, r: dict) -> str:
     """A run's key in the ledger and the manifest: its plan folder / run id."""
     return f"{_dir(plan, r)}/{run_id(r['arm'], r['seed'], r['size'], r['tokens'])}"
+
+
+def _done_keys(a) -> set[str]:
+    """Keys (:func:`_key`) of the runs that are done: in ``a.manifest``, or by their record under ``a.work`` (a
+    run finished by an earlier command of this session, not yet in the committed manifest)."""
+    man = json.loads(a.manifest.read_text()) if a.manifest.exists() else {}
+    done = {k for k, v in man.items() if v.get("status") == "done"}
+    if a.work.exists():
+        for js in a.work.rglob("*.json"):
+            rec = json.loads(js.read_text())
+            if rec.get("status") == "done" and "run" in rec:
+                done.add(f"{js.parent.relative_to(a.work).as_posix()}/{rec['run']}")
+    return done
 
 
 def _without(argv: list[str], options: tuple[str, ...], flags: tuple[str, ...] = ()) -> list[str]:
@@ -297,10 +330,12 @@ def _in_process(a, runs: list[dict]) -> dict:
 
     def done(spec, rec):
         r = runs[next(i for i, sp in enumerate(specs) if sp is spec)]
-        key = _collect(a, r)
-        code = 1 if str(rec.get("status", "")).startswith("error") else 0
-        print(f"{rec['run']}: {rec.get('status')}", flush=True)
-        exits[key] = code
+        status = str(rec.get("status", ""))
+        print(f"{rec['run']}: {status}", flush=True)
+        if status.startswith(NOT_STARTED):  # nothing new under --work: its status goes to the ledger as it is
+            exits[_key(a.plan, r)] = status
+            return
+        exits[_collect(a, r)] = 1 if status.startswith("error") else 0
 
     train_many(specs, parallel=a.parallel, on_done=done, batch=BATCH, max_seconds=a.max_seconds, corpus=corpus,
                cuda_graph=a.cuda_graph)
@@ -308,14 +343,21 @@ def _in_process(a, runs: list[dict]) -> dict:
 
 
 def _processes(a, runs: list[dict]) -> dict:
-    """The runs as --parallel processes at a time; {key: exit code}."""
+    """The runs as --parallel processes at a time; {key: exit code, or the status of a run not started}.  A run
+    started when another ends gets what is left of --max-seconds (none with less than MIN_START_S)."""
     procs, pending, exits = [], list(runs), {}
+    deadline = time.perf_counter() + a.max_seconds
     while pending or procs:
         while pending and len(procs) < a.parallel:  # keep --parallel runs going: start one as soon as one ends
             r = pending.pop(0)
+            left = deadline - time.perf_counter()
+            if left < MIN_START_S:
+                exits[_key(a.plan, r)] = status = f"{NOT_STARTED}: {max(left, 0.0):.0f} s of max_seconds left"
+                print(f"{_key(a.plan, r)}: {status}", flush=True)
+                continue
             cmd = [sys.executable, "-m", "studies.campaign.run", "--arm", r["arm"], "--seed", str(r["seed"]),
                    "--size", r["size"], "--tokens", str(r["tokens"]), "--lr", str(r["lr"]), "--batch", str(BATCH),
-                   "--max-seconds", str(a.max_seconds), "--out", str(a.work / _dir(a.plan, r))]
+                   "--max-seconds", f"{left:.1f}", "--out", str(a.work / _dir(a.plan, r))]
             if a.holdout:
                 cmd += ["--holdout", a.holdout]
             if a.cuda_graph:

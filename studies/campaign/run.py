@@ -34,7 +34,8 @@ from studies.campaign.arms import ARMS, apply_arm
 from studies.campaign.data import python_sources
 from studies.campaign.model import SIZES, Llama, non_embedding_params
 
-__all__ = ["run_id", "batches", "lr_at", "Run", "train", "train_many", "profile_run", "main"]
+__all__ = ["run_id", "batches", "lr_at", "Run", "train", "train_many", "MIN_START_S", "NOT_STARTED",
+           "profile_run", "main"]
 
 CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss", "tokens_per_s")
 #: How every run multiplies two scaled copies (fpsim.torch.fastpath.GEMM), pinned: the paths sum the same exact
@@ -331,11 +332,22 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     return r.finish()
 
 
+#: A queued run is not started when fewer seconds than this are left of the call's ``max_seconds``: its start
+#: (model, graph capture, warm-up) and its checkpoint would take most of them, and a run that overshoots the
+#: device command's limit is killed before its checkpoint and its batch's archive are written.
+MIN_START_S = 60.0
+NOT_STARTED = "not started"
+
+
 def train_many(specs: list[dict], *, parallel: int, on_done=None, **kw) -> list[dict]:
     """Train the runs ``specs`` (each a dict of :func:`train`'s ``arm``, ``seed``, ``size``, ``tokens``, ``lr``,
     ``out``), ``parallel`` at a time in this one process, each on its own CUDA stream, a step of each in turn;
     a run that stops is replaced by the next spec.  ``kw``: :func:`train`'s keywords, shared.  Returns the
     records in the order of ``specs``; ``on_done(spec, record)`` is called as each run stops.
+
+    ``max_seconds`` is this call's time, not each run's: a run started when others stop gets what is left, and
+    with fewer than :data:`MIN_START_S` left it is not started (its record's status begins with
+    :data:`NOT_STARTED`; nothing of it is written).
 
     Why one process: separate processes time-slice the GPU (one context at a time), so the small kernels of
     small models leave most of it idle; streams of one context run concurrently.  A run's bits do not depend
@@ -344,6 +356,7 @@ def train_many(specs: list[dict], *, parallel: int, on_done=None, **kw) -> list[
     status ``"error: …"`` and the others go on."""
     cuda = (kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     pending, live, recs = list(enumerate(specs)), [], [None] * len(specs)
+    deadline = time.perf_counter() + kw.pop("max_seconds", math.inf)
 
     def _stop(i, run, err=None):
         rec = run.finish() if err is None else {"run": run_id(specs[i]["arm"], specs[i]["seed"], specs[i]["size"],
@@ -355,10 +368,17 @@ def train_many(specs: list[dict], *, parallel: int, on_done=None, **kw) -> list[
     while pending or live:
         while pending and len(live) < parallel:
             i, s = pending.pop(0)
+            left = deadline - time.perf_counter()
+            if left < MIN_START_S:
+                recs[i] = {"run": run_id(s["arm"], s["seed"], s["size"], s["tokens"]),
+                           "status": f"{NOT_STARTED}: {max(left, 0.0):.0f} s of max_seconds left"}
+                if on_done is not None:
+                    on_done(s, recs[i])
+                continue
             stream = torch.cuda.Stream() if cuda else None
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                 try:
-                    run = Run(**s, **kw)
+                    run = Run(**s, **kw, max_seconds=left)
                 except Exception as e:  # noqa: BLE001 (recorded; the other runs go on)
                     recs[i] = {"run": run_id(s["arm"], s["seed"], s["size"], s["tokens"]),
                                "status": f"error: {type(e).__name__}: {e}"}
