@@ -254,8 +254,8 @@ def _done_keys(a) -> set[str]:
     done = {k for k, v in man.items() if v.get("status") == "done"}
     if a.work.exists():
         for js in a.work.rglob("*.json"):
-            rec = json.loads(js.read_text())
-            if rec.get("status") == "done" and "run" in rec:
+            rec = json.loads(js.read_text())  # checkpoints' own JSON files are no run records: no "run"
+            if isinstance(rec, dict) and rec.get("status") == "done" and "run" in rec:
                 done.add(f"{js.parent.relative_to(a.work).as_posix()}/{rec['run']}")
     return done
 
