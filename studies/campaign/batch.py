@@ -86,7 +86,7 @@ import time
 from pathlib import Path
 
 from fpsim.io import atomic_write, dumps
-from studies.campaign.run import MIN_START_S, NOT_STARTED, run_id
+from studies.campaign.run import MIN_START_S, NOT_STARTED, run_id, too_late
 
 __all__ = ["PARAMS", "PLANS", "plan_runs", "select_indices", "select_runs", "update_manifest", "add_ledger", "main"]
 
@@ -351,8 +351,8 @@ def _processes(a, runs: list[dict]) -> dict:
         while pending and len(procs) < a.parallel:  # keep --parallel runs going: start one as soon as one ends
             r = pending.pop(0)
             left = deadline - time.perf_counter()
-            if left < MIN_START_S:
-                exits[_key(a.plan, r)] = status = f"{NOT_STARTED}: {max(left, 0.0):.0f} s of max_seconds left"
+            if status := too_late(left):
+                exits[_key(a.plan, r)] = status
                 print(f"{_key(a.plan, r)}: {status}", flush=True)
                 continue
             cmd = [sys.executable, "-m", "studies.campaign.run", "--arm", r["arm"], "--seed", str(r["seed"]),

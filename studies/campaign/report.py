@@ -20,7 +20,7 @@ import pandas as pd
 
 from studies.campaign.arms import ARMS, COMPONENTS
 from studies.campaign.batch import LR, PARAMS, plan_runs
-from studies.campaign.stats import paired_gap, verdict
+from studies.campaign.stats import has_interval, paired_gap, verdict
 from studies.common import save_fig
 
 __all__ = ["load_runs", "render", "headline"]
@@ -266,7 +266,7 @@ def _arm_color(arm: str):
 
 def _ci(gap) -> str:
     """The 95 % interval as text, or why there is none."""
-    if not _has_interval(gap):
+    if not has_interval(gap):
         return f"— ({gap.n} seed: no interval)"
     return f"[{gap.lo:+.4f}, {gap.hi:+.4f}]"
 
@@ -288,12 +288,6 @@ def _gap_cells(arm: dict, base: dict):
     if gap is None:
         return None, {"gap": "", "95 % CI": "— (no seed in common yet)", "per seed": ""}
     return gap, {"gap": gap.mean, "95 % CI": _ci(gap), "per seed": _per_seed(arm, base)}
-
-
-def _has_interval(gap) -> bool:
-    """Whether a paired gap (or None: no seed in common) has a t-interval, i.e. two or more seeds; only those can
-    exclude zero, by chance or not."""
-    return gap is not None and gap.n > 1
 
 
 def _component_runs(fin: dict[str, dict[int, float]]) -> list[tuple[str, str, dict, dict]]:
@@ -372,7 +366,7 @@ def _scaling_block(groups: dict[tuple[str, int], dict[str, dict[int, float]]], o
             pairs.append(("SR's component (without − with)", fin["nvfp4_no_sr"], fin["nvfp4"]))
         for label, arm, base in pairs:
             gap = _pair(arm, base)
-            if not _has_interval(gap):
+            if not has_interval(gap):
                 continue
             tpp = budget / PARAMS[size]
             rows.append({"size": size, "tokens": f"{budget / 1e6:,.0f} M", "tokens per parameter": f"{tpp:.0f}",
@@ -394,7 +388,7 @@ def _scaling_block(groups: dict[tuple[str, int], dict[str, dict[int, float]]], o
             here = {s: fin[a][s] - fin["bf16"][s] for s in fin[a] if s in fin["bf16"]}
             there = {s: main[a][s] - main["bf16"][s] for s in main[a] if s in main["bf16"]}
             d = _pair(here, there)
-            if _has_interval(d):
+            if has_interval(d):
                 moves.append({"arm": ARMS[a].label, "from": f"{main_size}, {main_budget / 1e6:,.0f} M",
                               "to": f"{size}, {budget / 1e6:,.0f} M", "seeds": d.n,
                               "gap change (nats/byte)": d.mean, "95 % CI": _ci(d)})
@@ -466,7 +460,7 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
             gap, cells = _gap_cells(without, with_)
             comp.append({"component": name, "claim": claim, "gap (nats/byte)": cells.pop("gap"), **cells,
                          "verdict": "no verdict (no seed in common yet)" if gap is None else verdict(gap, claim)})
-            intervals += _has_interval(gap)
+            intervals += has_interval(gap)
         if comp:
             blocks.append(f"Recipe components, {size}, {budget / 1e6:.0f} M tokens (gap = without − with):\n\n"
                           + md_table(pd.DataFrame(comp), "+.4f"))
@@ -555,7 +549,7 @@ def _final(val: pd.DataFrame, size: str, budget: int) -> dict[str, dict[int, flo
 def _gap_phrase(gap, base_loss: float) -> str:
     """``+0.0062 [-0.0013, +0.0137] (+0.9 %, 3 seeds)``: the mean paired gap, its 95 % interval, the mean as a
     share of BF16's loss and the seed count."""
-    ci = f" {_ci(gap)}" if _has_interval(gap) else ""
+    ci = f" {_ci(gap)}" if has_interval(gap) else ""
     return f"{gap.mean:+.4f}{ci} ({100 * gap.mean / base_loss:+.1f} %, {gap.n} seed{'s' if gap.n > 1 else ''})"
 
 
@@ -589,8 +583,8 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         f"seeds)): " + "; ".join(f"{ARMS[a].label} {_gap_phrase(gaps[a], base_loss)}" for a in order) + "."
     )
     paired = [(name, g, claim) for name, claim, w, c in _component_runs(fin) if (g := _pair(w, c)) is not None]
-    comp = [(name, g, claim) for name, g, claim in paired if _has_interval(g)]
-    single = [name for name, g, _ in paired if not _has_interval(g)]
+    comp = [(name, g, claim) for name, g, claim in paired if has_interval(g)]
+    single = [name for name, g, _ in paired if not has_interval(g)]
     words = {name: verdict(g, claim) for name, g, claim in comp}
     res = [n for n, v in words.items() if v == "resolved"]
     contra = [n for n, v in words.items() if v == "contradicted"]
@@ -636,7 +630,7 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
 
 def _where(gap) -> str:
     """Where a paired gap's 95 % interval lies: above zero, below zero, across zero, or no interval (one seed)."""
-    if not _has_interval(gap) or math.isnan(gap.lo):
+    if not has_interval(gap):
         return "one seed, no interval"
     return "interval above zero" if gap.lo > 0 else "interval below zero" if gap.hi < 0 else "interval across zero"
 
@@ -645,7 +639,7 @@ def _split_text(gaps: dict) -> str:
     """Which pass carries the recipe's gap, from the forward-only and backward-only arms (each − BF16), or ""
     before both have two seeds."""
     fwd, bwd = gaps.get("nvfp4_fwd"), gaps.get("nvfp4_bwd")
-    if not (_has_interval(fwd) and _has_interval(bwd)):
+    if not (has_interval(fwd) and has_interval(bwd)):
         return ""
     text = (f"Split by pass: NVFP4 in the forward pass alone costs {fwd.mean:+.4f} ({_where(fwd)}), in the backward "
             f"pass alone {bwd.mean:+.4f} ({_where(bwd)})")
@@ -663,11 +657,11 @@ def _format_text(fin: dict, gaps: dict) -> str:
     out = []
     if "mxfp4" in fin and "nvfp4" in fin:
         g = _pair(fin["mxfp4"], fin["nvfp4"])
-        if _has_interval(g):
+        if has_interval(g):
             word = verdict(g, "helps").split(" (")[0]
             out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} {_ci(g)} ({_where(g)}; the paper's 'MXFP4 widens "
                        f"the gap': {word})")
     f8 = gaps.get("fp8_blockwise")
-    if _has_interval(f8):
+    if has_interval(f8):
         out.append(f"FP8 blockwise − BF16: {f8.mean:+.4f} {_ci(f8)} ({_where(f8)})")
     return ("; ".join(out) + ".") if out else ""

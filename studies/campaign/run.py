@@ -34,7 +34,7 @@ from studies.campaign.arms import ARMS, apply_arm
 from studies.campaign.data import python_sources
 from studies.campaign.model import SIZES, Llama, non_embedding_params
 
-__all__ = ["run_id", "batches", "lr_at", "Run", "train", "train_many", "MIN_START_S", "NOT_STARTED",
+__all__ = ["run_id", "batches", "lr_at", "Run", "train", "train_many", "MIN_START_S", "NOT_STARTED", "too_late",
            "profile_run", "main"]
 
 CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss", "tokens_per_s")
@@ -339,6 +339,12 @@ MIN_START_S = 60.0
 NOT_STARTED = "not started"
 
 
+def too_late(left: float) -> str | None:
+    """The status of a queued run not started with ``left`` seconds of ``max_seconds`` left, or None when it may
+    start (:data:`MIN_START_S` or more left)."""
+    return None if left >= MIN_START_S else f"{NOT_STARTED}: {max(left, 0.0):.0f} s of max_seconds left"
+
+
 def train_many(specs: list[dict], *, parallel: int, on_done=None, **kw) -> list[dict]:
     """Train the runs ``specs`` (each a dict of :func:`train`'s ``arm``, ``seed``, ``size``, ``tokens``, ``lr``,
     ``out``), ``parallel`` at a time in this one process, each on its own CUDA stream, a step of each in turn;
@@ -369,9 +375,8 @@ def train_many(specs: list[dict], *, parallel: int, on_done=None, **kw) -> list[
         while pending and len(live) < parallel:
             i, s = pending.pop(0)
             left = deadline - time.perf_counter()
-            if left < MIN_START_S:
-                recs[i] = {"run": run_id(s["arm"], s["seed"], s["size"], s["tokens"]),
-                           "status": f"{NOT_STARTED}: {max(left, 0.0):.0f} s of max_seconds left"}
+            if status := too_late(left):
+                recs[i] = {"run": run_id(s["arm"], s["seed"], s["size"], s["tokens"]), "status": status}
                 if on_done is not None:
                     on_done(s, recs[i])
                 continue

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["PairedGap", "paired_gap", "seeds_to_resolve", "verdict"]
+__all__ = ["PairedGap", "paired_gap", "has_interval", "seeds_to_resolve", "verdict"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,12 @@ def paired_gap(arm: Mapping[int, float], base: Mapping[int, float]) -> PairedGap
     return PairedGap(mean, mean - half, mean + half, seeds)
 
 
+def has_interval(gap: PairedGap | None) -> bool:
+    """Whether a paired gap (or None: no seed in common) has a t-interval, i.e. two or more seeds (:func:`paired_gap`
+    gives NaN bounds exactly when it has one); only those can exclude zero, by chance or not."""
+    return gap is not None and gap.n > 1
+
+
 def verdict(gap: PairedGap, claim: str) -> str:
     """The study's verdict on a component from ``gap = paired_gap(arm without it, arm with it)``.
 
@@ -57,7 +63,7 @@ def verdict(gap: PairedGap, claim: str) -> str:
     ``"not resolved at this scale"``.  ``claim="harmless"`` (the paper says it costs nothing, e.g. BF16 late in
     training): ``"consistent"`` when the interval contains 0, else ``"contradicted"``.
     """
-    if gap.n < 2 or math.isnan(gap.lo):
+    if not has_interval(gap):
         return "not resolved at this scale (fewer than two seeds)"
     above, below = gap.lo > 0, gap.hi < 0
     if claim == "helps":
@@ -75,7 +81,7 @@ def seeds_to_resolve(gap: PairedGap, most: int = 1000) -> int | str | None:
     """The fewest seeds whose 95 % t-interval would exclude 0 if the per-seed differences kept this gap's mean and
     sample standard deviation (a planning figure, not a power analysis); ``f"> {most}"`` beyond ``most``, None for a
     mean of exactly 0.  Needs at least two seeds."""
-    if gap.n < 2 or math.isnan(gap.lo):
+    if not has_interval(gap):
         raise ValueError("a seed spread needs at least two seeds")
     if gap.mean == 0:
         return None
