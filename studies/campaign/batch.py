@@ -166,15 +166,21 @@ def select_runs(runs: list[dict], spec: str) -> list[dict]:
     return [runs[i] for i in select_indices(len(runs), spec)]
 
 
+def _run_records(root: Path):
+    """(key, record) of every run record (a JSON object with a "run") below ``root``, in path order; the key is
+    its folder below ``root`` / run id, as :func:`_key` names it.  Other JSON files (the ledger, checkpoints'
+    step files) are passed over."""
+    for p in sorted(root.rglob("*.json")):
+        rec = json.loads(p.read_text())
+        if isinstance(rec, dict) and "run" in rec:
+            yield f"{p.parent.relative_to(root).as_posix()}/{rec['run']}", rec
+
+
 def update_manifest(results: Path, manifest: Path = DATA / "manifest.json") -> dict:
     """Record every run JSON under ``results`` in the manifest (run id → arm, seed, size, budget, status, tokens
     done, GPU seconds); returns the manifest."""
     man = json.loads(manifest.read_text()) if manifest.exists() else {}
-    for p in sorted(Path(results).rglob("*.json")):
-        rec = json.loads(p.read_text())
-        if "run" not in rec:
-            continue
-        key = f"{p.parent.relative_to(results).as_posix()}/{rec['run']}"
+    for key, rec in _run_records(Path(results)):
         man[key] = {k: rec[k] for k in ("arm", "seed", "size", "tokens_budget", "tokens_done", "status", "lr",
                                         "seconds_total", "device")}
     atomic_write(manifest, dumps(dict(sorted(man.items()))))
@@ -252,12 +258,7 @@ def _done_keys(a) -> set[str]:
     run finished by an earlier command of this session, not yet in the committed manifest)."""
     man = json.loads(a.manifest.read_text()) if a.manifest.exists() else {}
     done = {k for k, v in man.items() if v.get("status") == "done"}
-    if a.work.exists():
-        for js in a.work.rglob("*.json"):
-            rec = json.loads(js.read_text())  # checkpoints' own JSON files are no run records: no "run"
-            if isinstance(rec, dict) and rec.get("status") == "done" and "run" in rec:
-                done.add(f"{js.parent.relative_to(a.work).as_posix()}/{rec['run']}")
-    return done
+    return done | {k for k, rec in _run_records(a.work) if rec.get("status") == "done"}
 
 
 def _without(argv: list[str], options: tuple[str, ...], flags: tuple[str, ...] = ()) -> list[str]:
