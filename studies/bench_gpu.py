@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 import fpsim
+from fpsim.io import atomic_write
 from fpsim.plan import lower
 from fpsim.torch import backend as tb
 from fpsim.torch import codecs as tcodecs
@@ -292,7 +293,7 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        atomic_write(args.out, text)
 
 
 if __name__ == "__main__":

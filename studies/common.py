@@ -133,11 +133,16 @@ def _round_artists(fig) -> None:
 
 
 def save_fig(fig, path: Path) -> None:
-    """PNG without timestamps or version metadata, data rounded as :func:`_round_artists`; closes the figure."""
+    """PNG without timestamps or version metadata, data rounded as :func:`_round_artists`, written atomically;
+    closes the figure."""
+    from fpsim.io import atomic_write
+
     _round_artists(fig)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    try:  # into a temporary file, renamed when complete: a failed render never leaves a half-written PNG
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110, metadata={"Software": None}))
+    finally:
+        plt.close(fig)
 
 
 def write_section(args, title: str, claim: str, measured: str, verdict: str, figures: list[str],
@@ -149,18 +154,31 @@ def write_section(args, title: str, claim: str, measured: str, verdict: str, fig
         lines += [t, ""]
     for f in figures:
         lines += [f"![{title}]({args.dir.name}/{f})", ""]
+    from fpsim.io import atomic_write
+
     path = args.dir / "section.md"
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))
     return path
 
 
-def md_table(df: pd.DataFrame, floatfmt: str = ".3g") -> str:
-    """A small DataFrame as a Markdown table (no extra dependency)."""
+def md_table(df: pd.DataFrame, floatfmt: str = ".3g", formats: dict[str, str] | None = None) -> str:
+    """A small DataFrame as a Markdown table (no extra dependency).
+
+    Floats use ``floatfmt``, or ``formats[column]`` where given.  A missing value (NaN, None) is an empty cell,
+    never the text "nan": the table's caption says why it is missing.
+    """
     cols = list(df.columns)
+    fmts = [(formats or {}).get(c, floatfmt) for c in cols]
     out = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
     for row in df.itertuples(index=False):
-        out.append("| " + " | ".join(format(v, floatfmt) if isinstance(v, float) else str(v) for v in row) + " |")
+        out.append("| " + " | ".join(_cell(v, f) for v, f in zip(row, fmts)) + " |")
     return "\n".join(out)
+
+
+def _cell(v, floatfmt: str) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    return format(v, floatfmt) if isinstance(v, float) else str(v)
 
 
 def sqnr_db(x: np.ndarray, xq: np.ndarray) -> float:

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from fpsim.io import atomic_write
 from studies.common import REPORTS
 
 #: Studies in report order (issue 7's numbering).
@@ -127,9 +128,9 @@ def main(argv=None) -> int:
     if benches:
         head += ["Benchmarks: " + ", ".join(f"[{b}]({b})" for b in benches) + ".", ""]
     md = "\n".join(head) + "\n" + "\n".join(sections)
-    (args.out / "index.md").write_text(md)
+    atomic_write(args.out / "index.md", md)
     page = md_to_html(md, args.out)
-    (args.out / "index.html").write_text(
+    atomic_write(args.out / "index.html",
         "<!doctype html><html><head><meta charset='utf-8'><title>fpsim reports</title><style>"
         "body{font-family:sans-serif;max-width:60em;margin:auto;line-height:1.45}"
         "table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"
