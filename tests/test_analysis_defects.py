@@ -208,5 +208,5 @@ def test_interval_of_identical_samples_is_exactly_zero():
     v = [0.1 + 0.2] * 6
     assert mean_ci95(v) == (0.1 + 0.2, 0.0)  # the textbook formula gives a residue (5.8e-24 in a report)
     m, h = mean_ci95([1.0, 2.0, 3.0])
-    assert m == 2.0 and math.isclose(h, 1.96 * 1.0 / math.sqrt(3))
+    assert m == 2.0 and math.isclose(h, 4.302652729911275 * 1.0 / math.sqrt(3))  # t(0.975, 2 dof), not 1.96
     assert math.isnan(mean_ci95([1.0])[1])

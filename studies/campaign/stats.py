@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from fpsim.analysis import mean_ci95
+
 __all__ = ["PairedGap", "paired_gap", "has_interval", "seeds_to_resolve", "verdict"]
 
 
@@ -40,12 +42,7 @@ def paired_gap(arm: Mapping[int, float], base: Mapping[int, float]) -> PairedGap
     d = np.array([arm[s] - base[s] for s in seeds], np.float64)
     if not np.isfinite(d).all():
         raise ValueError("a loss is not finite: the gap of a diverged run is not a number to average")
-    shift = d - d[0]
-    mean = float(d[0] + shift.mean()) if shift.any() else float(d[0])
-    if d.size < 2:
-        return PairedGap(mean, math.nan, math.nan, seeds)
-    dev = shift - shift.mean() if shift.any() else shift
-    half = float(stats.t.ppf(0.975, d.size - 1)) * math.sqrt(float(dev @ dev) / (d.size - 1)) / math.sqrt(d.size)
+    mean, half = mean_ci95(d)  # NaN half-width for one seed, so NaN bounds
     return PairedGap(mean, mean - half, mean + half, seeds)
 
 
