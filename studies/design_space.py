@@ -243,6 +243,8 @@ def run(args):
     worst = db[db.scheme == "NVFP4"].sort_values("blockmax_frac_below_2^-4").iloc[0]
     worst_ue = bm.loc[(worst.data, "NVFP4 with UE5M3 scales"), "blockmax_frac_below_2^-4"]
     worst_zero = df[(df.data == worst.data) & (df.scale == nv) & (df.block == 16)].zero_scale_blocks.iloc[0]
+    ue_zero = {s: float(df[(df.data == worst.data) & (df.scale == s) & (df.block == 16)].zero_scale_blocks.iloc[0])
+               for s in ("UE5M3 + FP32 tensor scale", "UE5M3, no tensor scale")}
 
     measured = (
         f"Gaussian data, block 16 (SQNR dB): E4M3+tensor scale {gauss16[nv]:.2f}, E4M3 alone "
@@ -258,8 +260,11 @@ def run(args):
         f"{e4_nots_grad.sqnr_db.min():.1f}–{e4_nots_grad.sqnr_db.max():.1f} dB vs "
         f"{e4_ts_grad.sqnr_db.min():.1f}–{e4_ts_grad.sqnr_db.max():.1f} dB with it "
         f"({100 * e4_nots_grad.flushed_to_zero.max():.0f} % of values flushed to zero at worst); UE5M3 (range "
-        f"2^-17..114688) does not need it. "
-        f"Code usage (Gaussian): codes 4 and 6 (|code| 6, 7) hold {top['NVFP4']:.1f} % of NVFP4 values, "
+        f"2^-17..114688) does not need it for tensor SQNR ({sq(worst.data, 'UE5M3, no tensor scale', 16):.2f} dB "
+        f"without, {sq(worst.data, 'UE5M3 + FP32 tensor scale', 16):.2f} dB with it on {worst.data}), but on that "
+        f"tensor {100 * ue_zero['UE5M3, no tensor scale']:.0f} % of its block scales round to zero without it "
+        f"({100 * ue_zero['UE5M3 + FP32 tensor scale']:.0f} % with it). "
+        f"Code usage (Gaussian): the values 4 and 6 (|code| 6, 7) hold {top['NVFP4']:.1f} % of NVFP4 values, "
         f"{top['MXFP4 floor']:.1f} % (floor) and {top['MXFP4 rceil']:.1f} % (rceil) of MXFP4 values; "
         f"the value 6 alone {top6['NVFP4']:.1f} / {top6['MXFP4 floor']:.1f} / {top6['MXFP4 rceil']:.1f} %. "
         f"The block max of NVFP4 maps to 6 in "

@@ -10,6 +10,9 @@ sensitive layers with the paper's first/last rule scaled to this depth.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -28,6 +31,7 @@ SCALED_RULE = LayerPolicy(first=1, last=2)
 
 
 def kurtosis(x):
+    """Pearson kurtosis E[(x−μ)⁴]/σ⁴ (a normal distribution gives 3), not the excess kurtosis (normal = 0)."""
     x = x.astype(np.float64).ravel()
     x = x - x.mean()
     return float((x**4).mean() / (x * x).mean() ** 2)
@@ -74,8 +78,21 @@ def main(argv=None):
     overlap = sorted(set(rule_set) & set(top))
     sq = wg**2
     cover_rule, cover_top = float(sq[rule_set].sum() / sq.sum()), float(sq[top].sum() / sq.sum())
+    bottom = sorted(np.argsort(wg, kind="stable")[:k].tolist())
+    cover_bottom = float(sq[bottom].sum() / sq.sum())
+    # The chance baseline: each layer is in a uniformly random k-subset with probability k/n, so the subset's
+    # expected share of the summed squared error is exactly k/n whatever the data.  Enumerating all C(n, k)
+    # subsets (220 at 12 choose 3) also gives how many cover at least as much as the rule: a permutation p-value.
+    cover_rand = k / n
+    covers = np.array([sq[list(c)].sum() for c in itertools.combinations(range(n), k)]) / sq.sum()
+    assert abs(covers.mean() - cover_rand) < 1e-12
+    p_rule = float(np.mean(covers >= cover_rule - 1e-12))  # the tolerance counts the rule's own subset
     rank = np.argsort(np.argsort(-wg, kind="stable"), kind="stable") + 1  # 1 = most sensitive
     depth_corr = float(np.corrcoef(np.arange(n), wg)[0, 1])
+    # 95 % interval of the depth correlation by Fisher's z (z = atanh r, standard error 1/√(n − 3)): with 12
+    # layers a sizeable r can still be noise, and the verdict should say when it is.
+    zr, zhw = math.atanh(depth_corr), 1.959963984540054 / math.sqrt(n - 3)
+    corr_lo, corr_hi = math.tanh(zr - zhw), math.tanh(zr + zhw)
     literal = LayerPolicy(first=2, last=8).precision_map(names)
     n_literal = sum(v == "bf16" for v in literal.values())
 
@@ -116,30 +133,71 @@ def main(argv=None):
 
     # --- section -------------------------------------------------------------------------------------------
     kd = df[df.metric == "kurtosis_grad_output"].sort_values("index")["value"].to_numpy()
-    tab = pd.DataFrame({"layer": names, "rank": rank, "Wgrad err": wg, "Dgrad err": dg, "Fprop err": fp,
-                        "kurtosis dY": kd, "scaled rule": [pm[nm] for nm in names]})
+    wg_ci_raw = df[(df.gemm == "wgrad") & (df.precision == "nvfp4_paper")].sort_values("index")["ci95"].to_numpy()
+    tab = pd.DataFrame({"layer": names, "rank": rank, "Wgrad err": wg, "Wgrad ±": wg_ci_raw, "Dgrad err": dg,
+                        "Fprop err": fp, "kurtosis dY (Pearson)": kd, "scaled rule": [pm[nm] for nm in names]})
     nm = [names[i] for i in top]
     rn = [names[i] for i in rule_set]
+    n_sets = math.comb(n, k)
+    last_txt = ", ".join(f"{names[i]} {int(rank[i])}" for i in range(n - SCALED_RULE.last, n))
+    # The other layers the scaled rule protects at the end, so the verdict does not quote only the final one.
+    others = "; ".join(f"{names[i]} ranks {int(rank[i])}" for i in range(n - SCALED_RULE.last, n - 1))
     measured = (
         f"Wgrad relative error under nvfp4_paper ranges {wg.min():.3f}–{wg.max():.3f} across the {n} linear layers "
-        f"(Fprop {fp.min():.3f}–{fp.max():.3f}, Dgrad {dg.min():.3f}–{dg.max():.3f}); correlation of Wgrad error "
-        f"with depth index {depth_corr:+.2f}. The {k} highest-Wgrad-error layers are {', '.join(nm)}; the paper's "
-        f"rule scaled to this depth (first {SCALED_RULE.first}, last {SCALED_RULE.last}: {', '.join(rn)}) shares "
-        f"{len(overlap)} of {k} with them ({', '.join(names[i] for i in overlap) or 'none'}) and covers "
-        f"{100 * cover_rule:.0f} % of the summed squared Wgrad error, against {100 * cover_top:.0f} % for the "
-        f"measured top-{k}. The spread is narrow: max/min Wgrad error {wg.max() / wg.min():.2f}×, mean 95 % CI "
-        f"±{wg_ci.mean():.4f}, so the ranking separates layers only weakly. "
+        f"(Fprop {fp.min():.3f}–{fp.max():.3f}, Dgrad {dg.min():.3f}–{dg.max():.3f}). The {k} highest-Wgrad-error "
+        f"layers are {', '.join(nm)}; the paper's rule scaled to this depth (first {SCALED_RULE.first}, last "
+        f"{SCALED_RULE.last}: {', '.join(rn)}) shares {len(overlap)} of {k} with them "
+        f"({', '.join(names[i] for i in overlap) or 'none'}). Coverage, the share of the summed squared Wgrad "
+        f"error (Σ err² over a set's layers / Σ err² over all {n}): the rule {100 * cover_rule:.1f} %, the measured "
+        f"top-{k} {100 * cover_top:.1f} %, the bottom-{k} {100 * cover_bottom:.1f} %, and {k} layers drawn at "
+        f"random {100 * cover_rand:.1f} % on average (exactly {k}/{n}); {100 * p_rule:.0f} % of all {n_sets} "
+        f"possible {k}-layer sets cover at least as much as the rule. Depth: correlation of Wgrad error with depth "
+        f"index r = {depth_corr:+.2f} (95 % CI {corr_lo:+.2f} to {corr_hi:+.2f}, Fisher z, n = {n} layers); the last "
+        f"{SCALED_RULE.last} layers' ranks: {last_txt} (of {n}; rank 1 = highest Wgrad error). The spread is narrow: "
+        f"max/min Wgrad error {wg.max() / wg.min():.2f}×, "
+        + (f"mean over layers of the 95 % t half-width over {seeds} seeds ±{np.mean(wg_ci):.4f}" if seeds > 1
+           else "no interval with one seed")
+        + ", so the ranking separates layers only weakly. "
         f"The literal rule (first 2, last 8) would keep {n_literal} of {n} layers in BF16 here."
     )
-    if len(overlap) == k:
-        verdict = ("Agrees here: the layers with the largest Wgrad error are exactly the ones the scaled "
-                   "first/last rule keeps in BF16.")
-    elif len(overlap) > 0:
-        verdict = (f"Partly agrees: the scaled rule catches {len(overlap)} of the {k} most sensitive layers; "
-                   "measuring Wgrad error per layer (the paper's proposed metric) would pick a different set.")
+    # Both halves of the claim are judged from the numbers above, so the wording follows the data if it changes:
+    # the rule's pick against chance (permutation p-value over all k-subsets), the "final layers" part against
+    # the depth correlation and the final layer's rank.
+    better_than_chance = p_rule <= 0.05
+    pos = (f"the final layer, {names[-1]}, has the lowest Wgrad error of all {n}" if rank[-1] == n
+           else f"the final layer, {names[-1]}, ranks {int(rank[-1])} of {n}") + (f" ({others})" if others else "")
+    ci_txt = f"r = {depth_corr:+.2f}, 95 % CI {corr_lo:+.2f} to {corr_hi:+.2f}"
+    # "contradicted" needs the falling trend itself to be significant; a low rank of the final layer on a trend
+    # whose interval includes 0 only fails to support the claim.
+    contradicted = corr_hi < 0
+    unsupported = not contradicted and depth_corr < 0 and rank[-1] > n / 2
+    if contradicted:
+        depth_txt = (f"The \"final layers most sensitive\" part is contradicted here: {pos}, and Wgrad error falls "
+                     f"with depth ({ci_txt}).")
+    elif unsupported:
+        depth_txt = (f"The \"final layers most sensitive\" part is not supported here: {pos}, and Wgrad error tends "
+                     f"to fall with depth ({ci_txt}; the trend alone is not significant, its interval includes 0).")
+    elif corr_lo > 0:
+        depth_txt = f"The \"final layers most sensitive\" part is supported: Wgrad error rises with depth ({ci_txt})."
     else:
-        verdict = ("Does not agree at this scale: none of the most sensitive layers by Wgrad error is at the "
-                   "positions the first/last rule protects; a measured policy would choose differently.")
+        depth_txt = (f"The \"final layers most sensitive\" part is not resolved: {pos}, and the depth trend "
+                     f"({ci_txt}) is indistinguishable from none.")
+    pick_txt = (f"The scaled rule keeps {len(overlap)} of the {k} highest-Wgrad-error layers in BF16, "
+                + ("and" if better_than_chance else "but") + " its "
+                f"coverage of the squared Wgrad error ({100 * cover_rule:.1f} %) is "
+                + ("better than" if better_than_chance else "no better than")
+                + f" {k} layers chosen at random ({100 * cover_rand:.1f} % expected; {100 * p_rule:.0f} % of the "
+                f"{n_sets} possible sets cover as much)"
+                + ("." if len(overlap) == k else
+                   f"; ranking by measured Wgrad error (the paper's proposed metric) would pick {', '.join(nm)} "
+                   f"({100 * cover_top:.1f} %)."))
+    if better_than_chance and len(overlap) == k and corr_lo > 0:
+        head = "Agrees here. "
+    elif not better_than_chance and (contradicted or unsupported):
+        head = "Does not agree at this scale. "
+    else:
+        head = "Partly agrees. "
+    verdict = head + pick_txt + " " + depth_txt
     verdict += (" Caveats: one tiny model (12 linear layers, width 256, 128 tokens per batch, trained 150 steps), "
                 "one captured step; single-GEMM error is a proxy — the paper's choice rests on training-loss "
                 "behaviour of a 12B model over 10T tokens, which this study cannot reproduce.")
@@ -149,8 +207,11 @@ def main(argv=None):
         "12B model in BF16 (≈ 16 % of linear layers) and proposes each layer's Wgrad quantization error as the "
         "metric for choosing them, the final layers being the most sensitive.",
         measured, verdict, ["error_vs_depth.png", "wgrad_ranking.png"],
-        [f"Per-layer relative error vs FP64 (mean over {seeds} SR seed{'s' * (seeds > 1)}; rank 1 = highest "
-         "Wgrad error):\n\n" + md_table(tab, ".3g")],
+        [f"Per-layer relative error ‖out − out_FP64‖/‖out_FP64‖ (mean over {seeds} SR seed{'s' * (seeds > 1)}; "
+         "rank 1 = highest Wgrad error; Wgrad ± = 95 % t half-width over the seeds, empty with one seed). "
+         "kurtosis dY (Pearson) = E[(dY − mean)⁴]/σ⁴ of the layer's output gradient, where a normal "
+         "distribution gives 3 (not excess kurtosis, which subtracts 3):\n\n"
+         + md_table(tab, ".3g", {"Wgrad ±": ".2g"})],
     )
     return args.dir
 

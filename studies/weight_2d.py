@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 import fpsim
+from fpsim.analysis import mean_ci95
 from fpsim.recipe import get_recipe, linear
 from studies.common import (
     md_table,
@@ -30,6 +31,9 @@ from studies.common import (
 
 NAME = "weight_2d"
 SCHEMES = ("1×16 same dim", "1×16 different dims", "16×16 tiles")
+RECIPES = ("recipe: 16×16 W (paper)", "recipe: 1×16 W")
+#: ``data`` of the CSV rows that aggregate the whole-recipe errors over the layers (mean and seed interval).
+ALL = "mean over layers"
 
 
 def weight_copies(w: np.ndarray, scheme: str) -> tuple[np.ndarray, np.ndarray]:
@@ -85,17 +89,38 @@ def measure(name, x, w, dy):
 
 
 def measure_recipe(name, x, w, dy, seeds, seed0):
-    """Whole-recipe view: nvfp4_paper (16×16 weights) vs the same recipe with 1×16 weights (``without("2d")``)."""
-    rows = []
-    for label, rec in (("recipe: 16×16 W (paper)", get_recipe("nvfp4_paper")),
-                       ("recipe: 1×16 W", get_recipe("nvfp4_paper").without("2d"))):
+    """Whole-recipe view: nvfp4_paper (16×16 weights) vs the same recipe with 1×16 weights (``without("2d")``).
+
+    Returns the CSV rows (mean over the seeds and its 95 % t half-width) and the per-seed errors
+    ``{(recipe label, gemm): [error per seed]}``, which the layer-mean's seed interval needs.
+    """
+    rows, per_seed = [], {}
+    for label, rec in zip(RECIPES, (get_recipe("nvfp4_paper"), get_recipe("nvfp4_paper").without("2d"))):
         errs = [linear(x, w, dy, rec, seed=seed0 + s, layer=name).relative_errors() for s in range(seeds)]
         for g in ("fprop", "dgrad"):
-            rows.append({"data": name, "scheme": label, "metric": f"{g}_rel_error",
-                         "value": float(np.mean([e[g] for e in errs]))})
+            per_seed[(label, g)] = [e[g] for e in errs]
+            mean, ci = mean_ci95(per_seed[(label, g)])
+            rows.append({"data": name, "scheme": label, "metric": f"{g}_rel_error", "value": mean, "ci95": ci})
+    return rows, per_seed
+
+
+def recipe_summary(per_layer: list[dict]) -> list[dict]:
+    """Mean over the layers of the whole-recipe errors, with a 95 % t half-width over the seeds.
+
+    Each seed gives one layer-mean; the interval is over those (the same seed drives both recipes, so the
+    16×16 − 1×16 difference is paired).  It covers the stochastic-rounding / random-sign variation only: the
+    layers themselves are a fixed set, not a sample.
+    """
+    rows = []
+    for g in ("fprop", "dgrad"):
+        by = {lab: np.mean([p[(lab, g)] for p in per_layer], axis=0) for lab in RECIPES}  # one value per seed
+        for lab in RECIPES:
+            mean, ci = mean_ci95(by[lab])
+            rows.append({"data": ALL, "scheme": lab, "metric": f"{g}_rel_error", "value": mean, "ci95": ci})
+        mean, ci = mean_ci95(by[RECIPES[0]] - by[RECIPES[1]])
+        rows.append({"data": ALL, "scheme": "recipe: 16×16 W − 1×16 W (paired)", "metric": f"{g}_rel_error",
+                     "value": mean, "ci95": ci})
     return rows
-
-
 
 
 def main(argv=None):
@@ -113,7 +138,7 @@ def _main(argv=None):
         w = synthetic(kind, (o, i), args.seed + 10 + j) / np.float32(np.sqrt(i))
         layers.append((f"W {kind}", synthetic("gaussian", (t, i), args.seed + 20 + j), w,
                        synthetic("gaussian", (t, o), args.seed + 30 + j)))
-    rows = []
+    rows, per_layer, shapes = [], [], {}
     seeds = 1 if args.quick else 4
     for name, x, w, dy in layers:
         progress(f"[{NAME}] {name}: W {w.shape}, dY {dy.shape}")
@@ -121,11 +146,15 @@ def _main(argv=None):
         if name.startswith("real:") or not args.quick:
             # The recipe runs through the emulated FP32-accumulator GEMM: keep it ≤ 512³.
             xs, ws, dys = x[:512, :512], w[:512, :512], dy[:512, :512]
-            rows += measure_recipe(name, xs, ws, dys, seeds, args.seed)
+            r, p = measure_recipe(name, xs, ws, dys, seeds, args.seed)
+            rows += r
+            per_layer.append(p)
+            shapes[name] = (x.shape, w.shape, xs.shape, ws.shape)  # for the caption: full vs sliced sizes
+    rows += recipe_summary(per_layer)
     df = pd.DataFrame(rows)
     write_csv(df, args.dir / f"{NAME}.csv")
 
-    datas = list(dict.fromkeys(df.data))
+    datas = list(dict.fromkeys(df.data[df.data != ALL]))  # the per-tensor rows, in measurement order
     short = [d.removeprefix("real:") for d in datas]
     core = df[df.scheme.isin(SCHEMES)]
 
@@ -181,29 +210,58 @@ def _main(argv=None):
     cos_fp = 1 - piv("dx_cos_vs_fp64")
     cos_cons = 1 - piv("dx_cos_vs_consistent")
     y_err = piv("y_rel_error")
-    rec = df[df.scheme.str.startswith("recipe")].pivot_table(index="data", columns=["scheme", "metric"],
-                                                             values="value", sort=False)
-    dg_2d = rec[("recipe: 16×16 W (paper)", "dgrad_rel_error")]
-    dg_1d = rec[("recipe: 1×16 W", "dgrad_rel_error")]
-    fp_2d = rec[("recipe: 16×16 W (paper)", "fprop_rel_error")]
-    fp_1d = rec[("recipe: 1×16 W", "fprop_rel_error")]
+    summ = df[df.data == ALL].set_index(["scheme", "metric"])
+
+    diff = "recipe: 16×16 W − 1×16 W (paired)"
+
+    def pm(scheme, g):
+        """'mean ± 95 % t half-width over the seeds' of the layer-mean whole-recipe error (CSV rows ``ALL``)."""
+        v, ci = summ.loc[(scheme, f"{g}_rel_error"), ["value", "ci95"]]
+        # No ± with one seed (NaN) or where every seed gives the same value (0: e.g. Fprop rounds to nearest).
+        return f"{v:{'+' if scheme == diff else ''}.4f}" + ("" if ci != ci or ci == 0 else f" ± {ci:.4f}")
+
+    fp_same = seeds > 1 and (summ.xs("fprop_rel_error", level="metric")["ci95"] == 0).all()
+
+    n_rec = len(per_layer)
+    d_dg, ci_dg = summ.loc[(diff, "dgrad_rel_error"), ["value", "ci95"]]
+    # W-only view: how many times larger the 2D gradient's 1 − cos against FP64 is than the 1-D one's.
+    ratio = cos_fp["16×16 tiles"] / cos_fp["1×16 different dims"]
+    n_worse, n_t = int((ratio > 1).sum()), len(ratio)
     measured = (
         f"With 1×16 blocks along different dims the two weight copies differ by "
         f"{mm['1×16 different dims'].min():.3f}–{mm['1×16 different dims'].max():.3f} of ‖W‖ "
         f"(16×16 tiles and the single 1×16 copy: exactly {mm['16×16 tiles'].max():.0f}). The resulting dX has "
         f"1 − cos against the gradient of the forward actually run of "
         f"{cos_cons['1×16 different dims'].min():.2e}–{cos_cons['1×16 different dims'].max():.2e} (0 with 16×16). "
-        f"Against the FP64 dX, 1 − cos is {cos_fp['1×16 different dims'].min():.2e}–"
+        f"Against the FP64 dX (only W quantized), 1 − cos is {cos_fp['1×16 different dims'].min():.2e}–"
         f"{cos_fp['1×16 different dims'].max():.2e} with 1×16 and {cos_fp['16×16 tiles'].min():.2e}–"
-        f"{cos_fp['16×16 tiles'].max():.2e} with 16×16 tiles. The cost of 2D: weight SQNR lower by "
-        f"{cost.min():.2f}–{cost.max():.2f} dB (mean {cost.mean():.2f} dB) than 1×16 along in; Fprop output error "
-        f"{y_err['1×16 same dim'].mean():.4f} → {y_err['16×16 tiles'].mean():.4f} (mean over tensors). In the "
-        f"whole recipe (dY quantized with SR too), Dgrad error {dg_1d.mean():.4f} (1×16 W) vs {dg_2d.mean():.4f} "
-        f"(16×16 W), Fprop error {fp_1d.mean():.4f} vs {fp_2d.mean():.4f}, mean over {len(rec)} layers."
+        f"{cos_fp['16×16 tiles'].max():.2e} with 16×16 tiles, a 16×16/1×16 ratio of {ratio.min():.2f}–"
+        f"{ratio.max():.2f}× per tensor (larger with 16×16 on {n_worse} of {n_t}). The cost of 2D: weight SQNR "
+        f"lower by {cost.min():.2f}–{cost.max():.2f} dB (mean {cost.mean():.2f} dB) than 1×16 along in; Fprop "
+        f"output error with only W quantized {y_err['1×16 same dim'].mean():.4f} → "
+        f"{y_err['16×16 tiles'].mean():.4f} (mean over tensors). In the whole recipe (X and dY quantized too, "
+        f"with SR where the recipe uses it), mean over {n_rec} layers"
+        + (f" ± 95 % t half-width over {seeds} seeds" if seeds > 1 else " (one seed: no interval)")
+        + f": Dgrad error {pm(RECIPES[1], 'dgrad')} (1×16 W) vs {pm(RECIPES[0], 'dgrad')} (16×16 W), paired "
+        f"difference {pm(diff, 'dgrad')}; Fprop error {pm(RECIPES[1], 'fprop')} vs {pm(RECIPES[0], 'fprop')}, "
+        f"difference {pm(diff, 'fprop')}" + (" (the same on every seed)." if fp_same else ".")
     )
     consistent = mm["16×16 tiles"].max() == 0
     real_cost = cost[[not d.startswith("W ") for d in cost.index]]
     small_cost = real_cost.mean() < 1.5
+    if n_worse == n_t:
+        acc = f"worse on all {n_t} tensors (1 − cos {ratio.min():.1f}–{ratio.max():.1f}× that of the 1-D gradient)"
+    elif n_worse == 0:
+        acc = f"better on all {n_t} tensors (1 − cos {ratio.min():.1f}–{ratio.max():.1f}× that of the 1-D gradient)"
+    else:
+        acc = (f"worse on {n_worse} and better on {n_t - n_worse} of {n_t} tensors (1 − cos "
+               f"{ratio.min():.1f}–{ratio.max():.1f}× that of the 1-D gradient)")
+    # The whole-recipe difference counts as resolved only when its seed interval excludes 0.
+    if ci_dg == ci_dg and abs(d_dg) > ci_dg:
+        rec_txt = (f"in the whole recipe its Dgrad error is {'higher' if d_dg > 0 else 'lower'} "
+                   f"({pm(diff, 'dgrad')} over {seeds} seeds)")
+    else:
+        rec_txt = f"in the whole recipe the Dgrad difference ({pm(diff, 'dgrad')}) is not resolved"
     verdict = (
         ("Agrees on consistency: " if consistent else "Does not agree: ")
         + "16×16 tiles make the Fprop and Dgrad weights bit-identical, removing a "
@@ -211,24 +269,49 @@ def _main(argv=None):
         + ("The cost is small on the captured weights: " if small_cost else "The cost is not small: ")
         + f"{real_cost.mean():.2f} dB of weight SQNR on average there, but up to {cost.max():.1f} dB on "
         "heavy-tailed synthetic weights, where one 16×16 tile shares one scale across 256 values. "
-        "The benefit is consistency, not accuracy: against the "
-        "FP64 dX the 2D gradient is "
-        + ("no better" if cos_fp["16×16 tiles"].mean() >= cos_fp["1×16 different dims"].mean() else "slightly better")
-        + " than the 1-D one, and whether the inconsistency matters for training (the paper's argument) cannot "
-        "be measured from single GEMMs."
+        f"The benefit is consistency, not accuracy: against the FP64 dX the 2D gradient is {acc}, and {rec_txt}; "
+        "whether the inconsistency matters for training (the paper's argument) cannot be measured from single "
+        "GEMMs."
     )
     tab = piv("w_mismatch").rename(columns=lambda c: f"mismatch {c}")
     tab["SQNR 1×16 (dB)"] = sq["1×16 along in (Fprop copy)"]
     tab["SQNR 16×16 (dB)"] = sq["16×16 tiles"]
     tab["1−cos dX vs FP64, 1×16 diff"] = cos_fp["1×16 different dims"]
     tab["1−cos dX vs FP64, 16×16"] = cos_fp["16×16 tiles"]
+    tab["ratio 16×16 / 1×16"] = ratio
     tab = tab.reset_index().rename(columns={"index": "tensor"})
+
+    def size_txt(nm):
+        (xf, wf, xu, wu) = shapes[nm]
+        full = f"X {xf[0]}×{xf[1]}, W {wf[0]}×{wf[1]}"
+        return f"full size ({full})" if (xf, wf) == (xu, wu) else (
+            f"the first {xu[0]} rows × {xu[1]} columns of X and {wu[0]}×{wu[1]} of W (full: {full})")
+
+    groups = {}
+    for nm in shapes:
+        groups.setdefault(size_txt(nm), []).append(nm.removeprefix("real:"))
+    caption = (
+        "Per tensor (captured tiny-LM layers fc1, fc2, head; synthetic W = a sample of the named distribution / √in, "
+        "with Gaussian X and dY). "
+        "mismatch = ‖W_fprop − W_bprop‖_F / ‖W‖_F between the dequantized copy the Fprop GEMM uses and the one "
+        "the Dgrad GEMM uses (1×16 same dim: one copy blocked along in serves both; 1×16 different dims: "
+        "Fprop copy along in, Dgrad copy along out; 16×16: tiles). SQNR 1×16 = 10·log10(‖W‖²/‖W − W_q‖²) of "
+        "the Fprop copy in 1×16 blocks along the input dimension (in, Fprop's reduction axis); SQNR 16×16 the "
+        "same for the 16×16-tiled copy. 1−cos dX vs FP64 = 1 − cos(dY·W_bprop, dY·W) in FP64 with only W "
+        "quantized (dY and the GEMM exact); ratio = 16×16 column / 1×16 column. All these are deterministic "
+        "(no seeds, no interval). The whole-recipe errors quoted above (nvfp4_paper vs the same recipe "
+        "without 2D, ‖out − out_FP64‖/‖out_FP64‖) run on "
+        + "; ".join(f"{', '.join(v)}: {k}" for k, v in groups.items())
+        + (f"; each layer's error is the mean over {seeds} seeds and ± is the 95 % Student-t half-width over "
+           "the seeds of the layer-mean (seed-to-seed variation only, the layers are a fixed set)."
+           if seeds > 1 else "; one seed, so no interval is computed.")
+    )
     write_section(
         args, "5. 2D weight scaling",
         "Quantizing weights in 16×16 tiles makes the forward and backward passes use the same quantized "
         "weight (W and Wᵀ give identical values), keeping the chain rule consistent, at a small cost in "
         "weight quantization accuracy compared with 1×16 blocks.",
-        measured, verdict, figs, [md_table(tab, ".4g")],
+        measured, verdict, figs, [caption + "\n\n" + md_table(tab, ".4g", {"ratio 16×16 / 1×16": ".2f"})],
     )
     return args.dir
 

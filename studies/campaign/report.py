@@ -523,7 +523,8 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
             .agg(runs=("run", "nunique"), tps=("tokens_per_s", "median")).reset_index()
             .assign(arm=lambda d: d.arm.map(lambda a: ARMS[a].label))
             .rename(columns={"how": "how the batch ran", "tps": "tokens/s (median)"}))
-    blocks.append("Median training throughput per run (tokens/s at the validation points). A run of a batch of two "
+    blocks.append("Training throughput: the median of the tokens/s logged at the validation points, pooled over the "
+                  "runs of a row. A run of a batch of two "
                   "or more shared the GPU with the others, so its rate is a share of the GPU; '1 on streams' is a "
                   "run alone. Runs of different batch shapes or sizes are not comparable with each other:\n\n"
                   + md_table(tput, ".0f"))

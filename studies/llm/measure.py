@@ -24,13 +24,23 @@ Experiments, per linear, on X (tokens × in) and dY (tokens × out), BF16 values
 * ``tokens``: the Wgrad copies of X and dY (NVFP4 1×16 along tokens, RNE), with and without RHT16 along tokens:
   relative error of the sink token rows, of the other 15 rows of the sink tiles (its neighbours, which share
   their block scales with it) and of the other tiles, and each part's share of the squared error and of ‖x‖².
+  A part's relative error is empty (NaN) when the part holds less than ``MIN_ENERGY_SHARE`` (1e-12) of the
+  whole tensor's ‖x‖²: dividing by a norm that is ~0 gives no error ratio, only noise (on SmolLM2 this is the
+  sink token's rows of q_proj's dY: under causal attention the first query attends only to itself, so its
+  gradient is zero up to rounding, ~1e-19 of ‖dY‖², and its "relative error" came out as 1 or up to 1.2e7).
 * ``sr``: magnitude bias mean(sign(g)·(ĝ − g)) / mean|g| of dY's Wgrad copy (NVFP4 along tokens) under RNE and
-  under SR (4 seeds; ``sr_ci95`` the 95 % half-width).
+  under SR (``SR_SEEDS`` = 4 seeds; ``bias_sr_ci95`` the half-width of the 95 % Student-t interval,
+  t(0.975, SR_SEEDS − 1)·s/√SR_SEEDS = 3.18·s/2, from ``fpsim.analysis.mean_ci95``).
+
+All values are dimensionless (ratios of norms, shares, counts, channel indices).  The committed CSV was edited
+once after measurement (``studies.llm.fix_results``, recorded under ``results_notes`` in ``smollm2_check.json``);
+a new measurement writes those values directly and clears the notes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -54,11 +64,17 @@ FORMATS = ("nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3")
 DESIGN = {"e2m1_e4m3_b32": BlockScheme("e2m1_e4m3_b32", "e2m1", "e4m3", (1, 32), tensor_scale=True),
           "e2m1_e8m0_b16": BlockScheme("e2m1_e8m0_b16", "e2m1", "e8m0", (1, 16))}
 SR_SEEDS = 4
+#: A part of a tensor holding less than this share of the whole tensor's squared norm gets no relative error.
+MIN_ENERGY_SHARE = 1e-12
 
 
-def rel(a: np.ndarray, ref: np.ndarray) -> float:
+def rel(a: np.ndarray, ref: np.ndarray, whole_energy: float | None = None) -> float:
+    """‖a − ref‖ / ‖ref‖; NaN when ‖ref‖ = 0 or, given the squared norm ``whole_energy`` of the tensor ``ref`` is
+    a part of, when ‖ref‖² < MIN_ENERGY_SHARE · whole_energy (the ratio would divide by a norm that is ~0)."""
     d = np.linalg.norm(ref)
-    return float(np.linalg.norm(a.astype(np.float64) - ref) / d) if d else float("nan")
+    if not d or (whole_energy is not None and d * d < MIN_ENERGY_SHARE * whole_energy):
+        return float("nan")
+    return float(np.linalg.norm(a.astype(np.float64) - ref) / d)
 
 
 def kurtosis(x: np.ndarray) -> float:
@@ -126,7 +142,7 @@ def measure_linear(layer: int, lin: str, x: np.ndarray, dy: np.ndarray, w: np.nd
         for rht in (False, True):
             q = along_tokens(a, rht)
             e2, x2 = float(((q - a64) ** 2).sum()), float((a64**2).sum())
-            m = {f"{tname}_rel_error_{k}": rel(q[r], a64[r]) for k, r in parts.items()}
+            m = {f"{tname}_rel_error_{k}": rel(q[r], a64[r], x2) for k, r in parts.items()}  # NaN: no energy
             m |= {f"{tname}_err_share_{k}": float(((q[r] - a64[r]) ** 2).sum()) / e2 for k, r in parts.items()}
             m |= {f"{tname}_energy_share_{k}": float((a64[r] ** 2).sum()) / x2 for k, r in parts.items()}
             rows += _rows(layer, lin, "tokens", "rht16" if rht else "none", m)
@@ -136,7 +152,7 @@ def measure_linear(layer: int, lin: str, x: np.ndarray, dy: np.ndarray, w: np.nd
     bias_rne = float((sgn * (fpsim.quantize(g, "nvfp4").dequantize() - g64)).mean()) / mag
     draws = [float((sgn * (fpsim.quantize(g, "nvfp4", rounding="sr", seed=seed + s).dequantize() - g64)).mean()) / mag
              for s in range(SR_SEEDS)]
-    m, ci = mean_ci95(draws)
+    m, ci = mean_ci95(draws)  # ci: Student-t half-width, t(0.975, SR_SEEDS − 1)·s/√SR_SEEDS
     rows += _rows(layer, lin, "sr", "-", {"bias_rne": bias_rne, "bias_sr": m, "bias_sr_ci95": ci})
     return rows
 
@@ -147,7 +163,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--layers", type=str, default=None, help="comma-separated block indices (default: all)")
     args = ap.parse_args(argv)
-    from fpsim.io import InputError, atomic_write, open_tensors
+    from fpsim.io import InputError, atomic_write, dumps, open_tensors
 
     try:
         refs = {r.name: r for r in open_tensors([str(args.capture)])}
@@ -167,6 +183,10 @@ def main(argv=None) -> int:
         print(f"block {i} done ({time.perf_counter() - t0:.0f} s)", flush=True)
     df = pd.DataFrame(rows)
     atomic_write(args.out, df.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+    check = args.out.parent / "smollm2_check.json"
+    if args.out == RESULTS and check.exists() and "results_notes" in (c := json.loads(check.read_text())):
+        del c["results_notes"]  # they describe edits of the previous CSV; these values are measured as written
+        atomic_write(check, dumps(c, indent=1))
     print(f"wrote {args.out} ({len(df)} rows, {time.perf_counter() - t0:.0f} s)")
     return 0
 

@@ -5,6 +5,12 @@ remakes them from the GGUF in the ``[llm]`` extra: the capture, then ``studies.l
 needs neither torch nor the capture.  Writes ``<out>/smollm2/``: ``smollm2.csv`` (per-block summary),
 ``wgrad_by_block.png``, ``rht_by_role.png`` and ``section.md`` (sub-sections for format error, design space,
 outliers and RHT, stochastic rounding and layer sensitivity).
+
+The committed CSV was edited once after measurement, on 2026-12-04, by ``studies.llm.fix_results`` (the edits
+are listed under ``results_notes`` in ``smollm2_check.json`` and printed in the section's data notes):
+``bias_sr_ci95`` rescaled from the normal (1.96·s/√n) to the Student-t 95 % half-width (t(0.975, n − 1)·s/√n,
+n = ``SR_SEEDS`` = 4), and the ``tokens`` relative errors of parts holding < ``MIN_ENERGY_SHARE`` (1e-12) of
+their tensor's ‖x‖² emptied (q_proj's sink-token gradient rows), as ``studies.llm.measure`` now writes them.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import json
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from fpsim.recipe import LayerPolicy
 from studies.common import md_table, parse_args, save_fig, write_csv
-from studies.llm.measure import DATA, RESULTS
+from studies.llm.measure import DATA, MIN_ENERGY_SHARE, RESULTS, SR_SEEDS
 
 NAME = "smollm2"
 CHECK = DATA / "smollm2_check.json"
@@ -25,6 +32,17 @@ ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 #: The paper keeps the first 2 and last 8 of its 12B model's 62 blocks in BF16; scaled to 30 blocks:
 #: 2·30/62 ≈ 1 first and 8·30/62 ≈ 3.9 → 4 last (5 of 30 blocks, 17 %).
 SCALED_RULE = LayerPolicy(first=1, last=4)
+
+
+#: Caption of the per-block table at the end of the section (also the column legend of ``smollm2.csv``).
+TABLE_CAPTION = (
+    "Per block ({n} blocks; one captured step, SR seed 0, no uncertainty estimate): `wgrad_rms_rel_error` = RMS "
+    "over the block's 7 linears of the Wgrad relative error ‖dW − dW_FP64‖ / ‖dW_FP64‖ under nvfp4_paper "
+    "(dimensionless); `rht_change_mean_pct` = mean over the 7 linears of (that error / the same recipe's error "
+    "without RHT − 1), in % (positive: RHT16 worse; section c); `resid_max_first_token` = max |value| of the "
+    "block's output residual stream (hidden state, 576 channels) at the first token of the 8 sequences, in the "
+    "model's activation units (dimensionless float32; {big} exceed 10× the max over all other tokens, "
+    "`resid_max_other_tokens` in smollm2.csv):")
 
 
 def _pct(v: float) -> str:
@@ -105,18 +123,42 @@ def rht_numbers(df):
                 m = f"{t}_{metric}_{part}"
                 tok[(t, metric, part)] = {v: float(np.nanmean(pivot(df, "tokens", v, m).to_numpy()))
                                           for v in ("none", "rht16")}
+                if metric == "rel_error":  # empty where the part holds < MIN_ENERGY_SHARE of the tensor's energy
+                    tok[(t, "empty", part)] = pivot(df, "tokens", "none", m).isna() | pivot(df, "tokens", "rht16",
+                                                                                           m).isna()
     return full, norht, change, tok
+
+
+def _empty_text(tok, t: str, nm: str, part: str) -> str:
+    """The count of linears a tokens relative error is defined for and, if some are empty, which and why."""
+    empty = tok[(t, "empty", part)]
+    n = int(empty.to_numpy().sum())
+    if not n:
+        return f"all {empty.size} linears"
+    roles = [r for r in ROLES if empty[r].any()]
+    why = (f"empty for {' and '.join(f'{int(empty[r].sum())} {r}_proj' for r in roles)} linears, where these rows "
+           f"hold < {MIN_ENERGY_SHARE:.0e} of ‖{nm}‖²")
+    if t == "grad_output" and part == "sink_token" and roles == ["q"]:
+        why += (" — under causal attention the first query attends only to itself, so its gradient is zero up to "
+                "rounding —")
+    why += " and a ratio to a norm that is ~0 measures nothing"
+    return f"{empty.size - n} linears; {why}"
 
 
 def _tok_text(tok) -> str:
     out = []
     for t, nm in (("input", "X"), ("grad_output", "dY")):
         en, er = tok[(t, "energy_share", "sink_token")], tok[(t, "err_share", "sink_token")]
-        nb, ot = tok[(t, "rel_error", "sink_neighbours")], tok[(t, "rel_error", "other_tiles")]
+        sk, nb = tok[(t, "rel_error", "sink_token")], tok[(t, "rel_error", "sink_neighbours")]
+        ot = tok[(t, "rel_error", "other_tiles")]
         out.append(f"{nm}: the 2 sink-token rows (of 512) hold {en['none']:.1%} of ‖{nm}‖² and {er['none']:.1%} "
-                   f"of its squared error without RHT, {er['rht16']:.1%} with; relative error of their 15 "
-                   f"neighbours {nb['none']:.3f} → {nb['rht16']:.3f}, of the other tiles {ot['none']:.3f} → "
+                   f"of its squared error without RHT, {er['rht16']:.1%} with; relative error of the sink-token rows "
+                   f"{sk['none']:.3f} → {sk['rht16']:.3f} (mean over {_empty_text(tok, t, nm, 'sink_token')}), of "
+                   f"their 15 neighbours {nb['none']:.3f} → {nb['rht16']:.3f}, of the other tiles {ot['none']:.3f} → "
                    f"{ot['rht16']:.3f}")
+        for part in ("sink_neighbours", "other_tiles"):
+            if tok[(t, "empty", part)].to_numpy().any():
+                out[-1] += f" ({part.replace('_', ' ')}: {_empty_text(tok, t, nm, part)})"
     return "; ".join(out)
 
 
@@ -128,8 +170,13 @@ def rht_text(df, massive_blocks):
     helped = int((c.to_numpy() < 0).sum())
     drop = norht["wgrad_rel_error_no_sink_tiles"] / norht["wgrad_rel_error"] - 1
     mean_drop, by_role_drop = float(np.mean(drop.to_numpy())), drop.mean(axis=0)
+    drop_r = full["wgrad_rel_error_no_sink_tiles"] / full["wgrad_rel_error"] - 1
+    mean_drop_r, by_role_drop_r = float(np.mean(drop_r.to_numpy())), drop_r.mean(axis=0)
+    c_ns = float(np.mean(change["wgrad_rel_error_no_sink_tiles"].to_numpy()))
     c_mass, c_early = float(np.mean(c.loc[massive_blocks].to_numpy())), float(np.mean(c.loc[early].to_numpy()))
     measured = (
+        "One captured step and SR seed 0 only (RHT's sign vector is the recipe's fixed one; SR on dY is the only "
+        "random draw), so the changes below carry no uncertainty estimate. "
         f"Wgrad under nvfp4_paper (RHT16 along tokens on dY and X, SR on dY) against the same recipe without RHT, "
         f"per linear: {_pct(np.mean(c.to_numpy()))} on average ({_pct(np.min(c.to_numpy()))} to "
         f"{_pct(np.max(c.to_numpy()))}); RHT lowers the error in {helped} of {c.size} linears. By role: "
@@ -139,13 +186,14 @@ def rht_text(df, massive_blocks):
         f"dW columns measured apart): RHT changes their dW error by "
         f"{_pct(np.nanmean(change['wgrad_rel_error_massive_cols'].to_numpy()))} and the other columns' by "
         f"{_pct(np.nanmean(change['wgrad_rel_error_other_cols'].to_numpy()))} on average. Attention-sink token: "
-        f"without RHT, leaving out each sequence's first 16-token tile (the Hadamard tile holding the sink; "
-        f"{16 / 256:.1%} of the tokens) changes the Wgrad error by {_pct(mean_drop)} on average (by role: "
-        + ", ".join(f"{r} {_pct(by_role_drop[r])}" for r in ROLES)
-        + f"); on the tokens without it RHT changes the Wgrad error by "
-        f"{_pct(np.mean(change['wgrad_rel_error_no_sink_tiles'].to_numpy()))}. The Wgrad copies quantized along "
+        f"leaving out each sequence's first 16-token tile (the Hadamard tile holding the sink; "
+        f"{16 / 256:.2%} of the tokens) changes the Wgrad error by {_pct(mean_drop)} on average without RHT (by "
+        "role: " + ", ".join(f"{r} {_pct(by_role_drop[r])}" for r in ROLES)
+        + f") and by {_pct(mean_drop_r)} with RHT (by role: "
+        + ", ".join(f"{r} {_pct(by_role_drop_r[r])}" for r in ROLES)
+        + f"); on the tokens without it RHT changes the Wgrad error by {_pct(c_ns)} on average, against "
+        f"{_pct(mean_c := float(np.mean(c.to_numpy())))} on all tokens. The Wgrad copies quantized along "
         f"tokens (NVFP4, RNE), without → with RHT16, means over linears: {_tok_text(tok)}.")
-    mean_c = float(np.mean(c.to_numpy()))
     if mean_c > 0.01:
         verdict = (f"Does not agree at the level of one GEMM, on a real LLM either: RHT16 on Wgrad raises SmolLM2's "
                    f"Wgrad error by {_pct(mean_c)} on average (the tiny model: +14.5 %), {_pct(c_mass)} in the "
@@ -159,13 +207,23 @@ def rht_text(df, massive_blocks):
                    "tiny model (+14.5 %). ")
     else:
         verdict = f"Neutral: RHT16 changes SmolLM2's Wgrad error by {_pct(mean_c)} on average (tiny model +14.5 %). "
-    verdict += ("The attention-sink tiles are not where the Wgrad error comes from: leaving them out changes it by "
-                f"{_pct(mean_drop)} on average. " if abs(mean_drop) < 0.05 else
-                f"The attention-sink tiles matter: leaving them out changes the Wgrad error by {_pct(mean_drop)}. ")
-    worst = by_role_drop.abs().idxmax()
-    if abs(by_role_drop[worst]) >= 0.1:
-        verdict += (f"Except in {worst}_proj ({_pct(by_role_drop[worst])} without the sink tiles): there the sink "
-                    "token's tile carries a good part of the Wgrad error. ")
+    small = max(abs(mean_drop), abs(mean_drop_r)) < 0.05
+    verdict += (f"Leaving out the attention-sink tiles ({16 / 256:.2%} of the tokens) changes the Wgrad error by "
+                f"{_pct(mean_drop)} on average without RHT and by {_pct(mean_drop_r)} with it"
+                + (", so on average they hold little of the error either way" if small else "") + "; ")
+    if mean_c > 0.01 and c_ns < mean_c / 2:
+        verdict += (f"but more than half of RHT's average cost goes with them: on the other tokens RHT raises the "
+                    f"error by {_pct(c_ns)} instead of {_pct(mean_c)}. ")
+    elif mean_c > 0.01 and c_ns < mean_c - 0.01:
+        verdict += (f"part of RHT's average cost goes with them: on the other tokens RHT raises the error by "
+                    f"{_pct(c_ns)} instead of {_pct(mean_c)}. ")
+    else:
+        verdict += f"on the other tokens RHT changes the error by {_pct(c_ns)} (all tokens: {_pct(mean_c)}). "
+    big = [r for r in ROLES if max(abs(by_role_drop[r]), abs(by_role_drop_r[r])) >= 0.1]
+    if big:
+        verdict += (f"Per role the exception{' is' if len(big) == 1 else 's are'} " + ", ".join(
+            f"{r}_proj ({_pct(by_role_drop[r])} without RHT, {_pct(by_role_drop_r[r])} with)" for r in big)
+            + ": there the sink token's tile carries a good part of the Wgrad error. ")
     verdict += "A single captured step cannot test the paper's evidence, loss curves of long 12B runs."
     return measured, verdict, c
 
@@ -180,16 +238,25 @@ def sr_text(df):
     ratio = (sr.abs() / rne.abs()).to_numpy().ravel()
     less = int((sr.abs() < rne.abs()).to_numpy().sum())
     zero_in_ci = int((sr.abs() <= ci).to_numpy().sum())
+    margin = float(np.nanmin((sr.abs() / ci).to_numpy()))
+    t = stats.t.ppf(0.975, SR_SEEDS - 1)
+    zero = (f"zero lies inside the interval for {zero_in_ci} of them (the interval nearest to including zero: "
+            f"|SR bias| = {margin:.3f}× its half-width)" if not zero_in_ci else
+            f"zero lies inside the interval for {zero_in_ci} of {sr.size}")
     measured = (f"Magnitude bias mean(sign(g)(ĝ − g)) / mean|g| of each dY's Wgrad copy (NVFP4 1×16 along tokens): "
-                f"RNE {_rng(100 * rne.to_numpy(), '{:.2f}')} %, SR {_rng(100 * sr.to_numpy(), '{:.2f}')} % (4 seeds, "
-                f"95 % half-width ≤ {100 * np.nanmax(ci.to_numpy()):.3f} %); |SR bias| < |RNE bias| in {less} of "
-                f"{sr.size} gradients (median ratio {np.median(ratio):.2f}); SR's bias is within its interval of "
-                f"zero in {zero_in_ci}.")
+                f"RNE {_rng(100 * rne.to_numpy(), '{:.2f}')} %, SR {_rng(100 * sr.to_numpy(), '{:.2f}')} % (mean of "
+                f"{SR_SEEDS} seeds; 95 % Student-t half-width t·s/√{SR_SEEDS}, t(0.975, {SR_SEEDS - 1}) = {t:.3f}, "
+                f"≤ {100 * np.nanmax(ci.to_numpy()):.3f} %, median {100 * np.nanmedian(ci.to_numpy()):.3f} %); "
+                f"|SR bias| < |RNE bias| in {less} of {sr.size} gradients (median ratio {np.median(ratio):.2f}); "
+                f"{zero}.")
     verdict = ("Partly agrees, as on the tiny model (RNE −0.65 to −4.21 %, SR −0.23 to −0.47 %): SR cuts the "
-               "toward-zero bias of RNE several-fold on a real LLM's gradients but does not remove it — what remains "
-               "is the block-maximum clamp and scale-underflow bias of NVFP4 with TE's scale arithmetic."
-               if np.nanmax(sr.to_numpy()) < 0 and less == sr.size else
-               "See the numbers: SR is not uniformly less biased than RNE on these gradients.")
+               "toward-zero bias of RNE several-fold on a real LLM's gradients but does not remove it (zero lies "
+               f"outside all {sr.size} 95 % intervals: |SR bias| ≥ {margin:.3f}× the half-width"
+               + (", the closest only just" if margin < 1.1 else "") + ") — what remains is the block-maximum clamp "
+               "and scale-underflow bias of NVFP4 with TE's scale arithmetic."
+               if np.nanmax(sr.to_numpy()) < 0 and less == sr.size and not zero_in_ci else
+               "See the numbers: SR is not uniformly less biased than RNE on these gradients, or its bias is not "
+               "distinguishable from zero on all of them.")
     return measured, verdict
 
 
@@ -275,7 +342,7 @@ def main(argv=None):
     sm, sv = sr_text(df)
     lm, lv, blk, rule, top = sens_text(df)
     summary = pd.DataFrame({"block": blk.index, "wgrad_rms_rel_error": blk.to_numpy(),
-                            "rht_change_mean": change.mean(axis=1).to_numpy(),
+                            "rht_change_mean_pct": 100 * change.mean(axis=1).to_numpy(),
                             "resid_max_first_token": [res[i]["max_abs_first_token"] for i in blk.index],
                             "resid_max_other_tokens": [res[i]["max_abs_other_tokens"] for i in blk.index]})
     write_csv(summary, args.dir / f"{NAME}.csv")
@@ -318,8 +385,14 @@ def main(argv=None):
             lines += [f"![RHT by role]({NAME}/rht_by_role.png)", ""]
         if title.startswith("e."):
             lines += [f"![Wgrad by block]({NAME}/wgrad_by_block.png)", ""]
-    tab = summary[["block", "wgrad_rms_rel_error", "rht_change_mean", "resid_max_first_token"]]
-    lines += [md_table(tab.round(4), ".4g"), ""]
+    tab = summary[["block", "wgrad_rms_rel_error", "rht_change_mean_pct", "resid_max_first_token"]]
+    lines += [TABLE_CAPTION.format(n=len(tab), big=_block_span(massive)), "",
+              md_table(tab.round(4), ".4g", {"rht_change_mean_pct": "+.1f"}), ""]
+    notes = check.get("results_notes", [])
+    if notes:
+        lines += ["**Data notes.** The committed measurements were edited after the run (`studies/llm/fix_results.py`; "
+                  "recorded in `smollm2_check.json`): " + "; ".join(
+                      f"{n['date']}, `{n['metric']}` ({n['rows']} rows): {n['edit']}" for n in notes) + ".", ""]
     path = args.dir / "section.md"
     path.write_text("\n".join(lines))
     return path
