@@ -42,7 +42,7 @@ _SERIAL_BYTES = 1 << 20
 def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tuple[list[dict], str | None]:
     """Analyse one tensor; (rows, None) or ([], "skip: …" / "error: …") — one line, never a traceback."""
     from fpsim._jit import get_num_threads, set_num_threads
-    from fpsim.analysis import TensorSkipped, analyze_tensor, guess_role
+    from fpsim.analysis import TensorSkipped, analyze_tensor, check_analyzable, guess_role
     from fpsim.io import InputError
 
     key = f"{label}:{ref.name}"
@@ -50,7 +50,9 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
     if ref.nbytes < _SERIAL_BYTES:  # waking a thread pool costs more than a small tensor's work: one thread
         set_num_threads(1)
     try:
-        arr = ref.row_source(axis)  # rows along `axis`, read in chunks: bounded memory for every axis
+        if ref.error is None:  # an unreadable tensor stays an error; a readable one not analysed by design is
+            check_analyzable(key, ref.dtype, ref.shape)  # skipped whatever --axis says
+        arr = ref.row_source(axis, label=key)  # rows along `axis`, read in chunks: bounded memory for every axis
         # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too)
         return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
     except TensorSkipped as e:

@@ -40,8 +40,8 @@ from .recipe import ROLE_TENSOR, ROLES, get_recipe, operand_steps, quantize_oper
 from .schemes import Kind, get_scheme
 from .tensor import QuantizedTensor
 
-__all__ = ["guess_role", "analyze_tensor", "METRIC_COLUMNS", "LEGEND", "TensorSkipped", "DEFAULT_SCHEMES",
-           "mean_ci95"]
+__all__ = ["guess_role", "analyze_tensor", "check_analyzable", "METRIC_COLUMNS", "LEGEND", "TensorSkipped",
+           "DEFAULT_SCHEMES", "mean_ci95"]
 
 DEFAULT_SCHEMES = ("nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3", "bf16")
 #: Columns of one result row, in order (each row also has ``notes``: column → why it is nan/null).
@@ -190,39 +190,43 @@ class _Acc:
 
 
 def _moment_chunks(chunks: Iterator[np.ndarray], mean: float):
-    """Sums of :func:`moment_rows` over the chunks (float32 2-D arrays)."""
-    tf = np.zeros(4)
+    """Sums of :func:`moment_rows` over the chunks (float32 2-D arrays): (Σv, Σd², Σd⁴), counts, amax, min, max."""
+    tf = np.zeros(3)
     tk = np.zeros(3, np.int64)
-    amax = 0.0
+    amax, lo, hi = 0.0, math.inf, -math.inf
     for c in chunks:
         if not c.size:
             continue
         c = np.ascontiguousarray(c).reshape(-1, c.shape[-1])
-        f = np.empty((c.shape[0], 4))
+        f = np.empty((c.shape[0], 6))
         k = np.empty((c.shape[0], 3), np.int64)
         moment_rows(c, np.float64(mean), f, k)
-        tf += f.sum(axis=0)
+        tf += f[:, [0, 1, 3]].sum(axis=0)
         tk += k.sum(axis=0)
         amax = max(amax, float(f[:, 2].max()))
-    return tf, tk, amax
+        lo, hi = min(lo, float(f[:, 4].min())), max(hi, float(f[:, 5].max()))
+    return tf, tk, amax, lo, hi
 
 
 def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows: int = 0) -> dict:
     """amax, std, kurtosis (Pearson, 3 for a Gaussian), NaN/inf counts over the finite values: float64 sums,
-    two passes (the fourth moment about the mean needs the mean).  ``chunks``: a function giving a fresh
-    iterator of float32 row chunks, or a 2-D array (read in chunks of ``chunk_rows`` rows)."""
+    two passes (the mean first; then Σ(v − mean)² and Σ(v − mean)⁴, so a tiny spread about a large mean is not
+    lost to cancellation as in Σv²/n − mean²).  A constant tensor (min = max) has variance exactly 0.
+    ``chunks``: a function giving a fresh iterator of float32 row chunks, or a 2-D array (read in chunks of
+    ``chunk_rows`` rows)."""
     if not callable(chunks):
         arr, cr = chunks, max(chunk_rows, 1)
         chunks = lambda: (as_float32(arr[i : i + cr]) for i in range(0, arr.shape[0], cr))  # noqa: E731
-    (s1, s2, _, _), (n, nan, inf), amax = _moment_chunks(chunks(), 0.0)
+    (s1, _, _), (n, nan, inf), amax, lo, hi = _moment_chunks(chunks(), 0.0)
     n = int(n)
     mean = s1 / n if n else math.nan
-    var = max(s2 / n - mean * mean, 0.0) if n else math.nan
-    s4 = 0.0
-    if n and var > 0:
-        s4 = float(_moment_chunks(chunks(), mean)[0][3])
+    var = s4 = 0.0
+    if n and lo < hi:
+        (_, s2, s4), _, _, _, _ = _moment_chunks(chunks(), mean)
+        var = float(s2) / n
+    var = var if n else math.nan
     std = math.sqrt(var) if n else math.nan
-    kurt = (s4 / n) / (var * var) if n and var > 0 else math.nan
+    kurt = (float(s4) / n) / (var * var) if n and var > 0 else math.nan
     return {"amax": float(amax), "std": float(std), "kurtosis": float(kurt), "nan_count": int(nan),
             "inf_count": int(inf), "n": n}
 
@@ -316,6 +320,18 @@ def _finish(r: dict) -> dict:
     return {k: _plus0(v) for k, v in r.items()}
 
 
+def check_analyzable(name: str, dtype, shape: tuple[int, ...]) -> None:
+    """Raise :class:`TensorSkipped` for a tensor not analysed by design (non-float, 0-d, empty), from its dtype and
+    shape alone, so a caller can skip it before reading it or checking options such as the row axis."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "fV" or dtype.kind == "V" and dtype.itemsize > 4:
+        raise TensorSkipped(f"{name}: not a floating-point tensor (dtype {dtype})")
+    if len(shape) == 0:
+        raise TensorSkipped(f"{name}: 0-d tensor (a scalar): nothing to quantize")
+    if math.prod(shape) == 0:
+        raise TensorSkipped(f"{name}: empty tensor {tuple(shape)}")
+
+
 def analyze_tensor(
     name: str,
     arr,
@@ -333,12 +349,7 @@ def analyze_tensor(
     Each row has the columns plus ``notes`` (column → why that value is nan).  Raises
     :class:`TensorSkipped` for tensors not analysed by design (non-float, 0-d, empty).
     """
-    if arr.dtype.kind not in "fV" or arr.dtype.kind == "V" and arr.dtype.itemsize > 4:
-        raise TensorSkipped(f"{name}: not a floating-point tensor (dtype {arr.dtype})")
-    if arr.ndim == 0:
-        raise TensorSkipped(f"{name}: 0-d tensor (a scalar): nothing to quantize")
-    if arr.size == 0:
-        raise TensorSkipped(f"{name}: empty tensor {arr.shape}")
+    check_analyzable(name, arr.dtype, arr.shape)
     role = role or guess_role(name)
     x2d = _as_2d(arr)
     rows, cols = x2d.shape

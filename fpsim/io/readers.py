@@ -86,11 +86,12 @@ class TensorRef:
             return st.read_runs(0, 1, 0, 1).reshape(())
         return np.asarray(RowSource(st, self.shape)).reshape(self.shape)
 
-    def row_source(self, axis: int = -1) -> RowSource | np.ndarray:
-        """A :class:`RowSource` of ``moveaxis(x, axis, -1)`` read in row chunks (the array itself when 0-d)."""
+    def row_source(self, axis: int = -1, label: str | None = None) -> RowSource | np.ndarray:
+        """A :class:`RowSource` of ``moveaxis(x, axis, -1)`` read in row chunks (the array itself when 0-d);
+        ``label`` names the tensor in its errors (default ``file:tensor``)."""
         if self.shape == ():
             return self.load()
-        return RowSource(self._storage(), self.shape, axis)
+        return RowSource(self._storage(), self.shape, axis, label=label or self.key)
 
 
 def _from_members(path: Path, members: list[Member]) -> list[TensorRef]:

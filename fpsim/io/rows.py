@@ -111,14 +111,16 @@ class RowSource:
     ``rows × cols`` view; ``src[i:j]`` reads rows ``i..j-1``; ``numpy.asarray(src)`` reads everything.
     """
 
-    def __init__(self, storage, shape: tuple[int, ...], axis: int = -1, two_d: bool = False):
+    def __init__(self, storage, shape: tuple[int, ...], axis: int = -1, two_d: bool = False,
+                 label: str | None = None):
         shape = tuple(int(s) for s in shape)
         nd = len(shape)
+        where = label or storage.path  # "file:tensor" where the caller knows the tensor's name
         if nd == 0:
-            raise InputError(f"{storage.path}: a 0-d tensor has no rows")
+            raise InputError(f"{where}: a 0-d tensor has no rows")
         if not -nd <= axis < nd:
-            raise InputError(f"{storage.path}: axis {axis} is out of range for a {nd}-d tensor {list(shape)}")
-        self.storage, self.orig_shape, self.axis, self._two_d = storage, shape, axis % nd, two_d
+            raise InputError(f"{where}: axis {axis} is out of range for a {nd}-d tensor {list(shape)}")
+        self.storage, self.orig_shape, self.axis, self._two_d, self.label = storage, shape, axis % nd, two_d, label
         self.dtype = np.dtype(storage.dtype)
         k = self.axis
         self._A, self._K, self._B = math.prod(shape[:k]), shape[k], math.prod(shape[k + 1 :])
@@ -132,7 +134,7 @@ class RowSource:
 
     def as_2d(self) -> RowSource:
         """The ``rows × cols`` view (same storage)."""
-        return RowSource(self.storage, self.orig_shape, self.axis, two_d=True)
+        return RowSource(self.storage, self.orig_shape, self.axis, two_d=True, label=self.label)
 
     def __len__(self) -> int:
         return self.shape[0]
