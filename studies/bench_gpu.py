@@ -5,7 +5,8 @@
 Bandwidth fractions count the bytes each operation must move (input read + output written, scales
 included) over its time, divided by the device-to-device copy bandwidth (read + write) measured in the
 same run.  "incl. amax" rows add the tensor-amax pass's time but count only the input once: with the
-amax a second read of the input, 53 % is their ceiling for NVFP4.
+amax a second read of the input, 53 % is their ceiling for NVFP4.  The GB/s column is float32-equivalent
+(elements × 4 B over the time) for every row, whatever the row reads and writes: a rate of elements, not of bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -103,6 +105,104 @@ def bit_identity(x: torch.Tensor) -> list[tuple[str, bool]]:
     return out
 
 
+TABLE_HEADER = ("| operation | ms | float32-equivalent GB/s (4 B × elements) "
+                "| bytes moved / time, fraction of copy bandwidth |")
+
+
+def operations(p) -> list[tuple[str, object, float, int]]:
+    """(label, call, GB the call must move, calls timed) of each row of the throughput table.  ``p`` holds the
+    prepared inputs (``x`` float32, ``xbf`` its BF16 copy, ``amax``, the quantized ``qn``/``qm``/``q8``); the calls
+    read them only when timed, so labels and byte counts are checked without a GPU (tests/test_bench_labels.py).
+    Bytes moved: input read + output written, scales included (see the module docstring)."""
+    n_el = p.x.numel()
+    f32, bf16 = n_el * 4 / 1e9, n_el * 2 / 1e9  # GB of one float32 / one BF16 pass over the elements
+    nv_out = n_el * (0.5 + 1 / 16) / 1e9
+    per_row = fpsim.get_scheme("nvfp4").replace(per_row_scale=True)
+    fos = fpsim.get_scheme("nvfp4").replace(four_over_six=True)
+    nv_sr = lower("nvfp4", rounding="sr")
+    out = []
+
+    def row(label, fn, moved_gb, reps=50):
+        out.append((label, fn, moved_gb, reps))
+
+    row("tensor amax (fused, one read)", lambda: absmax(p.x), f32)
+    row("NVFP4 1×16 quantize, amax given (one fused pass)", lambda: tb.quantize(p.x, "nvfp4", tensor_amax=p.amax),
+        f32 + nv_out)
+    row("NVFP4 1×16 quantize incl. amax pass", lambda: tb.quantize(p.x, "nvfp4"), f32 + nv_out)
+    row("NVFP4 16×16 quantize incl. amax pass (tile amax in the same pass)",
+        lambda: tb.quantize(p.x, "nvfp4", block=(16, 16)), f32 + nv_out)
+    row("NVFP4 1×16 quantize, stochastic rounding (Philox, k = 8), amax given",
+        lambda: tb.quantize(p.x, "nvfp4", rounding="sr", tensor_amax=p.amax, seed=1), f32 + nv_out)
+    row("NVFP4 1×16 quantize, per-row second-level scales (row amax by torch ops)",
+        lambda: tb.quantize(p.x, per_row), f32 + nv_out)
+    row("NVFP4 dequantize → float32", lambda: p.qn.dequantize(), f32 + nv_out)
+    row("NVFP4 dequantize → BF16", lambda: p.qn.dequantize(torch.bfloat16), bf16 + nv_out)
+    row("NVFP4 fake-quantize (float32 → float32) incl. amax", lambda: tb.fake_quantize(p.x, "nvfp4"), 2 * f32)
+    row("MXFP4 quantize (rceil)", lambda: tb.quantize(p.x, "mxfp4"), f32 + n_el * (0.5 + 1 / 32) / 1e9)
+    row("MXFP4 dequantize → float32", lambda: p.qm.dequantize(), f32 + n_el * (0.5 + 1 / 32) / 1e9)
+    row("MXFP8 E4M3 quantize (rceil)", lambda: tb.quantize(p.x, "mxfp8_e4m3"), f32 + n_el * (1 + 1 / 32) / 1e9)
+    row("MXFP8 E4M3 dequantize → float32", lambda: p.q8.dequantize(), f32 + n_el * (1 + 1 / 32) / 1e9)
+    row("FP8 E4M3 per-tensor quantize incl. amax pass (IEEE x / d)", lambda: tb.quantize(p.x, "fp8_e4m3"),
+        f32 + n_el / 1e9)
+    row("FP8 E4M3 1×128 blockwise quantize (FP32 scales)", lambda: tb.quantize(p.x, "fp8_block128"),
+        f32 + n_el * (1 + 4 / 128) / 1e9)
+    row("E4M3 element encode (fused)", lambda: tcodecs.encode_fused(p.x, "e4m3"), f32 + n_el / 1e9)
+    row("eager torch NVFP4 quantize (`impl=\"eager\"`)", lambda: tb.quantize(p.x, "nvfp4", impl="eager"),
+        f32 + nv_out, reps=3)
+    row("NVFP4 four-over-six (MSE) fake-quantize incl. amax (fused: both candidates, float64 errors)",
+        lambda: tb.fake_quantize(p.x, fos), 2 * f32, reps=3)
+    row("RHT d = 16, BF16 in/out, float32 storage (one Triton kernel)", lambda: tb.rht(p.x, 16), 2 * f32)
+    row("RHT d = 16, the same as eager torch operations (before)", lambda: tb.rht(p.x, 16, impl="eager"), 2 * f32,
+        reps=3)
+    # Wgrad's copies: the RHT of Xᵀ with its amax, from BF16 X: one BF16 read and one BF16 write
+    row("Wgrad RHT of Xᵀ + amax, BF16, one pass (`rht_transposed`: 8 token tiles and one atomic per program)",
+        lambda: tb.rht_transposed(p.xbf, 16, out_dtype=torch.bfloat16, amax=True), 2 * bf16)
+    row("  the same as transpose copy + RHT + amax pass (three kernels, the path before)",
+        lambda: absmax(tb.rht(p.xbf.t().contiguous(), 16, out_dtype=torch.bfloat16)), 2 * bf16)
+
+    def wide(fn):  # rht_t_kernel's WIDE layout (fpsim.torch.rht.RHT_T_WIDE) around one call
+        from fpsim.torch import rht as trht
+
+        def call():
+            trht.RHT_T_WIDE = True
+            try:
+                return fn()
+            finally:
+                trht.RHT_T_WIDE = False
+        return call
+
+    row("  the same, WIDE layout (one 128-token × 64-column tile per program, 256-byte row stores)",
+        wide(lambda: tb.rht_transposed(p.xbf, 16, out_dtype=torch.bfloat16, amax=True)), 2 * bf16)
+    row("  the same with X's own amax from the same read (`rht_transposed_amaxes`, the \"shared\" Wgrad path)",
+        lambda: tb.rht_transposed_amaxes(p.xbf, 16, out_dtype=torch.bfloat16), 2 * bf16)
+    row("    and WIDE", wide(lambda: tb.rht_transposed_amaxes(p.xbf, 16, out_dtype=torch.bfloat16)), 2 * bf16)
+
+    def wgrad_two_kernels():
+        xt, am = tb.rht_transposed(p.xbf, 16, out_dtype=torch.bfloat16, amax=True)
+        return quantize_fused(xt, nv_sr, am, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, seed=1)
+
+    row("Wgrad's scaled NVFP4 SR copy of RHT(Xᵀ): `rht_transposed` + fused quantize (writes and rereads Xᵀ)",
+        wgrad_two_kernels, 2 * bf16)
+    row("  the same, amax pass + RHT and quantize in registers (`rht_transposed_scaled`, Xᵀ never written)",
+        lambda: tb.rht_transposed_scaled(p.xbf, nv_sr, 16, seed=1), 2 * bf16)
+
+    def both_separately():  # Dgrad's dY copy and Wgrad's dYᵀ copy, each with its own passes
+        am = absmax(p.xbf)
+        plain = quantize_fused(p.xbf, nv_sr, am, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, seed=2)
+        return plain, tb.rht_transposed_scaled(p.xbf, nv_sr, 16, seed=1)
+
+    def both_paired():
+        am_p, am_t = tb.rht_t_amaxes(p.xbf, 16)
+        return tb.rht_transposed_scaled_pair(p.xbf, nv_sr, 16, amax=am_t, plain_amax=am_p, seed=1, plain_seed=2)
+
+    # two copies of dY: one BF16 read and two BF16 writes (counted as one write before 2026-12-04)
+    row("Dgrad's and Wgrad's SR copies of one BF16 dY: amax + quantize, and amax pass + fused RHT quantize "
+        "(four passes)", both_separately, 3 * bf16)
+    row("  the same, one shared amax read + one pass writing both (`rht_t_amaxes`, `rht_transposed_scaled_pair`)",
+        both_paired, 3 * bf16)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1 << 28)
@@ -118,98 +218,18 @@ def main() -> None:
     y = torch.empty_like(x)
     t_copy = cuda_time(lambda: y.copy_(x))
     copy_bw = 2 * gb / t_copy
-    amax = absmax(x)
-    qn = tb.quantize(x, "nvfp4", tensor_amax=amax)
-    qm = tb.quantize(x, "mxfp4")
-    q8 = tb.quantize(x, "mxfp8_e4m3")
-    nv_out = n_el * (0.5 + 1 / 16) / 1e9
-    per_row = fpsim.get_scheme("nvfp4").replace(per_row_scale=True)
-    fos = fpsim.get_scheme("nvfp4").replace(four_over_six=True)
+    p = SimpleNamespace(x=x, amax=absmax(x), xbf=x.bfloat16())  # xbf: Wgrad's copies read BF16 X (tokens × features)
+    p.qn = tb.quantize(x, "nvfp4", tensor_amax=p.amax)
+    p.qm = tb.quantize(x, "mxfp4")
+    p.q8 = tb.quantize(x, "mxfp8_e4m3")
     rows = []
-
-    def row(label, fn, moved_gb, reps=50):
+    for label, fn, moved_gb, reps in operations(p):
         t = cuda_time(fn, reps)
         rows.append((label, t * 1e3, gb / t, moved_gb / t / copy_bw))
-
-    row("tensor amax (fused, one read)", lambda: absmax(x), gb)
-    row("NVFP4 1×16 quantize, amax given (one fused pass)", lambda: tb.quantize(x, "nvfp4", tensor_amax=amax),
-        gb + nv_out)
-    row("NVFP4 1×16 quantize incl. amax pass", lambda: tb.quantize(x, "nvfp4"), gb + nv_out)
-    row("NVFP4 16×16 quantize incl. amax pass (tile amax in the same pass)",
-        lambda: tb.quantize(x, "nvfp4", block=(16, 16)), gb + nv_out)
-    row("NVFP4 1×16 quantize, stochastic rounding (Philox, k = 8), amax given",
-        lambda: tb.quantize(x, "nvfp4", rounding="sr", tensor_amax=amax, seed=1), gb + nv_out)
-    row("NVFP4 1×16 quantize, per-row second-level scales (row amax by torch ops)",
-        lambda: tb.quantize(x, per_row), gb + nv_out)
-    row("NVFP4 dequantize → float32", lambda: qn.dequantize(), gb + nv_out)
-    row("NVFP4 dequantize → BF16", lambda: qn.dequantize(torch.bfloat16), gb / 2 + nv_out)
-    row("NVFP4 fake-quantize (float32 → float32) incl. amax", lambda: tb.fake_quantize(x, "nvfp4"), 2 * gb)
-    row("MXFP4 quantize (rceil)", lambda: tb.quantize(x, "mxfp4"), gb + n_el * (0.5 + 1 / 32) / 1e9)
-    row("MXFP4 dequantize → float32", lambda: qm.dequantize(), gb + n_el * (0.5 + 1 / 32) / 1e9)
-    row("MXFP8 E4M3 quantize (rceil)", lambda: tb.quantize(x, "mxfp8_e4m3"), gb + n_el * (1 + 1 / 32) / 1e9)
-    row("MXFP8 E4M3 dequantize → float32", lambda: q8.dequantize(), gb + n_el * (1 + 1 / 32) / 1e9)
-    row("FP8 E4M3 per-tensor quantize incl. amax pass (IEEE x / d)", lambda: tb.quantize(x, "fp8_e4m3"),
-        gb + n_el / 1e9)
-    row("FP8 E4M3 1×128 blockwise quantize (FP32 scales)", lambda: tb.quantize(x, "fp8_block128"),
-        gb + n_el * (1 + 4 / 128) / 1e9)
-    row("E4M3 element encode (fused)", lambda: tcodecs.encode_fused(x, "e4m3"), gb + n_el / 1e9)
-    row("eager torch NVFP4 quantize (`impl=\"eager\"`)", lambda: tb.quantize(x, "nvfp4", impl="eager"), gb + nv_out,
-        reps=3)
-    row("NVFP4 four-over-six (MSE) fake-quantize incl. amax (fused: both candidates, float64 errors)",
-        lambda: tb.fake_quantize(x, fos), 2 * gb, reps=3)
-    row("RHT d = 16, BF16 in/out, float32 storage (one Triton kernel)", lambda: tb.rht(x, 16), 2 * gb)
-    row("RHT d = 16, the same as eager torch operations (before)", lambda: tb.rht(x, 16, impl="eager"), 2 * gb,
-        reps=3)
-    xbf = x.bfloat16()  # Wgrad's copies: the RHT of Xᵀ with its amax, from BF16 X (tokens × features)
-    row("Wgrad RHT of Xᵀ + amax, BF16, one pass (`rht_transposed`: 8 token tiles and one atomic per program)",
-        lambda: tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True), gb)
-    row("  the same as transpose copy + RHT + amax pass (three kernels, the path before)",
-        lambda: absmax(tb.rht(xbf.t().contiguous(), 16, out_dtype=torch.bfloat16)), gb)
-
-    def wide(fn):  # rht_t_kernel's WIDE layout (fpsim.torch.rht.RHT_T_WIDE) around one call
-        from fpsim.torch import rht as trht
-
-        def call():
-            trht.RHT_T_WIDE = True
-            try:
-                return fn()
-            finally:
-                trht.RHT_T_WIDE = False
-        return call
-
-    row("  the same, WIDE layout (one 128-token × 64-column tile per program, 256-byte row stores)",
-        wide(lambda: tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True)), gb)
-    row("  the same with X's own amax from the same read (`rht_transposed_amaxes`, the \"shared\" Wgrad path)",
-        lambda: tb.rht_transposed_amaxes(xbf, 16, out_dtype=torch.bfloat16), gb)
-    row("    and WIDE", wide(lambda: tb.rht_transposed_amaxes(xbf, 16, out_dtype=torch.bfloat16)), gb)
-    nv_sr = lower("nvfp4", rounding="sr")
-
-    def wgrad_two_kernels():
-        xt, am = tb.rht_transposed(xbf, 16, out_dtype=torch.bfloat16, amax=True)
-        return quantize_fused(xt, nv_sr, am, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, seed=1)
-
-    row("Wgrad's scaled NVFP4 SR copy of RHT(Xᵀ): `rht_transposed` + fused quantize (writes and rereads Xᵀ)",
-        wgrad_two_kernels, gb)
-    row("  the same, amax pass + RHT and quantize in registers (`rht_transposed_scaled`, Xᵀ never written)",
-        lambda: tb.rht_transposed_scaled(xbf, nv_sr, 16, seed=1), gb)
-
-    def both_separately():  # Dgrad's dY copy and Wgrad's dYᵀ copy, each with its own passes
-        am = absmax(xbf)
-        plain = quantize_fused(xbf, nv_sr, am, fake=True, apply_s_dec=False, out_dtype=torch.bfloat16, seed=2)
-        return plain, tb.rht_transposed_scaled(xbf, nv_sr, 16, seed=1)
-
-    def both_paired():
-        am_p, am_t = tb.rht_t_amaxes(xbf, 16)
-        return tb.rht_transposed_scaled_pair(xbf, nv_sr, 16, amax=am_t, plain_amax=am_p, seed=1, plain_seed=2)
-
-    row("Dgrad's and Wgrad's SR copies of one BF16 dY: amax + quantize, and amax pass + fused RHT quantize "
-        "(four passes)", both_separately, gb)
-    row("  the same, one shared amax read + one pass writing both (`rht_t_amaxes`, `rht_transposed_scaled_pair`)",
-        both_paired, gb)
-    xbf = None
+    p = None  # free the BF16 copy and the quantized tensors
 
     checks = bit_identity(x)
-    y = qn = qm = q8 = None  # free the GPU memory before the GEMMs
+    y = None  # free the GPU memory before the GEMMs
     torch.cuda.empty_cache()
 
     # GEMMs
@@ -271,7 +291,10 @@ def main() -> None:
         f"**{copy_bw:.0f} GB/s** (read + write) in the same run. Fused rows are the Triton kernels of "
         "`fpsim/torch/kernels_quant.py` (device functions in `fpsim/torch/kernels.py`).",
         "",
-        "| operation | ms | GB/s of float32 input | bytes moved / time, fraction of copy bandwidth |",
+        "The float32-equivalent GB/s column is elements × 4 B / time whatever the operation reads and writes "
+        "(BF16 inputs, codes, float32 or BF16 outputs); the last column counts the bytes each operation moves.",
+        "",
+        TABLE_HEADER,
         "|---|---:|---:|---:|",
     ]
     lines += [f"| {lbl} | {ms:.3f} | {v:.0f} | {f:.0%} |" for lbl, ms, v, f in rows]

@@ -9,7 +9,8 @@ allocations, not kernels.  The baseline, timed in the same process, is the host 
 
     python -m studies.bench_host [--out reports/bench_host.md]
 
-Numbers are medians of 7 rounds of 2,000 calls; ratios are against the baseline of the same run.
+Numbers are medians of 7 rounds of 2,000 calls per row (the two layer rows: 7 rounds of 1,000 calls); ratios are
+against the baseline of the same run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ from studies.benchlib import write_report  # noqa: E402
 _LAUNCHERS = (_q, _r, fp)
 
 
-def _time(fn, n: int = 2000, rounds: int = 7) -> float:
+ROUNDS, CALLS, LAYER_CALLS = 7, 2000, 1000
+
+
+def _time(fn, n: int = CALLS, rounds: int = ROUNDS) -> tuple[float, int]:
+    """(median over ``rounds`` rounds of the seconds per call in a round of ``n`` calls, ``n``)."""
     for _ in range(100):
         fn(0)
     out = []
@@ -45,11 +50,12 @@ def _time(fn, n: int = 2000, rounds: int = 7) -> float:
         for i in range(n):
             fn(i)
         out.append((time.perf_counter() - t0) / n)
-    return statistics.median(out)
+    return statistics.median(out), n
 
 
-def measure(recipe: str = "nvfp4_paper") -> list[tuple[str, float]]:
-    """(what, host seconds per call) with the launches stubbed out; the first row is the baseline."""
+def measure(recipe: str = "nvfp4_paper") -> list[tuple[str, float, int]]:
+    """(what, host seconds per call, calls per round) with the launches stubbed out; the first row is the
+    baseline."""
     saved = [m.launch for m in _LAUNCHERS]
     impl = fp.IMPL
     for m in _LAUNCHERS:
@@ -65,18 +71,18 @@ def measure(recipe: str = "nvfp4_paper") -> list[tuple[str, float]]:
         w = torch.randn(48, 64)
         dy = torch.randn(32, 48, dtype=torch.bfloat16)
         wb = w.bfloat16()
-        rows = [("baseline: F.linear on the same tensors", _time(lambda i: torch.nn.functional.linear(x, wb)))]
+        rows = [("baseline: F.linear on the same tensors", *_time(lambda i: torch.nn.functional.linear(x, wb)))]
         copies = (("fprop_x", x, rec.fprop_x), ("fprop_w", w, rec.fprop_w), ("dgrad_dy", dy, rec.dgrad_dy),
                   ("wgrad_dy (RHT of dYᵀ)", dy.t(), rec.wgrad_dy), ("wgrad_x (RHT of Xᵀ)", x.t(), rec.wgrad_x))
         for role, t, pol in copies:
             name = role.split()[0]
             rows.append((f"copy {role}",
-                         _time(lambda i, t=t, pol=pol, name=name: fnn._fast_copy(t, pol, seed=1, layer="blocks.3.fc1",
+                         *_time(lambda i, t=t, pol=pol, name=name: fnn._fast_copy(t, pol, seed=1, layer="blocks.3.fc1",
                                                                                  step=i, role=name))))
         a, b = (c._replace(values=torch.ones_like(c.values)) for c in (  # defined values: see set_flush_denormal
             fnn._fast_copy(x, rec.fprop_x, seed=1, layer="l", step=0, role="fprop_x"),
             fnn._fast_copy(w, rec.fprop_w, seed=1, layer="l", step=0, role="fprop_w")))
-        rows.append(("GEMM of two copies + alpha epilogue", _time(lambda i: fp.mm(a, b, torch.bfloat16))))
+        rows.append(("GEMM of two copies + alpha epilogue", *_time(lambda i: fp.mm(a, b, torch.bfloat16))))
         ref = torch.nn.Linear(64, 48, bias=False)
         lin = fnn.Linear(64, 48, bias=False, recipe=recipe, name="blocks.3.fc1", seed=1)
         xg = torch.randn(32, 64, requires_grad=True)
@@ -89,9 +95,9 @@ def measure(recipe: str = "nvfp4_paper") -> list[tuple[str, float]]:
                     m.step += 1  # a new step: new SR keys, as in training
             return run
 
-        rows.append(("nn.Linear forward + backward (float32)", _time(layer_step(ref), n=1000)))
+        rows.append(("nn.Linear forward + backward (float32)", *_time(layer_step(ref), n=LAYER_CALLS)))
         rows.append(("fpsim.torch.Linear forward + backward (the copies, GEMMs and autograd)",
-                     _time(layer_step(lin), n=1000)))
+                     *_time(layer_step(lin), n=LAYER_CALLS)))
         return rows
     finally:
         for m, f in zip(_LAUNCHERS, saved):
@@ -99,6 +105,16 @@ def measure(recipe: str = "nvfp4_paper") -> list[tuple[str, float]]:
         fp.IMPL = impl
         if ftz:
             torch.set_flush_denormal(False)
+
+
+def timing_note(rows) -> str:
+    """How the rows were timed, from the rows' own call counts: "median of 7 × 2,000 calls; …"."""
+    counts = sorted({c for _, _, c in rows}, reverse=True)
+    if len(counts) == 1:
+        return f"median of {ROUNDS} × {counts[0]:,} calls"
+    rest = "; ".join(f"{', '.join(n.split(' (')[0] for n, _, c in rows if c == k)}: {ROUNDS} × {k:,}"
+                     for k in counts[1:])
+    return f"median of {ROUNDS} rounds of {counts[0]:,} calls per row; {rest}"
 
 
 def main(argv=None) -> None:
@@ -110,10 +126,10 @@ def main(argv=None) -> None:
     base = rows[0][1]
     lines = ["# Host time of the fast path (fpsim.torch, launches stubbed)", "",
              f"{datetime.date.today().isoformat()}, {platform.processor() or platform.machine()}, torch "
-             f"{torch.__version__}, recipe {a.recipe}; `python -m studies.bench_host` (median of 7 × 2,000 calls; "
+             f"{torch.__version__}, recipe {a.recipe}; `python -m studies.bench_host` ({timing_note(rows)}; "
              "tiny CPU tensors, every Triton launch a no-op: fpsim's host code and torch's allocations only).", "",
              "| what | host µs per call | × baseline |", "|---|---:|---:|"]
-    lines += [f"| {n} | {t * 1e6:.1f} | {t / base:.2f} |" for n, t in rows]
+    lines += [f"| {n} | {t * 1e6:.1f} | {t / base:.2f} |" for n, t, _ in rows]
     write_report("\n".join(lines) + "\n", Path(a.out) if a.out else None)
 
 

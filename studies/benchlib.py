@@ -63,9 +63,10 @@ def round_ratio(times: dict, slow: str, fast: str) -> float:
 def best_times(fns: dict, repeat: int) -> dict:
     """Fastest of ``repeat`` rounds for each function, the functions taking turns within a round.
 
-    Why interleaved: on a shared machine the speed drifts by ±25 % over seconds;
-    timing a kernel and its baseline alternately makes their ratio robust to that
-    drift, where timing them one after the other would not be.
+    Why interleaved: on a shared machine the speed drifts over seconds (on 2026-11-30 the best read-only
+    pass of each scheme in one ``bench_scaling`` run ranged over 13.7–16.9 GB/s, ±10 %, git eb299ba; the ±25 %
+    said here before had no recorded measurement behind it); timing a kernel and its baseline alternately makes
+    their ratio robust to that drift, where timing them one after the other would not be.
     """
     return {k: min(v) for k, v in round_times(fns, repeat).items()}
 

@@ -1,13 +1,14 @@
 """Instructions per element of the training fast path's fused quantizer, compiled for sm_90 without a GPU (issue 18).
 
-The H200 profile (``reports/profile_training.md``) puts ~8 ms of the every-block NVFP4 step in
-``two_level_quant_kernel``, about three times what its bytes take at the GPU's bandwidth: the copies are bound by
-instruction issue, so what a change does to them can be counted on any machine.  This script records the launches
-of one ``nvfp4_paper`` Linear's forward and backward (under Triton's interpreter, in a child process: the
-interpreter is chosen when Triton is imported), compiles each distinct configuration of the kernel for sm_90 with
-the specialisation the training shapes get on the GPU (16-divisible pointers and sizes; ``HW_CVT`` on, as
-``fpsim.torch.runtime.hw_cvt`` is there) and counts the PTX instructions of one thread.  PTX is not SASS and a
-count is not a time: the table ranks variants of one kernel; the H200 run decides.
+The H200 profiles (``reports/profile_training.md``) put 8.10 ms (2026-12-02, tree 91b549a) and 6.63 ms (2026-12-04,
+tree 25aa72d) of the every-block NVFP4 step in ``two_level_quant_kernel``, two to three times what its bytes take
+at the GPU's bandwidth (2.7 ms): the copies are bound by instruction issue, so what a change does to them can be
+counted on any machine.  This script records the launches of one ``nvfp4_paper`` Linear's forward and backward
+(under Triton's interpreter, in a child process: the interpreter is chosen when Triton is imported), compiles each
+distinct configuration of the kernel for sm_90 with the specialisation the training shapes get on the GPU
+(16-divisible pointers and sizes; ``HW_CVT`` on, as ``fpsim.torch.runtime.hw_cvt`` is there) and counts the PTX
+instructions of one thread.  PTX is not SASS and a count is not a time: the table ranks variants of one kernel;
+the H200 run decides.
 
     python -m studies.kernel_ptx --out reports/kernel_ptx.md
 """
