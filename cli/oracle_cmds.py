@@ -5,7 +5,12 @@ Results on stdout, one-line messages on stderr, never a traceback.  Exit codes:
 * ``explain`` / ``vectors``: 0 ok; 1 the input file could not be used; 2 usage
   (unknown format or scheme, unparsable value, bad option);
 * ``diff``: 0 identical; 1 different; 2 usage or unusable input (missing or
-  pickled file, wrong key names, wrong shapes).
+  pickled file, wrong key names, wrong shapes, an option the scheme does not have);
+* every command: 3 internal error.
+
+Every message is one line starting ``error:`` (as in ``cli/main.py``).  An unexpected exception — a bug in
+fpsim, not a bad input — is one line ``error: internal error …`` and exit 3: never the usage code 2, and never
+``diff``'s 1, which a script reads as "the bytes differ"; ``diff`` then prints no verdict on stdout.
 
 JSON output follows fpsim's one convention (``fpsim.io.dumps``): numbers are JSON numbers or ``null``
 (NaN, ±inf), with a ``hex`` or ``class`` field beside each float that says which.
@@ -19,10 +24,24 @@ from pathlib import Path
 import click
 import numpy as np
 
+#: Exit code of an unexpected exception: distinct from diff's 1 ("different") and from 2 (usage).
+INTERNAL_ERROR = 3
+
 
 def _fail(msg: str, code: int) -> None:
-    click.echo(f"Error: {msg}", err=True)
+    click.echo(f"error: {msg}", err=True)
     click.get_current_context().exit(code)
+
+
+def _internal(e: BaseException) -> None:
+    """An unexpected exception (fpsim's bug, not the user's input): one line, exit 3 (:data:`INTERNAL_ERROR`)."""
+    from fpsim.oracle import DiagnosisError
+
+    if isinstance(e, DiagnosisError):
+        _fail(f"internal error: {str(e).splitlines()[0]}", INTERNAL_ERROR)
+    msg = str(e).splitlines()[0] if str(e) else ""
+    _fail(f"internal error ({type(e).__name__}{': ' + msg if msg else ''}): a bug in fpsim; please report it",
+          INTERNAL_ERROR)
 
 
 def _parse_value(s: str) -> np.float32:
@@ -176,6 +195,8 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
             d = explain_block(X[r, j * BC : (j + 1) * BC], sch, tensor_amax=amax if sch.tensor_scale else None)
         except ValueError as e:
             _fail(str(e), 1)
+        except Exception as e:
+            _internal(e)
         d["block_index"] = [r, j]
         _dump_json(d) if as_json else _print_block(d)
         return
@@ -192,6 +213,8 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
         d = explain_value(v, fmt, rounding=rounding, saturate=not no_saturate, scale=s, k=sr_bits, r=r)
     except ValueError as e:
         _fail(str(e), 2)
+    except Exception as e:
+        _internal(e)
     _dump_json(d) if as_json else _print_value(d)
 
 
@@ -241,11 +264,16 @@ def _number(s: str, what: str) -> float:
 
 def _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_over_six, allow_all=False):
     """The scheme with the options applied (its name lists them); a bad combination fails with exit 2."""
-    from fpsim.schemes import get_scheme
+    from fpsim.schemes import Kind, ScaleRule, get_scheme
 
     try:
         sch = get_scheme(scheme)
         changes, tags = {}, []
+        if scale_rule is not None:
+            if not (allow_all and scale_rule == "all"):
+                ScaleRule.parse(scale_rule)  # an unknown rule is named as such, whatever the scheme
+            if sch.kind is not Kind.POW2:
+                raise ValueError(f"--scale-rule applies to MX (E8M0-scaled) schemes, not {sch.name}")
         if scale_rule is not None and not (allow_all and scale_rule == "all"):
             changes["scale_rule"], tags = scale_rule, tags + [scale_rule]
         if block is not None:
@@ -342,12 +370,18 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
         rep = run_diff(codes, scales, x, sch, axis=axis, candidate_amax=amax, packed=not unpacked,
                        swizzled=swizzled, show=max(show, 0), nan_amax=nan_amax, scale_min=smin, rounding=rounding,
                        seed=seed, sr_bits=sr_bits)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError) as e:  # the inputs or options: unusable (a DiagnosisError is neither)
         _fail(str(e).splitlines()[0], 2)
-    if out_format == "json":
-        _dump_json(rep.to_dict())
-    else:
-        click.echo(rep.format_table())
+    except MemoryError:
+        _fail("out of memory", 1)
+    except Exception as e:  # fpsim's own bug: one line, exit 1, not a usage error
+        _internal(e)
+    try:
+        text = None if out_format == "json" else rep.format_table()
+        d = rep.to_dict() if out_format == "json" else None
+    except Exception as e:
+        _internal(e)
+    _dump_json(d) if text is None else click.echo(text)
     click.get_current_context().exit(0 if rep.identical else 1)
 
 
@@ -389,6 +423,8 @@ def vectors(scheme, element, out_dir, dequantize_order, scale_rule, block, tenso
         _fail(str(e).splitlines()[0], 2)
     except OutputError as e:
         _fail(str(e), 1)
+    except Exception as e:
+        _internal(e)
     for c in m["cases"]:
         click.echo(f"{c['slug']:<48} {c['name']}")
     what = f"element format {m['element']}" if element is not None else sch.name

@@ -23,13 +23,14 @@ Results are plain dicts / dataclasses; write them as JSON with :func:`fpsim.io.d
 become ``null``; a float's ``hex`` or ``class`` field beside it says which it was).
 """
 
-from .common import load_arrays
+from .common import DiagnosisError, load_arrays
 from .diff import CAUSES, DiffReport, diff
 from .explain import explain_block, explain_value
 from .vectors import element_cases, read_vectors, vector_cases, write_vectors
 
 __all__ = [
     "CAUSES",
+    "DiagnosisError",
     "DiffReport",
     "diff",
     "explain_block",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,24 @@ __all__ = ["F32", "FLT_MAX", "code_bits", "code_info", "f32_fields", "fmin_nan",
 
 F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)
+
+
+class DiagnosisError(RuntimeError):
+    """:func:`fpsim.oracle.diff` failed after its inputs were checked: a bug in fpsim, not a bad input (the message
+    names the original exception, chained as ``__cause__``)."""
+
+
+@contextmanager
+def internal_errors():
+    """Inputs checked: any exception in the block (but MemoryError) is fpsim's bug, raised as DiagnosisError."""
+    try:
+        yield
+    except MemoryError:
+        raise
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise DiagnosisError(f"fpsim's diagnosis failed ({type(e).__name__}{': ' + msg if msg else ''}): a bug in "
+                             "fpsim, not in the inputs; please report it with them") from e
 
 
 def hex32(v) -> str:

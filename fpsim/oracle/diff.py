@@ -22,12 +22,12 @@ from ..io import to_json
 from ..packing import unpack_fp4
 from ..scaling import unswizzle_scales
 from ..schemes import BlockScheme, Kind, get_scheme
-from .common import f32_class, hex32
+from .common import DiagnosisError, f32_class, hex32, internal_errors
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
 from .model import Convention, TensorView, model_bytes
 from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
 
-__all__ = ["CAUSES", "DiffReport", "diff"]
+__all__ = ["CAUSES", "DiagnosisError", "DiffReport", "diff"]
 
 #: Likely causes :func:`diff` assigns to a mismatch (the ``cause`` field), with what each means.
 CAUSES: dict[str, str] = {
@@ -170,6 +170,8 @@ class DiffReport:
                 lines += [f"  also explained by: {n}" for n in self.explained_by[1:4]]
                 if len(self.explained_by) > 4:
                     lines.append(f"  and {len(self.explained_by) - 4} more (--format json lists them)")
+            elif not self.hypotheses:
+                lines.append("no hypothesis explains any of the differing bytes")
             else:
                 lines.append("no hypothesis explains every byte; the best partial explanations:")
                 for h in self.hypotheses[:5]:
@@ -385,7 +387,7 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
 
     Returns
     -------
-    DiffReport
+    DiffReport (``ValueError`` for unusable inputs; :class:`DiagnosisError` for a failure of fpsim's own)
     """
     sch, sr, k, rne_sch, sr_sch = _schemes(scheme, rounding, seed, sr_bits, scale_min, nan_amax)
     ref = Convention(nan_amax=nan_amax, scale_min=None if scale_min is None else float(scale_min))
@@ -412,48 +414,51 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         amax_match = bool(np.all((amax_cand == amax_ours) | (np.isnan(amax_cand) & np.isnan(amax_ours))))
         if not amax_match:
             findings.append(f"tensor amax differs: ours {amax_ours.tolist()}, candidate {amax_cand.tolist()}")
-    cand_p = ours_p.copy()
-    cand_p[:, :C] = fixed
-    ev = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
-    ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, amax_ours, amax_cand)
-    if not ev.n_bad and (layout_c.any() or layout_s.any()):
-        explained = [f.split(":")[0] for f in findings if f.startswith(("nibble", "swizzled"))]
-    ci, si = _assign(ev, order, layout_c, layout_s)
-    bad_c = np.zeros(ours_p.shape, bool)
-    bad_c[:, :C] = cand != ours_p[:, :C]
-    bad_s = ~_same_scales(cand_s, ours_s)
-    hyps = [o.hyp for o in order]
-    cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
-    check = None
-    if sr or (ev.bad_c.any() and not explained):
-        check, compared, on_grid = check_blocks(ev, _same_scales(fixed_s, ours_s), cand_p, ours_p, k)
-        if sr and seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
-            bad_c = compared & ~on_grid
-            bad_c[:, C:] = False
-        elif sr and ev.n_bad and _same_scales(fixed_s, ours_s).all():
-            explained = other_k(lambda kk: _reference(x32, sr_sch.replace(sr_bits=kk), ax, ref, seed)[1], k, cand_p)
-        cidx = sr_causes(cidx, bad_c, on_grid, compared, sr or check.stochastic, sr)
-        findings += rounding_findings(check, sr, seed, k, bool(explained))
-    report = DiffReport(
-        scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
-        n_scale_mismatches=int(bad_s.sum()),
-        amax_ours=amax_ours.tolist() if sch.tensor_scale else None,
-        amax_candidate=None if amax_cand is None else amax_cand.tolist(), amax_match=amax_match,
-        findings=findings, explained_by=explained,
-        hypotheses=[o.to_dict(ev.n_bad) for o in ranked], rounding="sr" if sr else "rne",
-        seed=None if seed is None else int(seed), rounding_check=check,
-    )
-    sr_cause = "SR random bits" if sr else "stochastic rounding"
-    causes: Counter = Counter()
-    for kk, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
-        causes[_cause_name(int(kk), hyps, "nibble packing order", sr_cause)] += int(n)
-    for kk, n in zip(*np.unique(si[bad_s], return_counts=True)):
-        causes[_cause_name(int(kk), hyps, "swizzled scale layout", sr_cause)] += int(n)
-    report.causes = dict(causes)
-    report.code_mismatches = _code_listing(ev, sch, cidx, detail_own, hyps, bad_c, ours_p, cand_p if not
-                                           layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause)
-    report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show)
-    return report
+    with internal_errors():  # the inputs are checked: from here on an exception is fpsim's bug (DiagnosisError)
+        cand_p = ours_p.copy()
+        cand_p[:, :C] = fixed
+        ev = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
+        ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, amax_ours, amax_cand)
+        if not ev.n_bad and (layout_c.any() or layout_s.any()):
+            explained = [f.split(":")[0] for f in findings if f.startswith(("nibble", "swizzled"))]
+        ci, si = _assign(ev, order, layout_c, layout_s)
+        bad_c = np.zeros(ours_p.shape, bool)
+        bad_c[:, :C] = cand != ours_p[:, :C]
+        bad_s = ~_same_scales(cand_s, ours_s)
+        hyps = [o.hyp for o in order]
+        cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
+        check = None
+        if sr or (ev.bad_c.any() and not explained):
+            check, compared, on_grid = check_blocks(ev, _same_scales(fixed_s, ours_s), cand_p, ours_p, k)
+            if sr and seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
+                bad_c = compared & ~on_grid
+                bad_c[:, C:] = False
+            elif sr and ev.n_bad and _same_scales(fixed_s, ours_s).all():
+                explained = other_k(lambda kk: _reference(x32, sr_sch.replace(sr_bits=kk), ax, ref, seed)[1], k, cand_p)
+            cidx = sr_causes(cidx, bad_c, on_grid, compared, sr or check.stochastic, sr)
+            findings += rounding_findings(check, sr, seed, k, bool(explained))
+        report = DiffReport(
+            scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
+            n_scale_mismatches=int(bad_s.sum()),
+            amax_ours=amax_ours.tolist() if sch.tensor_scale else None,
+            amax_candidate=None if amax_cand is None else amax_cand.tolist(), amax_match=amax_match,
+            findings=findings, explained_by=explained,
+            hypotheses=[o.to_dict(ev.n_bad) for o in ranked], rounding="sr" if sr else "rne",
+            seed=None if seed is None else int(seed), rounding_check=check,
+        )
+        sr_cause = "SR random bits" if sr else "stochastic rounding"
+        causes: Counter = Counter()
+        for kk, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
+            causes[_cause_name(int(kk), hyps, "nibble packing order", sr_cause)] += int(n)
+        for kk, n in zip(*np.unique(si[bad_s], return_counts=True)):
+            causes[_cause_name(int(kk), hyps, "swizzled scale layout", sr_cause)] += int(n)
+        if ev.bad_a:  # the amax: the cause of the best hypothesis that reproduces it, else its own (another amax)
+            causes[next((o.hyp.cause for o in order if o.explains_amax), "tensor amax")] += 1
+        report.causes = dict(causes)
+        report.code_mismatches = _code_listing(ev, sch, cidx, detail_own, hyps, bad_c, ours_p, cand_p if not
+                                               layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause)
+        report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show)
+        return report
 
 
 def _codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, packed: bool, what: str,
@@ -505,9 +510,9 @@ def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours, amax_
     hyps = generate(sch, ref, ev.view, ev.ours_s, ev.cand_s, amax_ours, amax_cand, bool(ev.bad_s.any()))
     outs = [ev.evaluate(h, i) for i, h in enumerate(hyps)]
     full = lambda o: o.explains == ev.n_bad and o.breaks == 0  # noqa: E731
-    if not any(full(o) for o in outs):
-        best = rank(outs, ev.n_bad)[0]
-        if best.hyp.amax_range is not None and best.explains:
+    if not any(full(o) for o in outs):  # the best that explains something (rank puts 0 explained, 0 broken first)
+        best = next(iter(rank([o for o in outs if o.explains], ev.n_bad)), None)
+        if best is not None and best.hyp.amax_range is not None:
             h = refine_amax(ev.view, sch, ref, ev.cand_p, ev.cand_s, best.hyp)
             if h is not None:
                 outs.append(ev.evaluate(h, len(outs)))

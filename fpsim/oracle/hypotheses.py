@@ -199,7 +199,8 @@ class Evaluator:
 
     def _four_over_six(self, o: Outcome, scheme: BlockScheme) -> Outcome:
         view = self.view
-        if view.BR == 1:  # screen on (a sample of) the rows holding mismatches (independent given the amax)
+        if view.BR == 1 and self.hot.size:  # screen on (a sample of) the rows holding mismatches (independent
+            # given the amax); none (only the amax differs): nothing to screen on, the whole tensor is scored below
             rows = np.unique(self.hot // view.nb)
             rows = rows[:: -(-rows.size // max(1, SAMPLE_BLOCKS // view.nb))]
             codes, scales, _ = self._quantized(scheme, rows)
