@@ -867,8 +867,9 @@ def test_budget_costs_each_arm_at_its_rate_alone_and_flags_runs_longer_than_a_co
     """The plan estimate: a run costs its tokens at its arm's rate alone where measured (FP8 blockwise 265e6 / 394e3
     = 673 s, BF16 265e6 / 1.53e6 = 173 s), any other s10m run 265e6 / 1.23e6 = 215 s; horizon runs alone take
     1,062e6 / 1.53e6 = 694 s (BF16) to 1,062e6 / 1.10e6 = 965 s (the recipe): more than a command, less than a
-    session; a size run costs the recipe's measured s20m rate, 482e6 / 795e3 = 606 s, and any other arm its s10m rate
-    times the recipe's ratio 795e3 / 1.10e6: BF16 482e6 / (1.53e6 × 0.7227) = 436 s.  A finished plan says so."""
+    session; a size run costs its arm's measured s20m rate (the recipe 482e6 / 795e3 = 606 s, BF16 482e6 / 1.17e6 =
+    412 s), and any other arm its s10m rate times the recipe's ratio 795e3 / 1.10e6: without SR 482e6 / (1.12e6 ×
+    0.7227) = 595 s.  A finished plan says so."""
     from studies.campaign import report as rep
     from studies.campaign.batch import plan_runs
 
@@ -882,11 +883,13 @@ def test_budget_costs_each_arm_at_its_rate_alone_and_flags_runs_longer_than_a_co
     text = rep._budget_text(done)
     assert "main 33 of 36 runs done, 0.6 h left (~2 sessions)" in text  # 2,018 s: more than one session
     assert "horizon runs of 1,062 M tokens take 694–965 s alone" in text
-    assert "size runs of 482 M tokens take 436–606 s alone" in text and "do not end within" not in text
+    assert "size runs of 482 M tokens take 412–606 s alone" in text and "do not end within" not in text
     size = plan_runs("size", lr=1.0)
     assert rep._run_seconds(next(r for r in size if r["arm"] == "nvfp4")) == pytest.approx(482e6 / 795e3)
     bf16 = next(r for r in size if r["arm"] == "bf16")
-    assert rep._run_seconds(bf16) == pytest.approx(482e6 / (1.53e6 * 795e3 / 1.10e6))
+    assert rep._run_seconds(bf16) == pytest.approx(482e6 / 1.17e6)
+    no_sr = next(r for r in size if r["arm"] == "nvfp4_no_sr")
+    assert rep._run_seconds(no_sr) == pytest.approx(482e6 / (1.12e6 * 795e3 / 1.10e6))
     one = done | {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in fp8[:2]}
     assert "main 35 of 36 runs done, 0.2 h left (~1 session)" in rep._budget_text(one)
     everything = done | {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in fp8}

@@ -60,8 +60,11 @@ four-over-six seed (``--runs 28,29``) it kept 273 k tokens/s but cut its neighbo
 over three chained commands.  Alone (seed 1, ``--runs 31 --parallel 1 --streams --cuda-graph``, 2026-12-04) it
 held 394 k over the whole run: ``--max-seconds 400`` and at once ``--max-seconds 420`` (411 + 308 s); seed 2
 (``--runs 34``) the same way (568 + 157 s).  The horizon runs (1,062 M tokens) go alone too: 694 s (BF16; seed 0
-took 369 + 333 s, 1.57 M tokens/s) to 965 s (the recipe), two chained commands each.  Size runs (482 M tokens at
-s20m, where the recipe alone makes 0.80 M tokens/s) take ~440–610 s alone: one command or two.
+took 369 + 333 s, 1.57 M tokens/s) to 965 s (the recipe), two chained commands each; the recipe's seed 0
+(``--runs 1,3 --max-seconds 570``, 2026-12-04) reached 611 M tokens at 1.10 M tokens/s in the first, then the
+resuming call's machine was taken back and the checkpoint went with it.  Size runs (482 M tokens at s20m, where
+BF16 alone makes 1.17 M tokens/s and the recipe 0.80 M) take ~410–610 s alone, one command each: BF16 seed 0
+(``--plan size --runs 0 --parallel 1 --streams --cuda-graph --max-seconds 540``) took 437 s.
 
 ``--gpus N`` is for a machine of several GPUs (the device kinds nvidia-h200-x2/x4, when they are lent): the
 selected runs go round robin to N child batches, one per GPU (``CUDA_VISIBLE_DEVICES``), each with this command's
