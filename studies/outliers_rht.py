@@ -173,7 +173,7 @@ def exp_sign_policy(args, quick, reals):
         # A fresh random vector per call: `calls` independent calls; report mean and spread.
         errs = [rel_error(x, nvfp4_roundtrip(x, 16, derive_seed(args.seed, "per_call", name, c))) for c in range(calls)]
         rows.append(row("sign_policy", name, "random per call", 0, "rel_error", np.mean(errs)))
-        rows.append(row("sign_policy", name, "random per call", 0, "rel_error_std", np.std(errs)))
+        rows.append(row("sign_policy", name, "random per call", 0, "rel_error_std", np.std(errs, ddof=1)))  # sample SD
     return rows
 
 
