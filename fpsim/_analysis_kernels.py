@@ -88,14 +88,14 @@ def err_rows(x, xq, f, k):
 
 @pjit
 def moment_rows(x, mean, f, k):
-    """Per row over the finite values: f = (Σv, Σd², max|v|, Σd⁴, min v, max v) in float64 with d = v − mean,
-    k = (#finite, #NaN, #inf).  min and max tell a constant tensor exactly (its rounded mean leaves d ≠ 0)."""
+    """Per row over the finite values: f = (Σv, Σd², Σd⁴, min v, max v) in float64 with d = v − mean,
+    k = (#finite, #NaN, #inf).  min and max give max|v| and tell a constant tensor exactly (its rounded mean
+    leaves d ≠ 0)."""
     R, C = x.shape
     for r in prange(R):
         s1 = 0.0
         s2 = 0.0
         s4 = 0.0
-        mx = 0.0
         lo = np.inf
         hi = -np.inf
         n = 0
@@ -110,8 +110,6 @@ def moment_rows(x, mean, f, k):
             else:
                 n += 1
                 s1 += v
-                if abs(v) > mx:
-                    mx = abs(v)
                 lo = min(lo, v)
                 hi = max(hi, v)
                 dv = v - mean
@@ -120,10 +118,9 @@ def moment_rows(x, mean, f, k):
                 s4 += d2 * d2
         f[r, 0] = s1
         f[r, 1] = s2
-        f[r, 2] = mx
-        f[r, 3] = s4
-        f[r, 4] = lo
-        f[r, 5] = hi
+        f[r, 2] = s4
+        f[r, 3] = lo
+        f[r, 4] = hi
         k[r, 0] = n
         k[r, 1] = nan
         k[r, 2] = inf

@@ -190,22 +190,22 @@ class _Acc:
 
 
 def _moment_chunks(chunks: Iterator[np.ndarray], mean: float):
-    """Sums of :func:`moment_rows` over the chunks (float32 2-D arrays): (Σv, Σd², Σd⁴), counts, amax, min, max."""
+    """Sums of :func:`moment_rows` over the chunks (float32 2-D arrays): (Σv, Σd², Σd⁴), counts, amax, min, max
+    (amax 0 and min > max when no value is finite)."""
     tf = np.zeros(3)
     tk = np.zeros(3, np.int64)
-    amax, lo, hi = 0.0, math.inf, -math.inf
+    lo, hi = math.inf, -math.inf
     for c in chunks:
         if not c.size:
             continue
         c = np.ascontiguousarray(c).reshape(-1, c.shape[-1])
-        f = np.empty((c.shape[0], 6))
+        f = np.empty((c.shape[0], 5), order="F")  # column-major: numpy sums each column pairwise over the rows
         k = np.empty((c.shape[0], 3), np.int64)
         moment_rows(c, np.float64(mean), f, k)
-        tf += f[:, [0, 1, 3]].sum(axis=0)
+        tf += f[:, :3].sum(axis=0)
         tk += k.sum(axis=0)
-        amax = max(amax, float(f[:, 2].max()))
-        lo, hi = min(lo, float(f[:, 4].min())), max(hi, float(f[:, 5].max()))
-    return tf, tk, amax, lo, hi
+        lo, hi = min(lo, float(f[:, 3].min())), max(hi, float(f[:, 4].max()))
+    return tf, tk, max(-lo, hi, 0.0), lo, hi
 
 
 def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows: int = 0) -> dict:
