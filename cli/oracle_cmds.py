@@ -36,12 +36,11 @@ def _fail(msg: str, code: int) -> None:
 def _internal(e: BaseException) -> None:
     """An unexpected exception (fpsim's bug, not the user's input): one line, exit 3 (:data:`INTERNAL_ERROR`)."""
     from fpsim.oracle import DiagnosisError
+    from fpsim.oracle.common import exception_line
 
     if isinstance(e, DiagnosisError):
         _fail(f"internal error: {str(e).splitlines()[0]}", INTERNAL_ERROR)
-    msg = str(e).splitlines()[0] if str(e) else ""
-    _fail(f"internal error ({type(e).__name__}{': ' + msg if msg else ''}): a bug in fpsim; please report it",
-          INTERNAL_ERROR)
+    _fail(f"internal error ({exception_line(e)}): a bug in fpsim; please report it", INTERNAL_ERROR)
 
 
 def _parse_value(s: str) -> np.float32:
@@ -374,7 +373,7 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
         _fail(str(e).splitlines()[0], 2)
     except MemoryError:
         _fail("out of memory", 1)
-    except Exception as e:  # fpsim's own bug: one line, exit 1, not a usage error
+    except Exception as e:  # fpsim's own bug: one line, exit 3, not a usage error
         _internal(e)
     try:
         text = None if out_format == "json" else rep.format_table()

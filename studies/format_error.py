@@ -28,7 +28,6 @@ from studies.common import (
 NAME = "format_error"
 #: Synthetic replicas per distribution for the NVFP4 − MXFP4 gap's seed spread (the first is the main data set).
 GAP_SEEDS = 5
-MXFP4_RULES = ("floor", "ceil", "even", "rceil")
 SCHEMES = [
     ("NVFP4", "nvfp4", {}),
     ("MXFP4 floor", "mxfp4", {"scale_rule": "floor"}),
@@ -41,6 +40,9 @@ SCHEMES = [
     ("FP8 E4M3 1×128", "fp8_block128", {}),
     ("BF16", "bf16", {}),
 ]
+#: The schemes of the seed-spread comparison: NVFP4 and MXFP4 under each of its scale rules.
+GAP_SCHEMES = [s for s in SCHEMES if s[0] == "NVFP4" or s[0].startswith("MXFP4 ")]
+MXFP4_LABELS = [s[0] for s in GAP_SCHEMES[1:]]
 
 
 def nominal_bits(sch, numel: int) -> float:
@@ -70,8 +72,7 @@ def gap_seed_rows(shape: tuple[int, int], seed: int) -> list[dict]:
     for i, d in enumerate(DISTRIBUTIONS):
         for r in range(GAP_SEEDS):
             x = synthetic(d, shape, seed + i + 100 * r)  # r = 0 is the main data set's draw
-            for label, scheme, kw in [("NVFP4", "nvfp4", {})] + [(f"MXFP4 {r_}", "mxfp4", {"scale_rule": r_})
-                                                                  for r_ in MXFP4_RULES]:
+            for label, scheme, kw in GAP_SCHEMES:
                 rows.append({"data": d, "replica": r, "scheme": label,
                              "sqnr_db": measure(label, scheme, kw, d, x)["sqnr_db"]})
     return rows
@@ -82,7 +83,7 @@ def _gap_summary(seeds: pd.DataFrame) -> pd.DataFrame:
     from fpsim.analysis import mean_ci95
 
     w = seeds.pivot_table(index=["data", "replica"], columns="scheme", values="sqnr_db")
-    best = w[[f"MXFP4 {r}" for r in MXFP4_RULES]].max(axis=1)
+    best = w[MXFP4_LABELS].max(axis=1)
     out = []
     for d in DISTRIBUTIONS:
         g_r = (w["NVFP4"] - w["MXFP4 rceil"]).loc[d].to_numpy()
@@ -138,7 +139,7 @@ def main(argv=None):
 
     rw = real.pivot(index="data", columns="scheme", values="sqnr_db")
     gap = (rw["NVFP4"] - rw["MXFP4 rceil"]).to_numpy()
-    gap_best = (rw["NVFP4"] - rw[[f"MXFP4 {r}" for r in MXFP4_RULES]].max(axis=1)).to_numpy()
+    gap_best = (rw["NVFP4"] - rw[MXFP4_LABELS].max(axis=1)).to_numpy()
     syn_gap = gaps["NVFP4 − MXFP4 rceil (dB)"].to_numpy()
     syn_best = gaps["NVFP4 − best MXFP4 rule (dB)"].to_numpy()
     lossless = real[(real.scheme == "BF16") & np.isinf(real.sqnr_db)].data.str.removeprefix("real:").tolist()

@@ -23,6 +23,12 @@ class DiagnosisError(RuntimeError):
     names the original exception, chained as ``__cause__``)."""
 
 
+def exception_line(e: BaseException) -> str:
+    """``Type: first line of the message`` (``Type`` alone for an empty message): an exception in one line."""
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}{': ' + msg if msg else ''}"
+
+
 @contextmanager
 def internal_errors():
     """Inputs checked: any exception in the block (but MemoryError) is fpsim's bug, raised as DiagnosisError."""
@@ -31,9 +37,8 @@ def internal_errors():
     except MemoryError:
         raise
     except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else ""
-        raise DiagnosisError(f"fpsim's diagnosis failed ({type(e).__name__}{': ' + msg if msg else ''}): a bug in "
-                             "fpsim, not in the inputs; please report it with them") from e
+        raise DiagnosisError(f"fpsim's diagnosis failed ({exception_line(e)}): a bug in fpsim, not in the inputs; "
+                             "please report it with them") from e
 
 
 def hex32(v) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fpsim.io import atomic_write
 from fpsim.recipe import LayerPolicy
 from studies.common import md_table, parse_args, save_fig, write_csv
 from studies.llm.measure import DATA, MIN_ENERGY_SHARE, RESULTS, SR_SEEDS
@@ -394,7 +395,7 @@ def main(argv=None):
                   "recorded in `smollm2_check.json`): " + "; ".join(
                       f"{n['date']}, `{n['metric']}` ({n['rows']} rows): {n['edit']}" for n in notes) + ".", ""]
     path = args.dir / "section.md"
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))  # as studies.common.write_section: never a half-written section
     return path
 
 
