@@ -24,7 +24,7 @@ from ..scaling import unswizzle_scales
 from ..schemes import BlockScheme, Kind, get_scheme
 from .common import DiagnosisError, f32_class, hex32, internal_errors
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
-from .model import Convention, TensorView, model_bytes
+from .model import ROUNDINGS, Convention, TensorView, model_bytes
 from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
 
 __all__ = ["CAUSES", "DiagnosisError", "DiffReport", "diff"]
@@ -271,8 +271,12 @@ def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_
                 "swizzled=True / --swizzled)" + ("; unswizzled they equal fpsim's" if np.array_equal(un, ours_s)
                                                  else ""))
         return plain, un, note
+    # a kernel with another block width (1×32 where NVFP4 has 1×16, or 1×16 for MX) is a usage error, but say so
+    width = nb * sch.block[1]
+    other = [w for w in (16, 32, 64, 128) if w != sch.block[1] and width and cs.size == R * -(-width // w)]
+    hint = f"; that is one per 1×{other[0]} block: another block size (--block)" if other else ""
     raise ValueError(f"candidate scales have {cs.size} values; expected {R}×{nb} = {R * nb} (one per block) "
-                     f"for {what}")
+                     f"for {what}{hint}")
 
 
 def _reference(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, seed: int | None = None):
@@ -435,7 +439,15 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
                 bad_c[:, C:] = False
             elif sr and ev.n_bad and _same_scales(fixed_s, ours_s).all():
                 explained = other_k(lambda kk: _reference(x32, sr_sch.replace(sr_bits=kk), ax, ref, seed)[1], k, cand_p)
-            cidx = sr_causes(cidx, bad_c, on_grid, compared, sr or check.stochastic, sr)
+                mode = None if explained else _deterministic(x32, sch, ax, ref, cand_p)
+                if mode is not None:  # no random bits at all: the kernel rounds deterministically
+                    hyps.append(Hypothesis(f"candidate = {mode} ({ROUNDINGS[mode]}), not stochastic rounding",
+                                           "rounding mode"))
+                    explained = [hyps[-1].name]
+                    cidx = np.where(bad_c & (cidx == -1), len(hyps) - 1, cidx)
+            # with a seed, "other random bits" needs away-roundings that a stochastic rounding could have made
+            stochastic = (check.stochastic or bool(explained)) if sr and seed is not None else sr or check.stochastic
+            cidx = sr_causes(cidx, bad_c, on_grid, compared, stochastic, sr)
             findings += rounding_findings(check, sr, seed, k, bool(explained))
         report = DiffReport(
             scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
@@ -459,6 +471,15 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
                                                layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause)
         report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show)
         return report
+
+
+def _deterministic(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, cand_p: np.ndarray) -> str | None:
+    """The round-to-nearest or directed mode (:data:`ROUNDINGS` fpsim can run) whose codes are all the candidate's,
+    or None: a kernel asked for stochastic rounding that does not round stochastically at all."""
+    for mode in ("rne", "rtz", "rna", "rup", "rdown"):
+        if np.array_equal(_reference(x32, sch.replace(rounding=mode), ax, ref)[1], cand_p):
+            return mode
+    return None
 
 
 def _codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, packed: bool, what: str,

@@ -175,4 +175,7 @@ def rounding_findings(check: NeighbourCheck, sr: bool, seed, k: int, explained: 
     if check.stochastic:
         return [f"the candidate rounds stochastically, but not with fpsim's random bits for seed {seed} and K = {k} "
                 "(SPEC §3: Philox4x32-10, one counter range per block, K bits per element, low bits first)"]
+    if check.z is not None:  # biased away-roundings: the differing codes are not another stream's draws
+        return ["the candidate's away-roundings are not those of a stochastic rounding (see the rounding check): "
+                "it does not round stochastically, or not only"]
     return []
