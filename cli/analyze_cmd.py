@@ -41,6 +41,8 @@ _SERIAL_BYTES = 1 << 20
 
 def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tuple[list[dict], str | None]:
     """Analyse one tensor; (rows, None) or ([], "skip: …" / "error: …") — one line, never a traceback."""
+    import numpy as np
+
     from fpsim._jit import get_num_threads, set_num_threads
     from fpsim.analysis import TensorSkipped, analyze_tensor, check_analyzable, guess_role
     from fpsim.io import InputError
@@ -53,8 +55,11 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
         if ref.error is None:  # an unreadable tensor stays an error; a readable one not analysed by design is
             check_analyzable(key, ref.dtype, ref.shape)  # skipped whatever --axis says
         arr = ref.row_source(axis, label=key)  # rows along `axis`, read in chunks: bounded memory for every axis
-        # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too)
-        return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
+        # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too);
+        # float64 values beyond float32's range become ±inf in the float32 analysis (counted in inf_count): numpy's
+        # RuntimeWarning about that cast would be two more lines on stderr, neither "error:" nor "note:"
+        with np.errstate(over="ignore"):
+            return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
     except TensorSkipped as e:
         return [], f"note: skipped {e}"
     except InputError as e:
@@ -442,12 +447,14 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             scheduler, quiet, verbose):
     """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
     from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
+    from fpsim.io.errors import printable
     from fpsim.recipe import get_recipe
 
     def note(msg: str) -> None:
-        """stderr: "error: …" lines always, other notes unless --quiet."""
+        """stderr: "error: …" lines always, other notes unless --quiet; one line each, whatever the file and
+        tensor names in them hold (a newline, a terminal escape, undecodable bytes)."""
         if not quiet or msg.startswith("error:"):
-            click.echo(msg, err=True)
+            click.echo(printable(msg), err=True)
 
     try:
         if recipe:
@@ -470,14 +477,14 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         refs = open_tensors(list(paths), on_error=errors.append, on_note=lambda n: note(f"note: skipped {n}"),
                             on_file=files.append)
     except InputError as e:
-        click.echo(f"error: {e}", err=True)
+        note(f"error: {e}")
         sys.exit(EXIT_USAGE)
     inputs = sorted(set(files) | {p for p in paths if os.path.isfile(p)})  # unreadable inputs are inputs too
     if output:
         try:  # before any work: a bad --output fails in the first second, not after the analysis
             check_writable(output, inputs)
         except OutputError as e:
-            click.echo(f"error: --output {e}", err=True)
+            note(f"error: --output {e}")
             sys.exit(EXIT_USAGE)
     for msg in errors:
         note(f"error: {msg}")
@@ -515,7 +522,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         try:
             atomic_write(output, text, inputs=inputs)
         except OutputError as e:
-            click.echo(f"error: --output {e}", err=True)
+            note(f"error: --output {e}")
             sys.exit(EXIT_OUTPUT)
         note(f"wrote {len(rows)} rows to {output}")
     else:
@@ -524,7 +531,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         why = ("no tensor in " + ", ".join(paths) + " (supported files: .npz, .safetensors, .pt/.pth)"
                if not refs else f"no tensor matches --select {' '.join(select)}" if not chosen else
                "every tensor was skipped or unreadable (see above)")
-        click.echo(f"error: nothing could be analysed: {why}", err=True)
+        note(f"error: nothing could be analysed: {why}")
         sys.exit(EXIT_NOTHING)
     if failed:
         sys.exit(EXIT_PARTIAL)

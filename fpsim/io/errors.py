@@ -4,8 +4,19 @@ decoder every reader's header goes through."""
 from __future__ import annotations
 
 import json
+import re
 
-__all__ = ["InputError", "json_object"]
+__all__ = ["InputError", "json_object", "printable"]
+
+# Control characters (C0, DEL, C1), the Unicode line/paragraph separators and lone surrogates: any of them in a
+# tensor or file name would split a one-line message, move the terminal's cursor or fail to encode as UTF-8.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe on one line of a terminal or a UTF-8 file: control characters, line separators and lone
+    surrogates (undecodable bytes of a file name) become their Python escapes (``\\n``, ``\\x1b``, ``\\udcff``)."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _refuse_constant(c):

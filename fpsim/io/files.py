@@ -54,9 +54,9 @@ def _write_through(p: Path, st: os.stat_result) -> bool:
 def check_writable(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """The output path, after checking that :func:`atomic_write` may write it; else :class:`OutputError`.
 
-    Refused: a path that is one of ``inputs`` (the same file, through any link), a directory, a path
-    whose directory does not exist or is not writable.  Character devices and FIFOs are accepted (they
-    are written through, never replaced).
+    Refused: a path that is one of ``inputs`` (the same file, through any link), a directory (or a name
+    ending with ``/``), a path whose directory does not exist or is not writable.  Character devices and
+    FIFOs are accepted (they are written through, never replaced).
     """
     p = Path(path)
     for q in inputs:
@@ -77,6 +77,9 @@ def check_writable(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] 
             return p
         if not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{p}: not a regular file, device or FIFO; refusing to replace it")
+    elif os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: "-o out/" would create a file "out"
+        raise OutputError(f"{os.fspath(path)}: names a directory that does not exist (trailing slash); "
+                          "give a file name")
     q = Path(os.path.realpath(p)) if p.is_symlink() else p
     if any(str(x).startswith(("/dev/", "/proc/")) for x in (Path(os.path.abspath(p)), Path(os.path.abspath(q)))):
         raise OutputError(f"{p}: refusing to create a file under /dev or /proc")
@@ -115,7 +118,9 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[IO[bytes
     parent = p.parent if str(p.parent) else Path(".")
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
+        # the name's first 40 characters only: a target name near the 255-byte limit is valid, its temporary
+        # twin with a prefix and suffix added would not be (ENAMETOOLONG after the whole analysis)
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name[:40]}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             write(f) if write is not None else f.write(blob)
             f.flush()

@@ -150,19 +150,20 @@ def _inflating_storage(path, info, head_len, dt, need):
 
 
 def _fortran_storage(path, info, head_len, dt, shape):
+    """A Fortran-ordered member holds the C-ordered elements of the reversed shape: they are inflated (or copied)
+    once as any member's are (into memory up to :data:`SPILL_BYTES`, else into an unnamed temporary file) and
+    read through the transposed view, a chunk at a time — never whole in memory (three copies of it before)."""
+    rev = tuple(shape[::-1])
+    inner = _inflating_storage(path, info, head_len, dt, math.prod(shape) * dt.itemsize)
+
     def storage():
-        buf = bytearray()
-
-        class _Sink:
-            write = buf.extend
-
+        st = inner()
+        if isinstance(st, ArrayStorage):
+            return ArrayStorage(st.arr.reshape(rev).T)
         try:
-            _inflate_into(path, info, head_len, _Sink, math.prod(shape) * dt.itemsize)
-        except _BAD as e:
-            raise InputError(f"{path}: member {info.filename[:-4]!r} is truncated or corrupt "
-                             f"({type(e).__name__})") from None
-        a = np.frombuffer(bytes(buf), dt).reshape(shape[::-1]).T
-        return ArrayStorage(np.ascontiguousarray(a))
+            return ArrayStorage(np.memmap(st.fileobj, dt, mode="r", shape=rev).T)  # the mapping outlives the file
+        except (ValueError, OSError) as e:
+            raise InputError(f"{path}: member {info.filename[:-4]!r} cannot be mapped ({type(e).__name__})") from None
 
     return storage
 
@@ -172,12 +173,13 @@ def npz_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
     p = Path(path)
     try:
         zf = zipfile.ZipFile(p)
-    except (zipfile.BadZipFile, EOFError, ValueError, struct.error) as e:
+    # NotImplementedError: a corrupt central directory that asks for a zip version zipfile does not know
+    except (zipfile.BadZipFile, EOFError, ValueError, struct.error, NotImplementedError) as e:
         raise InputError(f"{p}: not an npz file (bad zip: {type(e).__name__})") from None
     out, notes, seen = [], [], set()
     with zf, open(p, "rb") as fh:
         for info in zf.infolist():
-            if info.is_dir():
+            if info.filename.endswith("/"):  # a directory (ZipInfo.is_dir fails on an empty name: IndexError)
                 continue
             if not info.filename.endswith(".npy"):
                 notes.append(f"{p}: member {info.filename!r} is not a .npy array")

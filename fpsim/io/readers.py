@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, printable
 from .npz import npz_members
 from .rows import ArrayStorage, FileStorage, Member, RowSource
 from .safetensors import SAFETENSORS_DTYPES, read_entry, read_header, write_safetensors
@@ -200,8 +200,31 @@ def _expand(paths: Iterable[str], notes: list[str], errors: list[str]) -> list[P
     return out
 
 
+def _distinct_names(path: Path, refs: list[TensorRef]) -> list[TensorRef]:
+    """Each tensor of one file under its own printable name (:func:`~fpsim.io.errors.printable`).
+
+    A file can hold two entries of one name (a zip member written twice; ``{"a.b": t, "a": {"b": u}}`` or keys
+    ``5`` and ``"5"`` in a .pt file): a later one is renamed ``NAME#2`` (``#3`` …) with a note, so that no tensor
+    is dropped as a "duplicate", and every caller that opens the file (a worker process too) sees the same names.
+    """
+    taken: set[str] = set()
+    for r in refs:
+        name = printable(r.name)
+        if name in taken:
+            k = 2
+            while f"{name}#{k}" in taken:
+                k += 1
+            why = f"{path}:{name}#{k}: renamed: an earlier entry of this file is also named {name!r}"
+            r.note = f"{r.note}; {why}" if r.note else why
+            name = f"{name}#{k}"
+        taken.add(name)
+        r.name = name
+    return refs
+
+
 def open_file(path: str | os.PathLike) -> tuple[list[TensorRef], list[str]]:
-    """The tensors of one file (opened once) and its notes; :class:`InputError` when the file is unreadable."""
+    """The tensors of one file (opened once) and its notes; :class:`InputError` when the file is unreadable.
+    Names are printable and distinct within the file (:func:`_distinct_names`)."""
     p = Path(path)
     reader = _READERS.get(p.suffix.lower())
     if reader is None:
@@ -212,7 +235,8 @@ def open_file(path: str | os.PathLike) -> tuple[list[TensorRef], list[str]]:
             raise InputError(f"{p}: {_kind(st.st_mode)}, not a regular file; refusing to read it")
         if not os.access(p, os.R_OK):
             raise InputError(f"{p}: not readable (permission denied)")
-        return reader(p)
+        refs, notes = reader(p)
+        return _distinct_names(p, refs), notes
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or type(e).__name__})") from None
     except RecursionError:
@@ -262,7 +286,8 @@ def open_tensors(paths: list[str] | str, on_error: Callable[[str], None] | None 
 
 
 def unique_labels(sources: Iterable[str]) -> dict[str, str]:
-    """A short label per source path: its basename, lengthened by parent directories until labels are unique."""
+    """A short label per source path: its basename, lengthened by parent directories until labels are unique;
+    printable on one line (:func:`~fpsim.io.errors.printable`: a file name may hold a newline or undecodable bytes)."""
     srcs = sorted(set(sources))
     parts = {s: Path(os.path.abspath(s)).parts for s in srcs}
     depth = dict.fromkeys(srcs, 1)
@@ -273,7 +298,7 @@ def unique_labels(sources: Iterable[str]) -> dict[str, str]:
             by.setdefault(label[s], []).append(s)
         grow = [s for group in by.values() if len(group) > 1 for s in group if depth[s] < len(parts[s])]
         if not grow:
-            return label
+            return {s: printable(v) for s, v in label.items()}
         for s in grow:
             depth[s] += 1
 

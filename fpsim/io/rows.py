@@ -94,14 +94,43 @@ class ArrayStorage:
 
     def read_runs(self, start: int, n: int, stride: int, count: int) -> np.ndarray:
         flat = self.arr.reshape(-1) if self.arr.flags.c_contiguous else None
-        if flat is None:  # a strided view: index it element-wise (no whole-tensor copy)
-            idx = start + np.arange(n)[:, None] * stride + np.arange(count)[None, :]
-            return self.arr[np.unravel_index(idx, self.arr.shape)]
+        if flat is None:  # a strided view (a transposed or sliced tensor): copy only the runs asked for
+            if n == 1:  # one run: _flat_range's copy itself, unless it is a view of the array (1-d, or one part)
+                run = _flat_range(self.arr, start, count)
+                return (run.copy() if np.may_share_memory(run, self.arr) else run).reshape(1, count)
+            out = np.empty((n, count), self.dtype)
+            for t in range(n):
+                out[t] = _flat_range(self.arr, start + t * stride, count)
+            return out
         if n == 1:
             return flat[start : start + count].reshape(1, count).copy()
         v = np.lib.stride_tricks.as_strided(flat[start:], shape=(n, count),
                                             strides=(stride * flat.itemsize, flat.itemsize), writeable=False)
         return v.copy()
+
+
+def _flat_range(arr: np.ndarray, start: int, count: int) -> np.ndarray:
+    """Elements ``start .. start+count-1`` of ``arr`` in C order, for any strided ``arr``, copying only those:
+    whole sub-arrays along the first axis are sliced (a strided copy numpy does fast), the partial ones at
+    either end recursively.  (Fancy indexing builds index arrays several times the chunk's size and is slower.)"""
+    if arr.ndim <= 1 or count == 0:
+        return arr.reshape(-1)[start : start + count]  # a view for 0-d and 1-d arrays
+    inner = math.prod(arr.shape[1:])
+    if inner == 0:
+        return np.empty(0, arr.dtype)
+    i, off = divmod(start, inner)
+    parts = []
+    if off:
+        take = min(count, inner - off)
+        parts.append(_flat_range(arr[i], off, take))
+        count, i = count - take, i + 1
+    whole = count // inner
+    if whole:
+        parts.append(arr[i : i + whole].reshape(-1))
+        count, i = count - whole * inner, i + whole
+    if count:
+        parts.append(_flat_range(arr[i], 0, count))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class RowSource:
@@ -148,6 +177,15 @@ class RowSource:
         return self._rows(i, max(i, j))
 
     def _rows(self, i: int, j: int) -> np.ndarray:
+        try:
+            return self._read_rows(i, j)
+        except InputError as e:  # the storage names the file only ("F: tensor data is truncated"): name the tensor
+            msg, path = str(e), self.storage.path
+            if self.label and self.label not in msg:
+                msg = f"{self.label}:{msg[len(path) + 1:] if msg.startswith(f'{path}:') else ' ' + msg}"
+            raise InputError(msg) from None
+
+    def _read_rows(self, i: int, j: int) -> np.ndarray:
         K, B = self._K, self._B
         out = np.empty((j - i, K), self.dtype)
         st = self.storage

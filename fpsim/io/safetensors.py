@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, json_object
+from .errors import InputError, json_object, printable
 from .files import atomic_write
 
 __all__ = ["SAFETENSORS_DTYPES", "Entry", "parse_header", "read_header", "read_entry", "write_safetensors",
@@ -58,8 +58,9 @@ _CODE = {v[0]: k for k, v in _TABLE.items()}
 
 
 def display_name(name: str) -> str:
-    """``name`` printable anywhere: lone surrogates and other unencodable code points as ``\\udXXX`` escapes."""
-    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``name`` printable anywhere, on one line: lone surrogates, control characters and line separators as
+    Python escapes (:func:`fpsim.io.errors.printable`)."""
+    return printable(name)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def _entry(path, name: str, info, base: int, size: int) -> Entry:
         if not isinstance(info, dict):
             raise ValueError("entry is not a JSON object")
         code = info.get("dtype")
-        if code not in _TABLE:
+        if not isinstance(code, str) or code not in _TABLE:  # a list or object is not hashable: test the type first
             raise ValueError(f"unsupported dtype {display_name(str(code))[:40]!r}")
         dt, bits = _TABLE[code]
         shape = info.get("shape")

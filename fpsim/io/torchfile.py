@@ -1,7 +1,10 @@
-"""Tensors of a ``.pt`` / ``.pth`` file: loaded once, ``weights_only=True`` always, memory-mapped where torch can.
+"""Tensors of a ``.pt`` / ``.pth`` file: loaded once, ``weights_only=True`` always, read in place where it can be.
 
-``torch.load(..., weights_only=True, mmap=True)`` maps the storages of a zip-format checkpoint (what
-``torch.save`` writes since torch 1.6) instead of reading them; a legacy (non-zip) file is read whole.
+A zip-format checkpoint (what ``torch.save`` writes since torch 1.6) is loaded on the meta device: shapes,
+dtypes and file offsets, no data; when every tensor is dense, contiguous and of a dtype whose bytes are read
+as they are, each is read from its zip record with plain reads (checked against the record's size), so a file
+truncated while it is read is an error, never a SIGBUS.  Other files are loaded again by torch with
+``mmap=True`` (storages mapped, not read); a legacy (non-zip) file is read whole.
 Nested containers are walked: ``{"state_dict": {"fc.weight": t}}`` gives ``state_dict.fc.weight``, list
 items get their index.  dtypes numpy lacks are viewed bit for bit as their ml_dtypes twin (bfloat16,
 float8 E4M3/E5M2/E8M0 and the FNUZ variants; packed ``float4_e2m1fn_x2`` unpacked to two elements per
@@ -17,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
-from .rows import ArrayStorage, Member
+from .rows import ArrayStorage, FileStorage, Member
 
 __all__ = ["torch_members"]
 
@@ -61,19 +64,90 @@ def _to_numpy(t, views) -> np.ndarray:
         raise ValueError(f"has dtype {t.dtype}, which numpy cannot hold") from None
 
 
-def _load(path: Path):
+def _plain_dtypes(views) -> dict:
+    """torch dtype → numpy dtype of the tensors read from the file in place (the bytes need no conversion)."""
+    import torch
+
+    d = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.int8: "i1", torch.uint8: "u1",
+         torch.int16: "<i2", torch.int32: "<i4", torch.int64: "<i8", torch.bool: "?", torch.complex64: "<c8",
+         torch.complex128: "<c16"}
+    return {k: np.dtype(v) for k, v in d.items()} | {k: np.dtype(ml) for k, (_, ml) in views.items()}
+
+
+def _records(path: Path) -> tuple[dict[int, int], bool]:
+    """{absolute data offset: size} of the file's stored zip records, and whether its byte order is little-endian."""
+    import struct
+    import zipfile
+
+    out, little = {}, True
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as fh:
+        for info in zf.infolist():
+            if info.filename.endswith("/byteorder"):
+                little = zf.read(info).strip() == b"little"
+            if info.compress_type != zipfile.ZIP_STORED:
+                continue
+            fh.seek(info.header_offset)
+            local = fh.read(30)  # the fixed part of a zip local file header (APPNOTE 4.3.7)
+            if len(local) == 30 and local[:4] == b"PK\x03\x04":
+                name_len, extra_len = struct.unpack("<2H", local[26:30])
+                out[info.header_offset + 30 + name_len + extra_len] = info.file_size
+    return out, little
+
+
+def _in_place(obj, plain) -> bool:
+    """Whether every tensor of a meta-device load is a dense, C-contiguous tensor of a dtype read as is."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return (obj.is_meta and obj.layout == torch.strided and obj.is_contiguous() and obj.dtype in plain
+                and getattr(obj.untyped_storage(), "_checkpoint_offset", None) is not None)
+    if isinstance(obj, dict):
+        return all(_in_place(v, plain) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_in_place(v, plain) for v in obj)
+    return True
+
+
+def _load(path: Path, plain: dict):
+    """The file's object.  Its tensors are on the meta device (shape, dtype and file offset, no data) when every
+    one can be read in place: those are then read with plain reads, so a file truncated while it is analysed
+    (a training run rewriting its dump) is a "truncated" error, not a SIGBUS that kills the whole run as a
+    memory mapping would.  Other files (strided views, packed FP4, quantized, sparse, legacy format) are loaded
+    by torch, memory-mapped where it can."""
     import torch
 
     # torch's own deprecation notices while rebuilding storages (TypedStorage, ComplexHalf, quantized
     # tensors) are about torch internals, not about the user's file: keep them off the user's stderr
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        try:  # mmap=True: nothing is read or touched for a meta load; it also refuses the legacy format fast
+            obj = torch.load(path, map_location="meta", weights_only=True, mmap=True)
+            records, little = _records(path)
+            if little and _in_place(obj, plain):
+                return obj, records
+        except Exception:  # noqa: BLE001 - the load below reports what is wrong with the file
+            pass
         try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True), None
         except RuntimeError as e:
             if "mmap" not in str(e):
                 raise
-        return torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format: no mmap
+        return torch.load(path, map_location="cpu", weights_only=True), None  # legacy (non-zip) format: no mmap
+
+
+def _file_member(p: Path, name: str, t, dt: np.dtype, records: dict[int, int]) -> Member:
+    """A meta tensor read in place: its bytes checked against the size of the zip record that holds them."""
+    off = t.untyped_storage()._checkpoint_offset
+    have = records.get(off)
+    start = t.storage_offset() * dt.itemsize
+    need = start + t.numel() * dt.itemsize
+    shape = tuple(t.shape)
+    if have is None:
+        return Member(name, shape, dt, error=f"{p}: tensor {name!r}: its storage is not a stored record of the file")
+    if t.numel() and need > have:
+        return Member(name, shape, dt, error=f"{p}: tensor {name!r}: shape {list(shape)} of {t.dtype} needs {need} "
+                                             f"bytes of its storage, the file holds {have}: truncated or corrupt")
+    return Member(name, shape, dt, lambda: FileStorage(p, off + start, dt))
 
 
 def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
@@ -83,17 +157,20 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
         import torch
     except ImportError:
         raise InputError(f"{p}: reading .pt/.pth needs torch (pip install 'fpsim[torch]')") from None
+    views = _ml_views()
+    plain = _plain_dtypes(views)
     try:
-        obj = _load(p)
+        obj, records = _load(p, plain)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
         raise InputError(f"{p}: cannot read as a weights-only torch file ({first})") from None
-    views = _ml_views()
     members: list[Member] = []
     notes: list[str] = []
 
     def walk(name: str, v, depth: int) -> None:
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor) and records is not None:
+            members.append(_file_member(p, name, v, plain[v.dtype], records))
+        elif isinstance(v, torch.Tensor):
             try:
                 a = _to_numpy(v, views)
             except ValueError as e:
