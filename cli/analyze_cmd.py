@@ -41,8 +41,6 @@ _SERIAL_BYTES = 1 << 20
 
 def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tuple[list[dict], str | None]:
     """Analyse one tensor; (rows, None) or ([], "skip: …" / "error: …") — one line, never a traceback."""
-    import numpy as np
-
     from fpsim._jit import get_num_threads, set_num_threads
     from fpsim.analysis import TensorSkipped, analyze_tensor, check_analyzable, guess_role
     from fpsim.io import InputError
@@ -55,11 +53,8 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
         if ref.error is None:  # an unreadable tensor stays an error; a readable one not analysed by design is
             check_analyzable(key, ref.dtype, ref.shape)  # skipped whatever --axis says
         arr = ref.row_source(axis, label=key)  # rows along `axis`, read in chunks: bounded memory for every axis
-        # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too);
-        # float64 values beyond float32's range become ±inf in the float32 analysis (counted in inf_count): numpy's
-        # RuntimeWarning about that cast would be two more lines on stderr, neither "error:" nor "note:"
-        with np.errstate(over="ignore"):
-            return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
+        # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too)
+        return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
     except TensorSkipped as e:
         return [], f"note: skipped {e}"
     except InputError as e:

@@ -14,7 +14,7 @@ def as_float32(x: np.typing.ArrayLike) -> np.ndarray:
 
     float64 / float16 / bfloat16 / float8 inputs are converted by value, with
     round-to-nearest-even where float32 cannot hold them (numpy's and
-    ml_dtypes' casts).  Complex, object, string and structured data raise
+    ml_dtypes' casts; beyond float32's range, ±inf).  Complex, object, string and structured data raise
     ``TypeError``: silently dropping an imaginary part or parsing strings is
     never what a numerics user wants.
     """
@@ -24,7 +24,10 @@ def as_float32(x: np.typing.ArrayLike) -> np.ndarray:
         pass  # ml_dtypes floats (bfloat16, float8_*, float4_*) report kind 'V'
     elif kind not in _FLOAT_KINDS:
         raise TypeError(f"expected real numbers, got an array of dtype {arr.dtype}")
-    return np.asarray(arr, dtype=np.float32, order="C")  # keeps 0-d (ascontiguousarray would not)
+    # a float64 beyond float32's range becomes ±inf, the cast's defined result (IEEE 754 RNE overflow, as
+    # cvt.rn.f32.f64): numpy's RuntimeWarning about it would be noise on every caller's stderr
+    with np.errstate(over="ignore"):
+        return np.asarray(arr, dtype=np.float32, order="C")  # keeps 0-d (ascontiguousarray would not)
 
 
 def as_codes(codes: np.typing.ArrayLike, spec: FormatSpec) -> np.ndarray:

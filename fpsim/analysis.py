@@ -62,7 +62,7 @@ LEGEND = {
                 "(the rotated one on RHT rows); empty for a constant tensor",
     "amax_over_std": "max|x| / standard deviation over the finite elements (same tensor as kurtosis)",
     "nan_count": "NaN elements of the input",
-    "inf_count": "±inf elements of the input",
+    "inf_count": "±inf elements of the input as float32 (a note counts finite float64 values among them)",
     "nonfinite_out_count": "finite elements whose decoded value is NaN or ±inf (a NaN tensor amax makes every "
                            "element NaN, SPEC §9); excluded from the error metrics",
     "mse": "mean (x − x̂)² over the measured elements (finite x with finite x̂), in the tensor's units squared",
@@ -356,6 +356,10 @@ def analyze_tensor(
     chunk_rows = max(16, (chunk_bytes // max(4 * cols, 1)) // 128 * 128 or 16)
     base = {"tensor": name, "role": role, "shape": [int(n) for n in arr.shape], "numel": int(arr.size)}
     stats0 = _stats(base, _moments(x2d, chunk_rows))
+    wide = _beyond_float32(x2d, chunk_rows) if np.dtype(arr.dtype).kind == "f" and arr.dtype.itemsize > 4 else 0
+    if wide:  # the analysis runs on float32, where these are ±inf: say so rather than let inf_count mislead
+        stats0["notes"]["inf_count"] = (f"includes {wide} finite {np.dtype(arr.dtype).name} elements beyond "
+                                        "float32's range, which are ±inf once cast to float32 (as analysed)")
     out = []
     for scheme in schemes:
         out.append(_scheme_row(x2d, chunk_rows, scheme, 0, stats0, role, seeds))
@@ -373,6 +377,16 @@ def analyze_tensor(
     if recipe:
         out += _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, recipe_max_bytes)
     return [_finish(r) for r in out]
+
+
+def _beyond_float32(x2d, chunk_rows: int) -> int:
+    """How many finite elements of a wider float tensor round to ±inf as float32 (|x| ≥ FLT_MAX + ½ ulp)."""
+    n = 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(0, x2d.shape[0], chunk_rows):
+            c = np.asarray(x2d[i : i + chunk_rows])
+            n += int(np.count_nonzero(np.isfinite(c) & np.isinf(c.astype(np.float32))))
+    return n
 
 
 def _chunks(x2d, chunk_rows: int, d: int = 0) -> Iterator[np.ndarray]:

@@ -254,3 +254,32 @@ def test_output_with_a_trailing_slash_is_refused_before_the_analysis(tmp_path, g
     r = run(good, *FAST, "-o", out)  # was: a file "results" written where a directory was meant
     assert r.exit_code == 2 and "names a directory that does not exist" in r.stderr, r.output
     assert not (tmp_path / "results").exists()
+
+
+def test_float64_beyond_float32_is_counted_in_a_note_on_inf_count():
+    """A float64 tensor holding 1e300 has no inf, but the float32 analysis sees one: inf_count says so in a note.
+    (Before: inf_count 2 with no word on where the infs came from.)"""
+    from fpsim.analysis import analyze_tensor
+
+    x = np.linspace(-1.0, 1.0, 64).reshape(4, 16)
+    x[0, 0], x[1, 3] = 1e300, -3.4028235e38  # the second rounds to -FLT_MAX (below FLT_MAX + ½ ulp), not -inf
+    x[2, 5] = np.inf  # a real inf is not counted as "beyond float32's range"
+    rows = analyze_tensor("t", x, schemes=("nvfp4",))
+    assert rows[0]["inf_count"] == 2
+    assert rows[0]["notes"]["inf_count"].startswith("includes 1 finite float64 elements beyond float32's range")
+    with np.errstate(over="ignore"):
+        x32 = x.astype(np.float32)
+    assert "inf_count" not in analyze_tensor("t", x32, schemes=("nvfp4",))[0]["notes"]  # float32 input: real infs
+
+
+def test_stride_zero_pt_view_is_refused_not_analysed_for_ever(tmp_path):
+    """A (2^40, 16) stride-(0, 1) view of 16 stored elements: 2^44 logical elements from a tiny file. Before, analyze
+    set out to read all of them; now the tensor is refused with one line naming it, and the rest is analysed."""
+    torch = pytest.importorskip("torch")
+    p = tmp_path / "v.pt"
+    torch.save({"wide": torch.arange(16.0).expand(1 << 40, 16), "ok": torch.randn(8, 16)}, p)
+    r = run(p, *FAST)
+    assert r.exit_code == 1, r.output  # EXIT_PARTIAL: one tensor unreadable, the rest reported
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "wide" in err[0] and "stride 0" in err[0]
+    assert "v.pt:ok" in r.stdout

@@ -46,6 +46,10 @@ def _to_numpy(t, views) -> np.ndarray:
         raise ValueError(f"is a sparse tensor ({t.layout}); save it dense (t.to_dense()) to analyse it")
     if t.is_quantized:
         raise ValueError(f"is a quantized tensor ({t.dtype}); fpsim reads float tensors (save t.dequantize())")
+    stored = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    if t.numel() > stored:  # stride 0 (an expand) or overlapping strides: work would grow with the view, not the file
+        raise ValueError(f"is a view of {t.numel()} elements over a storage of {stored} (stride 0 or overlapping "
+                         f"strides {tuple(t.stride())}); save it materialized (t.contiguous()) to analyse it")
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype in views:
         bits, ml = views[t.dtype]
