@@ -330,18 +330,27 @@ def test_each_file_is_opened_once(tmp_path, monkeypatch):
     assert calls == {"h": 1, "z": 1}
 
 
-def test_pt_is_loaded_once_memory_mapped(tmp_path, monkeypatch):
+def test_pt_is_loaded_once_weights_only_and_its_data_read_in_place(tmp_path, monkeypatch):
+    """Dense contiguous tensors: one weights-only load on the meta device (no data), then plain reads of each
+    tensor's bytes.  A strided view needs torch to rebuild it: a second, memory-mapped load (still weights-only)."""
     torch = pytest.importorskip("torch", reason="torch not installed")
     from fpsim.io import open_tensors
 
-    p = tmp_path / "m.pt"
-    torch.save({f"t{i}": torch.ones(2, 16) for i in range(20)}, p)
     seen = []
     real = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: (seen.append(k), real(*a, **k))[1])
+    p = tmp_path / "m.pt"
+    torch.save({f"t{i}": torch.ones(2, 16) * i for i in range(20)}, p)
     refs = open_tensors([str(p)])
-    assert len(refs) == 20 and all(r.load().sum() == 32 for r in refs)
-    assert len(seen) == 1 and seen[0]["weights_only"] is True and seen[0]["mmap"] is True
+    assert len(refs) == 20 and all(r.load().sum() == 32 * int(r.name[1:]) for r in refs)
+    assert [(k["weights_only"], k["map_location"], k["mmap"]) for k in seen] == [(True, "meta", True)]
+    seen.clear()
+    q = tmp_path / "v.pt"
+    torch.save({"t": torch.arange(32.0).reshape(2, 16).t()}, q)  # a transposed view of its storage
+    (ref,) = open_tensors([str(q)])
+    np.testing.assert_array_equal(ref.load(), np.arange(32.0, dtype=np.float32).reshape(2, 16).T)
+    assert [(k["weights_only"], k["map_location"], k["mmap"]) for k in seen] == [(True, "meta", True),
+                                                                                 (True, "cpu", True)]
 
 
 # --- 6. no silent garbage -------------------------------------------------------------------------
