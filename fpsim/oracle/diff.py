@@ -24,7 +24,7 @@ from ..scaling import unswizzle_scales
 from ..schemes import BlockScheme, Kind, get_scheme
 from .common import DiagnosisError, f32_class, hex32, internal_errors
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
-from .model import ROUNDINGS, Convention, TensorView, model_bytes
+from .model import ROUNDINGS, Convention, TensorView, model_bytes, subnormal_codes
 from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
 
 __all__ = ["CAUSES", "DiagnosisError", "DiffReport", "diff"]
@@ -55,12 +55,25 @@ CAUSES: dict[str, str] = {
     "NaN handling": "the tensor holds a NaN and the candidate treats it differently in the amax (SPEC §9)",
     "saturation": "the candidate does not saturate (gives inf/NaN where fpsim gives ±max)",
     "±0 sign": "the candidate writes −0 as +0 (TE's Python reference) or the other way round",
+    "scale rounding": "the candidate converts the block scale sdb to E4M3 with another rounding (truncation, "
+    "rounding up, ties away) where fpsim and cvt.rn.satfinite.e4m3x2.f32 round to nearest even (SPEC §4)",
+    "scale saturation": "the candidate converts block scales without saturating at 448 (__NV_NOSAT: NaN beyond "
+    "464); only single-level scaling reaches it",
+    "scale flush to zero": "the candidate writes subnormal E4M3 block scales (< 2^-6) as 0; fpsim keeps them "
+    "(SPEC §4: no lower clamp)",
+    "element flush to zero": "the candidate writes subnormal element codes (E2M1 ±0.5, FP8 below its smallest "
+    "normal) as ±0; fpsim and cvt keep them",
     "element follows its block scale": "the code is what fpsim's element rule gives with the candidate's own "
     "(different) scale",
     "nibble packing order": "swapping the two nibbles of each candidate byte fixes the code (fpsim: element 2j "
     "in the low nibble)",
     "swizzled scale layout": "the candidate's scales are ours in the Blackwell swizzled layout (or the plain "
     "layout where swizzled was declared)",
+    "transposed scale layout": "the candidate's [rows, blocks] scales are ours stored transposed ([blocks, rows])",
+    "shifted scales": "the candidate's scale bytes are ours shifted by one byte (an off-by-one offset)",
+    "transposed code layout": "the candidate's codes are ours with rows and columns transposed",
+    "shifted codes": "the candidate's codes are ours shifted by one element or one byte along the row-major "
+    "stream (an off-by-one offset)",
     "stochastic rounding": "fpsim compared round-to-nearest, and the candidate's differing codes are all the other "
     "neighbour of x·enc_b with unbiased away-roundings: it rounds stochastically (compare with rounding='sr')",
     "SR random bits": "the code is the other neighbour of x·enc_b: the candidate rounds stochastically with "
@@ -211,7 +224,7 @@ def _orig_index(r: int, c: int, moved: tuple[int, ...], axis: int) -> list[int]:
 
 
 def _candidate_codes(candidate_codes, R: int, C: int, nb: int, BC: int, el, packed: bool, what: str):
-    """Candidate codes [R, C] (int64) and, for packed 4-bit codes, the nibble-swapped reading of the bytes."""
+    """Candidate codes [R, C] (uint8) and the other readings of its bytes (:func:`_code_readings`)."""
     cc = np.asarray(candidate_codes)
     if cc.dtype.kind not in "iu":
         raise ValueError(f"candidate codes must be integers (raw code bytes), got dtype {cc.dtype}")
@@ -227,9 +240,56 @@ def _candidate_codes(candidate_codes, R: int, C: int, nb: int, BC: int, el, pack
         hint = " (packed 4-bit codes? then do not pass packed=False)" if four and not packed else ""
         raise ValueError(f"candidate codes out of range for {el.name}{hint}")
     b = cc.astype(np.uint8, copy=False)
-    if not is_packed:
-        return b[:, :C], None
-    return unpack_fp4(b)[:, :C], lambda: unpack_fp4(((b << 4) | (b >> 4)).astype(np.uint8))[:, :C]
+    return (unpack_fp4(b) if is_packed else b)[:, :C], _code_readings(b, R, C, is_packed)
+
+
+def _code_readings(b: np.ndarray, R: int, C: int, is_packed: bool) -> list[tuple[str, str, object]]:
+    """The layout mistakes a kernel's code bytes ``b`` [R, W] may hold, as ``(cause, finding, read)``; ``read()``
+    gives the codes [R, C] fpsim would compare if the candidate made that mistake, and the mask of the codes the
+    mistake leaves unknown (shifted out of the stream), or None where the bytes cannot hold it.
+
+    Nibble order (element 2j in the high nibble), the whole stream shifted by one element or one byte (an
+    off-by-one pointer) or one row, and rows and columns transposed (the code matrix stored [C, R], or for packed codes
+    the byte matrix [R, C/2] stored transposed)."""
+    W = b.shape[1]
+    unpack = unpack_fp4 if is_packed else (lambda a: a)
+    per = 2 if is_packed else 1  # codes per byte
+
+    def shifted(s: int):
+        def read():
+            u = unpack(b).reshape(-1)
+            # the candidate's code j is fpsim's code j − s: read it back s codes later; the s codes at the
+            # stream's end have no candidate byte (and the first s candidate codes no fpsim code)
+            out = np.roll(u, -s)
+            lost = np.zeros(u.size, bool)
+            if s > 0:
+                lost[-s:] = True
+            else:
+                lost[:-s] = True
+            return out.reshape(R, -1)[:, :C], lost.reshape(R, -1)[:, :C]
+        return read
+
+    out: list[tuple[str, str, object]] = []
+    if is_packed:
+        out.append(("nibble packing order", "the candidate puts element 2j in the HIGH nibble (fpsim, cvt.*.e2m1x2 "
+                    "and cuBLAS: low nibble)", lambda: (unpack_fp4(((b << 4) | (b >> 4)).astype(np.uint8))[:, :C],
+                                                         None)))
+    row = W * per  # codes per candidate row: a row offset is a shift by one row of the stream
+    for s in (1, -1) + ((2, -2) if is_packed else ()) + ((row, -row) if R > 1 and row > 2 else ()):
+        unit = ("one element" if abs(s) == 1 else "one byte (two codes)" if abs(s) == 2 == per
+                else f"one row ({row} codes)")
+        where = "i−" if s > 0 else "i+"
+        out.append(("shifted codes", f"the candidate's codes are fpsim's shifted by {unit}: code i holds fpsim's "
+                    f"code {where}{abs(s)} of the row-major stream (an off-by-one offset)", shifted(s)))
+    if R > 1 and C > 1:
+        if b.size == C * (-(-R // per)):
+            out.append(("transposed code layout", "the candidate's codes are fpsim's with rows and columns "
+                        f"transposed (the code matrix stored [{C}, {R}] instead of [{R}, {C}])",
+                        lambda: (unpack(b.reshape(C, -1))[:, :R].T, None)))
+        if is_packed and W > 1:
+            out.append(("transposed code layout", f"the candidate's packed bytes are fpsim's [{R}, {W}] byte matrix "
+                        f"stored transposed ([{W}, {R}])", lambda: (unpack_fp4(b.reshape(W, R).T)[:, :C], None)))
+    return out
 
 
 def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_s, swizzled: bool, what: str):
@@ -262,6 +322,19 @@ def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_
             if closer(un, plain):
                 return plain, un, ("swizzled scale layout: the candidate's scales are fpsim's in the Blackwell "
                                    "swizzled layout (pass swizzled=True / --swizzled)")
+        if np.count_nonzero(plain != ours_s):
+            # transposed ([blocks, rows] flattened) or shifted by one byte (an off-by-one offset): the reading
+            # that fixes more than half of the differing bytes, the transpose first
+            alts = []
+            if R > 1 and nb > 1:
+                alts.append((cs.reshape(nb, R).T, f"transposed scale layout: the candidate's scales are fpsim's "
+                             f"[{R}, {nb}] scales stored transposed ([{nb}, {R}], blocks-major)"))
+            for sh in (1, -1):
+                alts.append((np.roll(cs, -sh).reshape(R, nb), f"shifted scales: the candidate's scale bytes are "
+                             f"fpsim's shifted by one byte (byte i holds fpsim's byte i{'−' if sh > 0 else '+'}1)"))
+            alt, note = min(alts, key=lambda a: np.count_nonzero(a[0] != ours_s))
+            if closer(alt, plain):
+                return plain, alt, note
         return plain, None, None
     if kind is not Kind.FP32 and cs.size == n_sw:
         un = unswizzle_scales(cs, R, nb)
@@ -326,17 +399,18 @@ def _schemes(scheme, rounding: str, seed, sr_bits, scale_min, nan_amax: str):
     return sch, sr, k, rne_sch, sch.replace(rounding=Rounding.SR, sr_bits=k) if sr else None
 
 
-def _assign(ev: Evaluator, order: list[Outcome], layout_c, layout_s):
+def _assign(ev: Evaluator, order: list[Outcome], layout_c, layout_s, full: bool = False):
     """Per mismatching code / scale byte, the index in ``order`` of the first outcome that explains it (−1 none;
-    −2 the layout finding)."""
+    −2 the layout finding).  Unless ``order`` starts with a full explanation (``full``), a partial one names the
+    cause of the codes (scales) it reproduces only where it is :meth:`~Outcome.credible` for them."""
     nbc = int(ev.bad_c.sum())
     ci = np.full(nbc, -1, np.int32)
     si = np.full(ev.bad_s.shape, -1, np.int32)
     for k, o in enumerate(order):
-        if o.hit_codes is not None:
+        if o.hit_codes is not None and (full or o.credible(ev.n_bad, "codes")):
             h = np.unpackbits(o.hit_codes, count=nbc).astype(bool)
             ci[h & (ci == -1)] = k
-        if o.hit_scales is not None:
+        if o.hit_scales is not None and (full or o.credible(ev.n_bad, "scales")):
             si[o.hit_scales & (si == -1)] = k
     full_c = np.full(ev.bad_c.shape, -1, np.int32)
     full_c[ev.bad_c] = ci
@@ -408,8 +482,8 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     moved = tuple(x32.shape[:ax] + x32.shape[ax + 1:] + (x32.shape[ax],))
     what = f"x of shape {x32.shape} along axis {ax}"
     findings: list[str] = []
-    cand, fixed, layout_c = _codes_layout(candidate_codes, ours_p, view, sch, packed, what, findings)
-    cand_s, fixed_s, layout_s = _scales_layout(candidate_scales, ours_s, view, sch, swizzled, what, findings)
+    cand, fixed, layout_c, lay_c = _codes_layout(candidate_codes, ours_p, view, sch, packed, what, findings)
+    cand_s, fixed_s, layout_s, lay_s = _scales_layout(candidate_scales, ours_s, view, sch, swizzled, what, findings)
     amax_cand = amax_match = None
     if candidate_amax is not None and sch.tensor_scale:
         if np.size(candidate_amax) != amax_ours.size:
@@ -424,8 +498,8 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         ev = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
         ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, amax_ours, amax_cand)
         if not ev.n_bad and (layout_c.any() or layout_s.any()):
-            explained = [f.split(":")[0] for f in findings if f.startswith(("nibble", "swizzled"))]
-        ci, si = _assign(ev, order, layout_c, layout_s)
+            explained = [c for c in (lay_c, lay_s) if c is not None]
+        ci, si = _assign(ev, order, layout_c, layout_s, bool(explained))
         bad_c = np.zeros(ours_p.shape, bool)
         bad_c[:, :C] = cand != ours_p[:, :C]
         bad_s = ~_same_scales(cand_s, ours_s)
@@ -461,15 +535,16 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         sr_cause = "SR random bits" if sr else "stochastic rounding"
         causes: Counter = Counter()
         for kk, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
-            causes[_cause_name(int(kk), hyps, "nibble packing order", sr_cause)] += int(n)
+            causes[_cause_name(int(kk), hyps, lay_c, sr_cause)] += int(n)
         for kk, n in zip(*np.unique(si[bad_s], return_counts=True)):
-            causes[_cause_name(int(kk), hyps, "swizzled scale layout", sr_cause)] += int(n)
+            causes[_cause_name(int(kk), hyps, lay_s, sr_cause)] += int(n)
         if ev.bad_a:  # the amax: the cause of the best hypothesis that reproduces it, else its own (another amax)
             causes[next((o.hyp.cause for o in order if o.explains_amax), "tensor amax")] += 1
         report.causes = dict(causes)
         report.code_mismatches = _code_listing(ev, sch, cidx, detail_own, hyps, bad_c, ours_p, cand_p if not
-                                               layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause)
-        report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show)
+                                               layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause,
+                                               lay_c)
+        report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show, lay_s)
         return report
 
 
@@ -484,31 +559,44 @@ def _deterministic(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, 
 
 def _codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, packed: bool, what: str,
                   findings: list):
-    """The candidate's codes as given, as compared (the nibbles swapped where that fixes most of them, with a
-    finding) and the mask [R, nb·BC] of the codes the swap fixes."""
+    """The candidate's codes as given, as compared (read back through the layout mistake of
+    :func:`_code_readings` that fixes most of them, with a finding), the mask [R, nb·BC] of the codes the
+    layout explains, and the layout's cause (None: the bytes are in fpsim's layout)."""
     C = view.C
-    cand, swapped = _candidate_codes(candidate_codes, view.R, C, view.nb, view.BC, sch.element, packed, what)
+    cand, readings = _candidate_codes(candidate_codes, view.R, C, view.nb, view.BC, sch.element, packed, what)
     ours = ours_p[:, :C]
     layout_c = np.zeros(ours_p.shape, bool)
     n_plain = int(np.count_nonzero(cand != ours))
-    swapped = swapped() if swapped is not None and n_plain else None
-    if swapped is not None and np.count_nonzero(swapped != ours) < n_plain / 2:
-        findings.append("nibble packing order: the candidate puts element 2j in the HIGH nibble "
-                        "(fpsim, cvt.*.e2m1x2 and cuBLAS: low nibble)")
-        layout_c[:, :C] = (cand != ours) & (swapped == ours)
-        return cand, swapped, layout_c
-    return cand, cand, layout_c
+    best = None
+    for cause, note, read in readings if n_plain else ():
+        alt, lost = read()
+        # the codes a shift moves out of the stream count as mismatches: unknown, they cannot be credited to it
+        n = int(np.count_nonzero((alt != ours) if lost is None else (alt != ours) | lost))
+        # a layout mistake scrambles codes: it must fix most of them (at least half), and the best reading wins
+        # (ties: the order above, nibble order first)
+        if n < n_plain / 2 and (best is None or n < best[0]):
+            best = (n, cause, note, alt, lost)
+    if best is None:
+        return cand, cand, layout_c, None
+    _, cause, note, alt, lost = best
+    findings.append(f"{cause}: {note}")
+    fixed = (cand != ours) & (alt == ours)
+    if lost is not None:  # the codes shifted out of the stream: the shift explains them, whatever they hold
+        fixed |= (cand != ours) & lost
+        alt = np.where(lost, ours, alt)
+    layout_c[:, :C] = fixed
+    return cand, alt, layout_c, cause
 
 
 def _scales_layout(candidate_scales, ours_s, view: TensorView, sch: BlockScheme, swizzled: bool, what: str,
                    findings: list):
-    """The candidate's scale bytes as given, as compared (the other layout where that matches, with a finding)
-    and the mask of the bytes the layout explains."""
+    """The candidate's scale bytes as given, as compared (the other layout where that matches, with a finding),
+    the mask of the bytes the layout explains and the layout's cause (None: fpsim's layout)."""
     cand_s, alt_s, note = _candidate_scales(candidate_scales, view.R, view.nb, sch, ours_s, swizzled, what)
     if note is None:
-        return cand_s, cand_s, np.zeros(ours_s.shape, bool)
+        return cand_s, cand_s, np.zeros(ours_s.shape, bool), None
     findings.append(note)
-    return cand_s, alt_s, (cand_s != ours_s) & (alt_s == ours_s)
+    return cand_s, alt_s, (cand_s != ours_s) & (alt_s == ours_s), note.split(":")[0]
 
 
 def _pad(cand: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -528,7 +616,8 @@ def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours, amax_
     explain something, in the order causes are assigned, and the names of the full explanations."""
     if not ev.n_bad:
         return [], [], []
-    hyps = generate(sch, ref, ev.view, ev.ours_s, ev.cand_s, amax_ours, amax_cand, bool(ev.bad_s.any()))
+    sub = bool(subnormal_codes(ev.ours_p[ev.bad_c], sch.element).any()) if sch.element.subnormals else False
+    hyps = generate(sch, ref, ev.view, ev.ours_s, ev.cand_s, amax_ours, amax_cand, bool(ev.bad_s.any()), sub)
     outs = [ev.evaluate(h, i) for i, h in enumerate(hyps)]
     full = lambda o: o.explains == ev.n_bad and o.breaks == 0  # noqa: E731
     if not any(full(o) for o in outs):  # the best that explains something (rank puts 0 explained, 0 broken first)
@@ -560,13 +649,13 @@ def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC
     return out, is_own
 
 
-def _cause_name(k: int, hyps: list[Hypothesis], layout: str, sr_cause: str = "stochastic rounding") -> str:
+def _cause_name(k: int, hyps: list[Hypothesis], layout: str | None, sr_cause: str = "stochastic rounding") -> str:
     if k == SR_LIKE:
         return sr_cause
     if k == OFF_GRID:
         return "not a rounding of x·enc_b"
-    if k == -2:
-        return layout
+    if k == -2:  # the layout finding's cause (set only where a layout was found)
+        return layout or "other"
     if k == -1:
         return "other"
     return hyps[k].cause
@@ -579,7 +668,7 @@ def _detail(k: int, own: bool, hyps: list[Hypothesis]) -> str:
 
 
 def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_p, cand_p, show: int, moved, ax,
-                  sr_cause: str = "stochastic rounding"):
+                  sr_cause: str = "stochastic rounding", layout: str | None = None):
     rows, cols = np.nonzero(bad_c)
     rows, cols = rows[:show], cols[:show]
     BC = ev.view.BC
@@ -601,13 +690,14 @@ def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_
             "x": float(x[i]), "x_hex": hex32(x[i]), "scaled": float(y[i]), "scaled_hex": hex32(y[i]),
             "ours": o, "ours_hex": f"0x{o:X}", "candidate": k, "candidate_hex": f"0x{k:X}",
             "ours_value": float(table[o]), "candidate_value": float(table[k]),
-            "cause": _cause_name(kk, hyps, "nibble packing order", sr_cause),
+            "cause": _cause_name(kk, hyps, layout, sr_cause),
             "detail": _detail(kk, bool(own[r, c]), hyps),
         })
     return out
 
 
-def _scale_listing(ev: Evaluator, sch: BlockScheme, si, hyps, bad_s, ours_s, cand_s, show: int):
+def _scale_listing(ev: Evaluator, sch: BlockScheme, si, hyps, bad_s, ours_s, cand_s, show: int,
+                   layout: str | None = None):
     vmax = ev.view.vmax_bits(ev.ref.nan_amax, ev.ref.inf_amax).view(np.float32)
     fp32 = sch.kind is Kind.FP32
     hx = hex32 if fp32 else (lambda v: f"0x{int(v):02X}")
@@ -616,5 +706,5 @@ def _scale_listing(ev: Evaluator, sch: BlockScheme, si, hyps, bad_s, ours_s, can
         o, k, kk = ours_s[r, j], cand_s[r, j], int(si[r, j])
         out.append({"block": [r, j], "vmax": float(vmax[r, j]), "vmax_hex": hex32(vmax[r, j]),
                     "ours": o.item(), "ours_hex": hx(o), "candidate": k.item(), "candidate_hex": hx(k),
-                    "cause": _cause_name(kk, hyps, "swizzled scale layout"), "detail": _detail(kk, False, hyps)})
+                    "cause": _cause_name(kk, hyps, layout), "detail": _detail(kk, False, hyps)})
     return out

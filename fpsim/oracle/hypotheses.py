@@ -21,17 +21,20 @@ from .model import (
     MX_RULES,
     ROUNDINGS,
     SCALE_ORDERS,
+    SCALE_ROUNDINGS,
     Convention,
     TensorView,
     block_scales,
     element_codes,
+    flush_subnormals,
     model_bytes,
     round_codes,
+    subnormal_codes,
     tensor_s_enc,
 )
 
-__all__ = ["SAMPLE_BLOCKS", "Evaluator", "Hypothesis", "Outcome", "generate", "infer_amax", "pairs", "rank",
-           "refine_amax"]
+__all__ = ["MIN_SHARE", "SAMPLE_BLOCKS", "Evaluator", "Hypothesis", "Outcome", "generate", "infer_amax", "pairs",
+           "rank", "refine_amax"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,12 @@ class Hypothesis:
 
 @dataclass
 class Outcome:
-    """Counts of one hypothesis over the whole tensor; ``hit_codes`` / ``hit_scales``: which mismatches it explains."""
+    """Counts of one hypothesis over the whole tensor; ``hit_codes`` / ``hit_scales``: which mismatches it explains.
+
+    ``wrong_codes`` / ``wrong_scales``: mismatching bytes it changes to a third value (neither fpsim's nor the
+    candidate's): bytes it claims to model and gets wrong.  A true bug has none; a hypothesis that explains a few
+    bytes of a region of garbage by chance has many (:meth:`credible`).
+    """
 
     hyp: Hypothesis
     order: int
@@ -63,6 +71,8 @@ class Outcome:
     explains_scales: int = 0
     explains_amax: int = 0
     breaks: int = 0
+    wrong_codes: int = 0
+    wrong_scales: int = 0
     hit_codes: np.ndarray | None = field(default=None, repr=False)
     hit_scales: np.ndarray | None = field(default=None, repr=False)
 
@@ -70,16 +80,32 @@ class Outcome:
     def explains(self) -> int:
         return self.explains_codes + self.explains_scales + self.explains_amax
 
+    @property
+    def wrong(self) -> int:
+        return self.wrong_codes + self.wrong_scales
+
+    def credible(self, n_bad: int, what: str) -> bool:
+        """Whether this partial explanation may name the cause of the mismatching ``what`` ("codes" or "scales")
+        it reproduces: it explains at least :data:`MIN_SHARE` of all mismatches, and more of those bytes than it
+        gets wrong (a chance match in a region of garbage gets ~15 of 16 codes wrong)."""
+        hit, wrong = ((self.explains_codes, self.wrong_codes) if what == "codes"
+                      else (self.explains_scales, self.wrong_scales))
+        return self.explains >= MIN_SHARE * n_bad and hit > wrong
+
     def to_dict(self, n_bad: int) -> dict:
         return {"name": self.hyp.name, "cause": self.hyp.cause, "explains": self.explains,
                 "explains_codes": self.explains_codes, "explains_scales": self.explains_scales,
-                "breaks": self.breaks, "explains_every_byte": self.explains == n_bad and self.breaks == 0,
+                "breaks": self.breaks, "wrong": self.wrong,
+                "explains_every_byte": self.explains == n_bad and self.breaks == 0,
                 "complexity": self.hyp.complexity}
 
 
 #: A hypothesis is first tried on an even sample of at most this many of the blocks holding mismatches; one
 #: that explains no byte there is not evaluated further (exact below this many mismatching blocks).
 SAMPLE_BLOCKS = 1 << 16
+#: The smallest share of all mismatching bytes a partial explanation (one that does not explain every byte) must
+#: explain to be named a likely cause: a handful of bytes out of thousands is a coincidence of the data.
+MIN_SHARE = 0.01
 #: Index meaning "every block" (a slice: numpy returns views, not copies).
 ALL = slice(None)
 
@@ -154,6 +180,7 @@ class Evaluator:
             hs = self.bad_s & eq
             o.explains_scales = int(np.count_nonzero(hs))
             o.breaks += int(np.count_nonzero(~eq & ~self.bad_s))
+            o.wrong_scales = int(np.count_nonzero(~eq & self.bad_s & ~_same(scales, self.ours_s)))
             o.hit_scales = hs if o.explains_scales else None
         if self.amax_cand is not None:
             same = _amax_equal(amax, self.amax_cand)
@@ -168,11 +195,15 @@ class Evaluator:
                 return o
         if hot.size == self.view.R * self.view.nb:
             hot = ALL  # every block: views instead of gathered copies
-        hit, diff = self._count(hot, codes_of(hot))
+        codes = codes_of(hot)
+        hit, diff = self._count(hot, codes)
         o.explains_codes = int(np.count_nonzero(hit))
         if not o.explains:
             return o  # explains nothing: not ranked, so what it would break is not needed
-        o.breaks += int(np.count_nonzero(diff & ~self.bad_c.reshape(-1, self.view.BC)[hot]))
+        bad = self.bad_c.reshape(-1, self.view.BC)[hot]
+        o.breaks += int(np.count_nonzero(diff & ~bad))
+        o.wrong_codes = int(np.count_nonzero(diff & bad & (codes != self.ours_p.reshape(-1, self.view.BC)[hot])))
+        del codes
         cold = self._cold if changed is None else self._cold[changed[self._cold]]
         for i in range(0, cold.size, 1 << 16):  # in chunks: bounded memory on large tensors
             part = cold[i: i + (1 << 16)]
@@ -231,12 +262,14 @@ class Evaluator:
         elif conv.nan_amax != self.ref.nan_amax or conv.inf_amax != self.ref.inf_amax:
             amax = view.amax_rows(conv.nan_amax, conv.inf_amax, bool(sch.per_row_scale))
             amax = amax if sch.per_row_scale else np.asarray(amax[0] if amax.size else np.float32(0))
-        element_rule = {"rounding", "saturate", "neg_zero"} & hyp.conv.changes().keys()
+        element_rule = {"rounding", "saturate", "neg_zero", "element_ftz"} & hyp.conv.changes().keys()
         if element_rule == hyp.conv.changes().keys():
             rounding = conv.rounding or sch.rounding.value
 
             def codes_of(b):
                 c = round_codes(self.y_ref()[b], sch.element, rounding, conv.saturate).astype(np.uint8)
+                if conv.element_ftz:
+                    c = flush_subnormals(c, sch.element)
                 if not conv.neg_zero and sch.element.signed:
                     c = np.where(c == sch.element.sign_mask, np.uint8(0), c)
                 return c
@@ -293,7 +326,9 @@ def _h(name: str, cause: str, **conv) -> Hypothesis:
     return Hypothesis(name, cause, Convention(**conv))
 
 
-def _element_hypotheses(sch: BlockScheme, ref: Convention, has_nan: bool) -> list[Hypothesis]:
+def _element_hypotheses(sch: BlockScheme, ref: Convention, has_nan: bool, has_sub: bool = False) -> list[Hypothesis]:
+    """Other element rules: rounding modes and tie rules, no saturation, −0 as +0, subnormal codes flushed
+    (``has_sub``: fpsim wrote a subnormal code somewhere or the candidate did; else flushing changes nothing)."""
     el = sch.element
     base = ref.rounding or sch.rounding.value
     ties = ("rne", "rna", "ties_zero", "ties_odd")
@@ -304,6 +339,9 @@ def _element_hypotheses(sch: BlockScheme, ref: Convention, has_nan: bool) -> lis
         out.append(_h("candidate does not saturate (overflow to inf/NaN)", "saturation", saturate=not ref.saturate))
     if el.signed:
         out.append(_h("candidate writes −0 as +0", "±0 sign", neg_zero=False))
+    if has_sub and el.subnormals and not ref.element_ftz:
+        out.append(_h(f"candidate flushes subnormal {el.name} codes (|v| < {el.min_normal:g}) to ±0 (fpsim and "
+                      "cvt keep them)", "element flush to zero", element_ftz=True))
     return out
 
 
@@ -329,6 +367,18 @@ def _two_level_hypotheses(sch: BlockScheme, ref: Convention, view: TensorView, c
     for v, why in floors.items():
         if ref.scale_min is None or v != ref.scale_min:
             out.append(_h(f"candidate clamps block scales to ≥ {v:g} ({why})", "scale clamp", scale_min=v))
+    # the E4M3 conversion of sdb itself: fpsim is cvt.rn.satfinite.e4m3x2.f32 after min(sdb, 448) (SPEC §4)
+    cvt = f"fpsim: cvt.rn.satfinite.{'e4m3x2' if sc.name == 'float8_e4m3fn' else sc.name}.f32"
+    for r, what in SCALE_ROUNDINGS.items():
+        if r != ref.scale_rounding:
+            out.append(_h(f"candidate rounds block scales {what} ({cvt})", "scale rounding", scale_rounding=r))
+    if sc.has_nan and ref.scale_saturate and not sch.tensor_scale:  # with S_enc, sdb ≤ 448 (up to one rounding)
+        out.append(_h(f"candidate converts block scales without saturation (no min(sdb, {sc.max:g}), __NV_NOSAT: "
+                      f"NaN beyond {sc.max + (sc.max - float(vals[sc.max_code - 1])) / 2:g}; {cvt})",
+                      "scale saturation", scale_saturate=False))
+    if sc.subnormals and not ref.scale_ftz and bool(subnormal_codes(ours_s, sc).any()):
+        out.append(_h(f"candidate flushes subnormal block scales (< {sc.min_normal:g}) to 0 (fpsim keeps them, "
+                      "SPEC §4: no lower clamp)", "scale flush to zero", scale_ftz=True))
     if sch.tensor_scale:
         pre = ("torchao NVFP4: sdb = fl(fl(vmax/6)/pts), pts = fl(amax/2688), clamped to ≥ 2^-6; "
                "y = fl(x·fl(fl(1/pts)/s))")
@@ -439,14 +489,15 @@ def refine_amax(view: TensorView, sch: BlockScheme, ref: Convention, cand_p, can
 
 
 def generate(sch: BlockScheme, ref: Convention, view: TensorView, ours_s, cand_s, amax_ours, amax_cand,
-             bad_s_any: bool) -> list[Hypothesis]:
-    """Every hypothesis that applies to this scheme and tensor, simplest first."""
+             bad_s_any: bool, sub_codes: bool = False) -> list[Hypothesis]:
+    """Every hypothesis that applies to this scheme and tensor, simplest first (``sub_codes``: some mismatching
+    code is subnormal in fpsim's bytes, so that a flush to zero could explain it)."""
     kind = sch.kind
     bits = view.abs_bits("propagate", "keep")
     has_nan, has_inf = bool((bits > np.uint32(0x7F800000)).any()), bool((bits == np.uint32(0x7F800000)).any())
     out: list[Hypothesis] = []
     if sch.four_over_six:  # the model has no four-over-six: only quantize-backed and element-rule hypotheses
-        return (_four_over_six_hypotheses(sch) + _element_hypotheses(sch, ref, has_nan)
+        return (_four_over_six_hypotheses(sch) + _element_hypotheses(sch, ref, has_nan, sub_codes)
                 + [Hypothesis("candidate's codes follow from its own scales (fpsim's element rule)",
                               "element follows its block scale", own_scales=True)])
     if kind is Kind.TWO_LEVEL:
@@ -479,7 +530,7 @@ def generate(sch: BlockScheme, ref: Convention, view: TensorView, ours_s, cand_s
                       "candidate propagates NaN through the amax", "NaN handling", nan_amax=pol))
     if has_inf:
         out.append(_h("candidate leaves ±inf out of the amax", "inf block max", inf_amax="skip"))
-    out += _element_hypotheses(sch, ref, has_nan)
+    out += _element_hypotheses(sch, ref, has_nan, sub_codes)
     out.append(Hypothesis("candidate's codes follow from its own scales (fpsim's element rule)",
                           "element follows its block scale", own_scales=True))
     return out

@@ -21,8 +21,9 @@ from ..codecs import encode
 from ..schemes import BlockScheme, Kind
 from .common import F32, FLT_MAX
 
-__all__ = ["Convention", "TensorView", "ENC_ORDERS", "SCALE_ORDERS", "MX_RULES", "ROUNDINGS", "block_scales",
-           "element_codes", "model_bytes", "round_codes", "tensor_s_enc"]
+__all__ = ["Convention", "TensorView", "ENC_ORDERS", "SCALE_ORDERS", "SCALE_ROUNDINGS", "MX_RULES", "ROUNDINGS",
+           "block_scales", "element_codes", "flush_subnormals", "model_bytes", "round_codes", "subnormal_codes",
+           "tensor_s_enc"]
 
 _ABS = np.uint32(0x7FFFFFFF)
 _INF = np.uint32(0x7F800000)
@@ -56,6 +57,16 @@ MX_RULES: dict[str, str] = {
     "rceil_log2": "ceil(fl32(log2(fl(amax/max_elem)))): a float32 log2, one too low just above max_elem·2^k",
     "floor_log2": "floor(fl32(log2 amax)) − emax_elem: a float32 log2, one too high just below 2^k",
 }
+#: Rounding of the two-level block scale sdb to its E4M3 byte, by name: what it is.  fpsim (SPEC §4) uses
+#: ``cvt.rn.satfinite.e4m3x2.f32`` (the only rounding PTX offers for f32 → e4m3x2, with ``.rs`` on sm_100a); the
+#: others come from software encoders: taking the top mantissa bits of the float32 (truncation), rounding the
+#: scale up so that no element saturates (ceil), or ties away from zero (microxcaling-style "nearest").
+SCALE_ROUNDINGS: dict[str, str] = {
+    "rne": "to nearest, ties to even (cvt.rn)",
+    "rtz": "toward zero (truncated mantissa)",
+    "rup": "up, to the next E4M3 value (ceil)",
+    "rna": "to nearest, ties away from zero",
+}
 #: Element rounding: fpsim's modes, and two tie rules that no fpsim mode has.
 ROUNDINGS: dict[str, str] = {
     "rne": "to nearest, ties to even",
@@ -80,6 +91,11 @@ class Convention:
     clamped to −126).  ``mx_inf``: the scale byte of a block holding inf (fpsim 0xFE; ``0xFF`` = NaN).
     ``fp32_scale`` / ``fp32_enc``: FP32-scaled schemes, d = fl(amax/max) or fl(amax·fl(1/max)), and
     y = fl(x/d) or fl(x·fl(1/d)).  ``neg_zero=False``: −0 written as +0 (TE's Python reference).
+    ``scale_rounding`` (:data:`SCALE_ROUNDINGS`), ``scale_saturate`` and ``scale_ftz``: how the two-level sdb
+    becomes its E4M3 byte — fpsim's ``cvt.rn.satfinite`` after ``min(sdb, 448)``; ``scale_saturate=False``
+    drops both the min and ``.satfinite`` (``__NV_NOSAT``: NaN beyond 464, only reachable without a tensor
+    scale); ``scale_ftz=True`` writes subnormal scale bytes as 0.  ``element_ftz=True``: element codes in the
+    subnormal range (E2M1 ±0.5, E4M3 below 2^-6, …) written as zero of the same sign (a flush-to-zero encoder).
     """
 
     nan_amax: str = "propagate"
@@ -99,6 +115,10 @@ class Convention:
     rounding: str | None = None
     saturate: bool = True
     neg_zero: bool = True
+    scale_rounding: str = "rne"
+    scale_saturate: bool = True
+    scale_ftz: bool = False
+    element_ftz: bool = False
 
     def changes(self) -> dict:
         """The fields that differ from fpsim's convention."""
@@ -208,10 +228,13 @@ def _two_level(view: TensorView, sch: BlockScheme, conv: Convention) -> tuple[np
             "div_sdec": lambda: (vmax / M) / s_dec,
             "div_pts": lambda: (vmax / M) / pts,
         }[o]().astype(np.float32)
-        sdb = np.minimum(sdb, F32(sc.max))
+        if conv.scale_saturate:
+            sdb = np.minimum(sdb, F32(sc.max))
         if conv.scale_min is not None:
             sdb = np.where(sdb < F32(conv.scale_min), F32(conv.scale_min), sdb)
-        sb = encode(sdb, sc)
+        sb = encode(sdb, sc, conv.scale_rounding, conv.scale_saturate)
+        if conv.scale_ftz:
+            sb = flush_subnormals(sb, sc)
         sv = sc.decode_table()[sb]
         e = conv.enc
         if e in ("te", "te_nocap"):
@@ -327,6 +350,20 @@ def round_codes(y: np.ndarray, el, rounding: str, saturate: bool) -> np.ndarray:
     return out
 
 
+def subnormal_codes(codes: np.ndarray, el) -> np.ndarray:
+    """Mask of the codes of format ``el`` in its subnormal range (exponent field 0, mantissa ≠ 0)."""
+    mag = codes & el.magnitude_mask
+    return (mag != 0) & (mag < (1 << el.mbits))
+
+
+def flush_subnormals(codes: np.ndarray, el) -> np.ndarray:
+    """``codes`` with the subnormal ones replaced by the zero of their sign (a flush-to-zero encoder)."""
+    if not el.subnormals or not el.mbits:
+        return codes
+    return np.where(subnormal_codes(codes, el), codes & el.sign_mask, codes
+                    ).astype(codes.dtype, copy=False)
+
+
 def element_codes(xb: np.ndarray, factor: np.ndarray, op: str, sch: BlockScheme, conv: Convention) -> np.ndarray:
     """Codes of blocks ``xb`` [..., BC] with per-block ``factor`` [...] (see :func:`block_scales`), uint8."""
     el = sch.element
@@ -339,6 +376,8 @@ def element_codes(xb: np.ndarray, factor: np.ndarray, op: str, sch: BlockScheme,
             y = (xb * factor[0][..., None]).astype(np.float32) / factor[1][..., None]
     rounding = conv.rounding or sch.rounding.value
     codes = round_codes(y.astype(np.float32, copy=False), el, rounding, conv.saturate).astype(np.uint8, copy=False)
+    if conv.element_ftz:
+        codes = flush_subnormals(codes, el)
     if not conv.neg_zero and el.signed:
         codes = np.where(codes == el.sign_mask, np.uint8(0), codes)
     return codes
