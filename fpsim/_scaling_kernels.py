@@ -400,10 +400,12 @@ def quantize_mx(
 
 
 @pjit
-def quantize_fp32_scaled(X, BR, BC, emax_f, ep, lut, shift, sr, kbits, seq, rb, use_rb, ignore_nan, out, scales):
+def quantize_fp32_scaled(X, BR, BC, emax_f, ep, lut, shift, sr, kbits, seq, rb, use_rb, ignore_nan, packed, out,
+                         scales):
     """Blockwise FP8 with FP32 scales (SPEC §6): d = fl(amax / max_elem), code = e(fl(x / d)).
 
     d = 1 where amax is 0 or inf or d underflows to 0 (mirroring §9's S_enc = 1); NaN amax gives d = NaN.
+    ``packed``: 4-bit elements, two codes per byte (SPEC §4), as ``out`` is allocated for them.
     """
     R, C = X.shape
     nb = scales.shape[1]
@@ -418,7 +420,7 @@ def quantize_fp32_scaled(X, BR, BC, emax_f, ep, lut, shift, sr, kbits, seq, rb, 
         d = fp32_block_scale(amax, emax_f)
         for r in range(r0, r1):
             scales[r, j] = d
-        _encode_tile_rows(X, r0, r1, j, c0, BC, nb, 2, d, 1.0, lut, shift, ep, sr, kbits, seq, rb, use_rb, False,
+        _encode_tile_rows(X, r0, r1, j, c0, BC, nb, 2, d, 1.0, lut, shift, ep, sr, kbits, seq, rb, use_rb, packed,
                           0, False, out)
 
 
@@ -438,9 +440,10 @@ def fp32_block_scale(amax, emax_f):
 
 
 @pjit
-def dequantize_fp32_scaled(codes, scales, BC, etable, out):
-    """x̂ = fl(e(code) · d)."""
+def dequantize_fp32_scaled(codes, scales, BC, etable, packed, out):
+    """x̂ = fl(e(code) · d); ``packed``: 4-bit codes two per byte, element 2j in the low nibble."""
     R, C = out.shape
     for r in prange(R):
         for c in range(C):
-            out[r, c] = etable[codes[r, c]] * scales[r, c // BC]
+            code = (codes[r, c >> 1] >> ((c & 1) * 4)) & 0xF if packed else codes[r, c]
+            out[r, c] = etable[code] * scales[r, c // BC]

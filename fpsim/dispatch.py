@@ -19,7 +19,7 @@ from .codecs import Rounding
 from .formats import FormatSpec, get_format
 from .plan import Plan, lower
 from .schemes import BlockScheme, ScaleRule
-from .tensor import QuantizedTensor, set_decoder
+from .tensor import QuantizedTensor, moved_2d, set_decoder
 
 __all__ = ["quantize", "dequantize", "fake_quantize", "encode", "decode", "rht", "gemm"]
 
@@ -60,7 +60,7 @@ def encode(x: np.typing.ArrayLike, fmt: str | FormatSpec, rounding: str | Roundi
     x32 = as_float32(x)
     name = None
     if not spec.is_passthrough and not (mode is Rounding.SR and (not saturate or (rbits is None) == (seed is None))):
-        name = _chosen("encode", backend, x32, rbits=rbits is not None)
+        name = _chosen("encode", backend, x32, rbits=rbits is not None, fmt=spec, sr=mode is Rounding.SR)
     if name is None:
         return codecs.encode(x32, spec, mode, saturate, rbits=rbits, seed=seed, k=k, counter=counter, out=out)
     if mode is not Rounding.SR and seed is not None:
@@ -105,6 +105,9 @@ def quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4",
     if plan.nan.value != "propagate":
         tkw["nan_amax"] = plan.nan.value
     t = backends.to_torch(as_float32(x), name)
+    if plan.is_sr and plan.block is not None and t.dim():  # the reference's check of the counters the call spans
+        _, R, C = moved_2d(tuple(t.shape), validate.axis_arg(axis, t.dim()))
+        validate.counter_arg(counter, span=R * plan.blocks_per_row(C) * plan.sr.calls_per_block)
     return _torch_backend().quantize(t, plan.scheme, axis, **tkw).to_quantized(
         getattr(x, "dtype", np.asarray(x).dtype).name)
 

@@ -218,7 +218,7 @@ def _quantize_fp32(c: _Call) -> np.ndarray:
     BR, BC = plan.block
     scales = np.empty((X.shape[0], c.nb), F32)
     SK.quantize_fp32_scaled(X, BR, BC, F32(plan.element.max), plan.element.traits, c.lut, c.shift, plan.is_sr,
-                            c.kbits, c.seq, c.rb, c.use_rb, plan.ignore_nan, c.out, scales)
+                            c.kbits, c.seq, c.rb, c.use_rb, plan.ignore_nan, plan.packed, c.out, scales)
     return scales
 
 
@@ -379,7 +379,7 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None) -> np.ndarray
         RK.dequantize_blocks_fast(codes, scales, BC, POW2_POS, np.ones(R, F32), False, etable, plan.packed, out,
                                   e2m1)
     else:
-        SK.dequantize_fp32_scaled(codes, scales, BC, etable, out)
+        SK.dequantize_fp32_scaled(codes, scales, BC, etable, plan.packed, out)
     if user_out is not None:
         return user_out
     return np.moveaxis(out.reshape(moved), -1, qt.axis)

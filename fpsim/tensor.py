@@ -39,7 +39,9 @@ class QuantizedTensor:
         Codes with the quantized axis last (``np.moveaxis(x, axis, -1)``), padded
         to whole blocks: uint8, two 4-bit codes per byte (element 2j in the low
         nibble), one code per byte for 6/8-bit elements; uint16 for BF16/FP16
-        casts (original shape).
+        casts (original shape).  Schemes without blocks (a cast, or one FP32
+        scale per tensor) keep the original shape, one code per byte, 4-bit
+        elements included: packing pairs the elements of a block.
     scales
         One scale per block, shape = data's leading shape × blocks along the
         axis: uint8 raw E4M3/E8M0 bytes, or float32 for FP32-scaled FP8

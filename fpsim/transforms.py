@@ -18,6 +18,7 @@ bit for bit: a matrix-multiply kernel sums in another order).
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 
@@ -223,7 +224,7 @@ def rht(
     n = moved.shape[-1]
     if n % d:
         raise ValueError(f"axis length {n} is not a multiple of the Hadamard size {d}")
-    src = np.ascontiguousarray(moved).reshape(-1, n)
+    src = np.ascontiguousarray(moved).reshape(math.prod(moved.shape[:-1]), n)  # not -1: n may be 0
     dst = np.empty_like(src)
     if src.size:
         scale = np.float32(1.0 / np.sqrt(d))

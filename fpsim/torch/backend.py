@@ -45,6 +45,11 @@ def unsupported(op: str, plan: Plan | None, device: str, **options) -> str | Non
     if op in ("encode", "decode", "rht"):
         if op == "encode" and options.get("rbits"):
             return "explicit rbits= are applied by the reference"
+        spec = options.get("fmt")
+        # the arithmetic encoders (SR, and > 8-bit formats) start from a subnormal grid with emin_b ≥ 1 (E8M0 has none)
+        if (op == "encode" and spec is not None and (options.get("sr") or spec.bits > 8)
+                and not (spec.subnormals and spec.traits.emin_b >= 1)):
+            return f"{spec.name} has no subnormals, which the torch arithmetic encoders (SR, > 8 bits) need"
         return None
     if op == "gemm":
         acc = options.get("accumulator", "fp32")

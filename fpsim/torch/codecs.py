@@ -95,7 +95,8 @@ def _stream_values(counters, seed: int, k: int):
     words = torch.stack(philox4x32(counters & 0xFFFFFFFF, counters >> 32, k0, k1), dim=-1)  # (..., 4)
     shifts = torch.arange(32 // width, dtype=torch.int64, device=counters.device) * width
     vals = (words.unsqueeze(-1) >> shifts) & ((1 << width) - 1)  # (..., 4, per_word)
-    return vals.reshape(*counters.shape, -1) & ((1 << k) - 1)
+    # an explicit width, not -1: no counters (an empty tensor) leave nothing to infer it from
+    return vals.reshape(*counters.shape, vals.shape[-2] * vals.shape[-1]) & ((1 << k) - 1)
 
 
 def random_bits(seed: int, n: int, k: int = 8, counter: int = 0, device="cpu"):
@@ -115,7 +116,7 @@ def block_random_bits(seed: int, rows: int, nb: int, bc: int, k: int, counter: i
     calls = -(-bc // per_call)
     b = torch.arange(rows * nb, dtype=torch.int64, device=device)
     c = int(counter) + b[:, None] * calls + torch.arange(calls, dtype=torch.int64, device=device)[None, :]
-    return _stream_values(c, seed, k).reshape(rows * nb, -1)[:, :bc].reshape(rows, nb * bc)
+    return _stream_values(c, seed, k).reshape(rows * nb, calls * per_call)[:, :bc].reshape(rows, nb * bc)
 
 
 def _fields(u, spec: FormatSpec):

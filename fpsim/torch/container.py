@@ -89,7 +89,7 @@ def unpack_codes(data, packed: bool):
     p = data.to(torch.int64)
     if not packed:
         return p
-    return torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*p.shape[:-1], -1)
+    return torch.stack([p & 0xF, p >> 4], dim=-1).reshape(*p.shape[:-1], 2 * p.shape[-1])  # no -1: R may be 0
 
 
 def second_level_scales(plan: Plan, amax_rows):
@@ -124,9 +124,10 @@ def dequantize_fused(codes, scales, amax, c: int, plan: Plan, dtype=None, apply_
 
     torch = torch_module()
     lead = tuple(codes.shape[:-1])
-    Q = codes.reshape(-1, codes.shape[-1]).contiguous()
-    S = scales.reshape(-1, scales.shape[-1]).contiguous()
-    R, nb = S.shape
+    R = int(np.prod(lead, dtype=np.int64))  # not -1 in the reshapes: a tensor with no columns has no size to infer
+    Q = codes.reshape(R, codes.shape[-1]).contiguous()
+    S = scales.reshape(R, scales.shape[-1]).contiguous()
+    nb = S.shape[1]
     out = torch.empty((R, c), dtype=torch.float32 if dtype is None else dtype, device=codes.device)
     w = triton_block_width(plan)
     bb = max(2048 // w, 1)
@@ -159,7 +160,8 @@ def dequantize_eager(q: TorchQuantized, plan: Plan):
     ax = q.axis % len(q.shape)
     moved, R, C = moved_2d(tuple(q.shape), ax)
     bc = plan.block[1]
-    codes = unpack_codes(q.data.reshape(R, -1), plan.packed)
+    # an explicit width, not -1: a tensor with no rows (R = 0) has no size to infer it from
+    codes = unpack_codes(q.data.reshape(R, q.data.shape[-1]), plan.packed)
     e = code_table("dec" if plan.packed else "byte", el, device=str(dev))[codes]
     nb = codes.shape[1] // bc
     if plan.kind is Kind.TWO_LEVEL:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -74,7 +75,7 @@ def rht(x, d: int = 16, signs="recipe", axis: int = -1, bf16_in: bool = True, bf
                    {"D": d, "LOG2D": d.bit_length() - 1, "BB": bb, "BF16_IN": bool(bf16_in), "BF16_OUT": bool(bf16_out),
                     "INVERSE": bool(inverse), "IDX64": v.numel() >= (1 << 31) - 4096, "num_warps": WARPS})
         return torch.movedim(out, -1, axis)
-    t = v.reshape(-1, n // d, d)
+    t = v.reshape(math.prod(lead), n // d, d)  # not -1: an axis of length 0 leaves nothing to infer it from
     if bf16_in:
         t = bf16_round(t)
     if not inverse:
