@@ -365,3 +365,18 @@ def test_a_counter_past_the_philox_range_is_refused_on_every_backend():
         assert fpsim.quantize(x, "nvfp4", rounding="sr", seed=3, counter=last, backend=backend).data.shape == (4, 32)
         with pytest.raises(ValueError, match="2\\*\\*63"):
             fpsim.quantize(x, "nvfp4", rounding="sr", seed=3, counter=last + 1, backend=backend)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_block128"])
+def test_bf16_subnormal_inputs(scheme):
+    """BF16 subnormals (and blocks whose amax is one) widened to float32: the eager path everywhere, the Triton
+    kernels only on a GPU, where the widening is the exact hardware conversion (Triton 3.9's CPU interpreter
+    widens BF16 subnormals wrongly, 1.01e-39 -> 4.41e-39, so CI cannot check the kernels here)."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((32, 64)) * np.float64(1e-39)).astype(ml_dtypes.bfloat16)  # mostly subnormal
+    x[0, :4] = [1e-38, -9.2e-41, 0.0, 3.0]  # a normal, the smallest magnitudes, a large value in a block
+    want = fpsim.quantize(x, scheme)
+    t = torch.from_numpy(x.astype(F32)).to(torch.bfloat16).to(DEV)
+    if DEV == "cuda" and triton_unsupported(lower(scheme)) is None:
+        assert_same(tb.quantize(t, scheme, impl="triton").to_quantized(), want, scheme)
+    assert_same(tb.quantize(t, scheme, impl="eager").to_quantized(), want, scheme)
