@@ -218,9 +218,12 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
 
 
 def _read_raw(path: str, dtype, what: str) -> np.ndarray:
+    from fpsim.oracle.common import check_load_size
+
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{path}: no such file ({what})")
+    check_load_size(f"{path} ({what})", p.stat().st_size)  # before reading it whole
     raw = p.read_bytes()
     dt = np.dtype(dtype).newbyteorder("<")
     if len(raw) % dt.itemsize:
@@ -314,9 +317,13 @@ def _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_o
 @click.option("--seed", type=int, default=None, help="--rounding sr: the seed of fpsim's Philox stream (SPEC §3).")
 @click.option("--sr-bits", type=click.IntRange(1, 24), default=None,
               help="--rounding sr: random bits per element K (default the scheme's, 8 for NVFP4).")
+@click.option("--rht", is_flag=True,
+              help="fpsim quantizes the random-Hadamard-transformed input, as the recipe's Wgrad operands (SPEC §7: "
+                   "16-point tiles along --axis, the recipe's signs, BF16 in and out).")
 @_scheme_options
 def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_scales, shape, swizzled, unpacked,
-         rounding, seed, sr_bits, scale_rule, block, tensor_scale, per_row_scale, four_over_six, nan_amax, scale_min):
+         rounding, seed, sr_bits, rht, scale_rule, block, tensor_scale, per_row_scale, four_over_six, nan_amax,
+         scale_min):
     """Compare a kernel's codes and scales with fpsim's; exit 0 identical, 1 different, 2 bad input.
 
     CANDIDATE is a .npz or .safetensors file with the keys ``codes`` (uint8,
@@ -368,7 +375,7 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
             codes, scales, amax = arrays["codes"], arrays["scales"], arrays.get("amax")
         rep = run_diff(codes, scales, x, sch, axis=axis, candidate_amax=amax, packed=not unpacked,
                        swizzled=swizzled, show=max(show, 0), nan_amax=nan_amax, scale_min=smin, rounding=rounding,
-                       seed=seed, sr_bits=sr_bits)
+                       seed=seed, sr_bits=sr_bits, rht=rht)
     except (ValueError, TypeError) as e:  # the inputs or options: unusable (a DiagnosisError is neither)
         _fail(str(e).splitlines()[0], 2)
     except MemoryError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from ..codecs import decode
 from ..formats import FormatSpec
 
 __all__ = ["F32", "FLT_MAX", "code_bits", "code_info", "f32_fields", "fmin_nan", "f32_class", "hex32",
-           "load_arrays", "positive_codes"]
+           "load_arrays", "positive_codes", "max_load_bytes", "check_load_size",
+           "MAX_BYTES_ENV"]
 
 F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)
@@ -122,31 +124,139 @@ def fmin_nan(a, b):
 
 
 
-def load_arrays(path) -> dict[str, np.ndarray]:
-    """All arrays of a ``.npz`` (``allow_pickle=False``), ``.npy`` or ``.safetensors`` file; never unpickles.
+#: Environment variable that sets the largest array (and the largest file total) :func:`load_arrays` reads, in bytes.
+MAX_BYTES_ENV = "FPSIM_ORACLE_MAX_BYTES"
 
-    Raises ``ValueError`` with a one-line message for a missing, unreadable or pickled file.
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``; else the free physical pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def max_load_bytes() -> tuple[int, str]:
+    """The largest array :func:`load_arrays` reads, in bytes, and where that bound comes from (for messages).
+
+    ``$FPSIM_ORACLE_MAX_BYTES`` when set (an integer; tests use it), else a quarter of the available memory
+    (8 GiB where it cannot be read): :func:`fpsim.oracle.diff` holds several float32 copies of its input and a
+    few arrays of its size per hypothesis, so an array larger than that cannot be diagnosed anyway, and reading
+    it first would only exhaust memory before any message.
+    """
+    env = os.environ.get(MAX_BYTES_ENV)
+    if env:
+        try:
+            return max(0, int(env)), f"set by ${MAX_BYTES_ENV}"
+        except ValueError:
+            raise ValueError(f"${MAX_BYTES_ENV}={env!r}: give a number of bytes") from None
+    avail = _available_memory()
+    if avail is None:
+        return 8 << 30, f"the default where the available memory is unknown; ${MAX_BYTES_ENV} sets it"
+    return avail // 4, f"a quarter of the available memory; ${MAX_BYTES_ENV} sets it"
+
+
+def check_load_size(where: str, nbytes: int, what: str = "") -> None:
+    """Raise ``ValueError`` (one line naming ``where``) when ``nbytes`` exceed :func:`max_load_bytes`."""
+    bound, why = max_load_bytes()
+    if nbytes > bound:
+        raise ValueError(f"{where}: {what + ' needs ' if what else ''}{nbytes} bytes, more than fpsim's oracle "
+                         f"reads ({bound} bytes, {why}); refusing to load it")
+
+
+def _npy(p: Path) -> dict[str, np.ndarray]:
+    """The array of a ``.npy`` file: header read and checked against the file's size before any data is read.
+
+    Convention of :mod:`fpsim.io.npz` for each member of an archive: object dtypes (pickles) and structured dtypes
+    are refused, the data must be exactly ``prod(shape) · itemsize`` bytes after the header (fewer: truncated; more:
+    not what numpy writes), and its size within :func:`max_load_bytes`.  Fortran order is read as the C-ordered data
+    of the reversed shape, transposed.
+    """
+    with open(p, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
+        else:  # 3.0 (utf-8 field names) has no public reader; fpsim.io refuses it as well
+            raise ValueError(f"{p}: .npy format version {version[0]}.{version[1]} is not read by fpsim")
+        if dt.hasobject:
+            raise ValueError(f"{p}: refusing to load pickled data (allow_pickle=False)")
+        if dt.fields is not None:
+            raise ValueError(f"{p}: structured dtype {dt} (named fields), not a tensor of numbers")
+        if any(type(s) is not int or s < 0 for s in shape):
+            raise ValueError(f"{p}: invalid shape {shape}")
+        need = math.prod(shape) * dt.itemsize  # Python ints: no overflow for any declared shape
+        have = size - f.tell()
+        if have != need:
+            raise ValueError(f"{p}: array holds {have} data bytes but its header declares shape {list(shape)} of "
+                             f"{dt} ({need} bytes): {'truncated' if have < need else 'trailing data'} or corrupt")
+        check_load_size(f"{p}: array", need, f"shape {list(shape)} of {dt}")
+        data = np.fromfile(f, dt, count=math.prod(shape))
+    if data.size != math.prod(shape):
+        raise ValueError(f"{p}: array data is truncated")
+    arr = data.reshape(shape[::-1]).T if fortran and len(shape) > 1 else data.reshape(shape)
+    return {"": np.ascontiguousarray(arr)}
+
+
+def _tensors(p: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a ``.npz`` or ``.safetensors`` file through :func:`fpsim.io.open_file` (members and headers
+    checked against the file before any data is read: zip bombs, truncated members and offsets past the end are
+    refused), each and all together within :func:`max_load_bytes` before one is loaded."""
+    from ..io import InputError, open_file
+
+    try:
+        refs, _ = open_file(p)
+        for r in refs:
+            if r.error:
+                raise InputError(r.error)
+        total = 0
+        for r in refs:
+            check_load_size(f"{p}: array {r.name!r}", r.nbytes, f"shape {list(r.shape)} of {r.dtype}")
+            total += r.nbytes
+        if len(refs) > 1:
+            check_load_size(f"{p}", total, f"its {len(refs)} arrays together")
+        return {r.name: np.asarray(r.load()) for r in refs}
+    except InputError as e:
+        raise ValueError(str(e).splitlines()[0] if str(e) else f"{p}: cannot read") from None
+
+
+def load_arrays(path) -> dict[str, np.ndarray]:
+    """All arrays of a ``.npz``, ``.npy`` or ``.safetensors`` file; never unpickles, never over-allocates.
+
+    Every array's declared size is checked before it is allocated: against the file (a truncated ``.npy``, an
+    npz member that inflates to more or less than its ``.npy`` header says or more than deflate can produce, a
+    safetensors entry whose offsets run past the file) and against :func:`max_load_bytes`.  ``.npz`` and
+    ``.safetensors`` go through :func:`fpsim.io.open_file` (names printable; a ``|V2`` npz member is bfloat16,
+    F4/F6 safetensors tensors are unpacked to one element per byte).  ``.npy`` arrays are keyed ``""``.
+
+    Raises ``ValueError`` with a one-line message naming the file (and the array) for a missing, unreadable,
+    pickled, inconsistent or too large file.
     """
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: no such file")
     suffix = p.suffix.lower()
+    if suffix not in (".npz", ".npy", ".safetensors"):
+        raise ValueError(f"{p}: unsupported file type {suffix!r} (use .npz, .npy or .safetensors)")
     try:
-        if suffix in (".npz", ".npy"):
-            loaded = np.load(p, allow_pickle=False)
-            if isinstance(loaded, np.ndarray):
-                return {"": loaded}
-            with loaded as z:
-                return {k: z[k] for k in z.files}
-        if suffix == ".safetensors":
-            from safetensors.numpy import load_file
-
-            return dict(load_file(str(p)))
+        return _npy(p) if suffix == ".npy" else _tensors(p)
     except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise ValueError(f"{p}: refusing to load pickled data (allow_pickle=False)") from None
-        raise ValueError(f"{p}: cannot read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    except Exception as e:  # zipfile.BadZipFile, OSError, SafetensorError …: one line, no traceback
+        msg = str(e).splitlines()[0] if str(e) else "cannot read"
+        if "pickle" in msg.lower() and "pickled" not in msg:  # fpsim.io's "… holds Python objects (a pickle) …"
+            why = msg[len(str(p)) + 2:] if msg.startswith(f"{p}: ") else msg
+            raise ValueError(f"{p}: refusing to load pickled data (allow_pickle=False): {why}") from None
+        raise ValueError(msg if msg.startswith(str(p)) else f"{p}: cannot read: {msg}") from None
+    except MemoryError:
+        raise ValueError(f"{p}: out of memory while reading it") from None
+    except Exception as e:  # OSError, EOFError, struct.error …: one line, no traceback
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{p}: cannot read ({type(e).__name__}: {msg})") from None
-    raise ValueError(f"{p}: unsupported file type {suffix!r} (use .npz, .npy or .safetensors)")

@@ -22,12 +22,21 @@ from ..io import to_json
 from ..packing import unpack_fp4
 from ..scaling import unswizzle_scales
 from ..schemes import BlockScheme, Kind, get_scheme
+from ..transforms import RECIPE_SIGNS, hadamard_matrix
+from ..transforms import rht as _rht
 from .common import DiagnosisError, f32_class, hex32, internal_errors
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
 from .model import ROUNDINGS, Convention, TensorView, model_bytes, subnormal_codes
 from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
 
-__all__ = ["CAUSES", "DiagnosisError", "DiffReport", "diff"]
+__all__ = ["CAUSES", "DiagnosisError", "DiffReport", "diff", "RHT_SIZE", "RHT_TRY_RATE"]
+
+#: The recipe's Hadamard tile along the quantized axis (SPEC §7; fpsim.recipe: ``rht=16``, signs ``"recipe"``).
+RHT_SIZE = 16
+#: Code mismatch rate above which :func:`diff` also compares with the RHT toggled (applied or removed).
+RHT_TRY_RATE = 0.25
+#: Cause index of the bytes that only the toggled-RHT reference reproduces (past the −3, −4 of rounding.py).
+_RHT = -5
 
 #: Likely causes :func:`diff` assigns to a mismatch (the ``cause`` field), with what each means.
 CAUSES: dict[str, str] = {
@@ -80,6 +89,11 @@ CAUSES: dict[str, str] = {
     "other random bits than fpsim's for this seed (another stream, seed, counter layout or K; SPEC §3)",
     "not a rounding of x·enc_b": "the code is neither neighbour of the scaled value: no rounding of x·enc_b gives "
     "it (look at the block scale and the element encoder)",
+    "random Hadamard transform": "the candidate quantized the random-Hadamard-transformed input (16-point tiles "
+    "along the quantized axis, the recipe's sign vector, BF16 in and out; SPEC §7) where fpsim did not, or the "
+    "other way round (diff's rht option)",
+    "RHT with other signs": "the candidate quantized the Hadamard-transformed input with another sign vector than "
+    "the recipe's fixed one (seeded random signs, or none; SPEC §7)",
     "other": "no hypothesis explains it; look at the input bits and both codes",
 }
 
@@ -422,7 +436,7 @@ def _assign(ev: Evaluator, order: list[Outcome], layout_c, layout_s, full: bool 
 def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, candidate_amax=None,
          packed: bool = True, swizzled: bool = False, show: int = 10, nan_amax: str = "propagate",
          scale_min: float | None = None, rounding: str = "rne", seed: int | None = None,
-         sr_bits: int | None = None) -> DiffReport:
+         sr_bits: int | None = None, rht: bool = False) -> DiffReport:
     """Compare another implementation's codes and scales with fpsim's, and find the conventions that explain them.
 
     fpsim quantizes ``x`` with ``scheme`` (SPEC §4–§6).  Every hypothesis of :mod:`fpsim.oracle.hypotheses`
@@ -462,6 +476,18 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         without a seed there are no bits to compare, so a code "mismatches" when it is neither neighbour of
         x·enc_b, and the away-roundings are tested for bias (:mod:`fpsim.oracle.rounding`).  The block scales
         do not depend on the rounding; the scale hypotheses run for ``"rne"`` only.
+    rht
+        The reference quantizes the random-Hadamard-transformed input, as the NVFP4 recipe's Wgrad operands are
+        (:func:`fpsim.recipe.quantize_operand`, SPEC §7): ``fpsim.transforms.rht(x, 16, "recipe", axis=axis)`` —
+        16-point tiles along the quantized axis (its length must be a multiple of 16), the fixed sign vector
+        :data:`fpsim.transforms.RECIPE_SIGNS`, the input rounded to BF16 (RNE) first and the float32 output
+        rounded to BF16 again (``bf16_in=bf16_out=True``), then quantized as above.  Whatever ``rht`` says, when
+        more than :data:`RHT_TRY_RATE` of the codes differ (round-to-nearest, no layout finding, the axis a
+        multiple of 16), fpsim also compares with the RHT toggled (applied when not asked for, removed when
+        asked for) and then with the sign vector the candidate's codes imply (sign of ``x_i · (v·H)_i`` summed
+        over the tiles, ``v`` its element values): a reference that reproduces more than half of the differing
+        bytes becomes a finding (cause "random Hadamard transform" or "RHT with other signs"), its bytes get
+        that cause, and the rest is diagnosed against it.
 
     Returns
     -------
@@ -476,7 +502,11 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         raise ValueError(f"axis {axis} out of range for shape {x32.shape}")
     ax = axis % x32.ndim
     bits_sch = sr_sch if sr and seed is not None else rne_sch
-    view, ours_p, ours_s, amax_ours = _reference(x32, bits_sch, ax, ref, seed if sr else None)
+    if rht and x32.shape[ax] % RHT_SIZE:
+        raise ValueError(f"rht: the quantized axis has {x32.shape[ax]} elements, not a multiple of the Hadamard "
+                         f"size {RHT_SIZE}")
+    x_ref = _rht_input(x32, ax, "recipe") if rht else x32
+    view, ours_p, ours_s, amax_ours = _reference(x_ref, bits_sch, ax, ref, seed if sr else None)
     sch = rne_sch  # the hypotheses' and the listings' scheme: the scales are the same under either rounding
     R, C, BC, nb = view.R, view.C, view.BC, view.nb
     moved = tuple(x32.shape[:ax] + x32.shape[ax + 1:] + (x32.shape[ax],))
@@ -495,11 +525,26 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     with internal_errors():  # the inputs are checked: from here on an exception is fpsim's bug (DiagnosisError)
         cand_p = ours_p.copy()
         cand_p[:, :C] = fixed
-        ev = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
-        ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, amax_ours, amax_cand)
+        ev = ev0 = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
+        alt = None
+        if (not sr and lay_c is None and lay_s is None and C and C % RHT_SIZE == 0
+                and np.count_nonzero(fixed != ours_p[:, :C]) > RHT_TRY_RATE * R * C):
+            alt = _rht_reference(x32, ax, rht, sch, ref, fixed, fixed_s, ours_p, ours_s)
+        if alt is not None:  # the rest is diagnosed against the toggled-RHT reference (as after a layout finding)
+            findings.insert(0, alt.finding)
+            cand_p = alt.ours_p.copy()
+            cand_p[:, :C] = fixed
+            ev = Evaluator(alt.view, sch, ref, alt.ours_p, alt.ours_s, cand_p, fixed_s, alt.amax, amax_cand)
+        ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, ev.amax_ours, amax_cand)
         if not ev.n_bad and (layout_c.any() or layout_s.any()):
             explained = [c for c in (lay_c, lay_s) if c is not None]
         ci, si = _assign(ev, order, layout_c, layout_s, bool(explained))
+        if alt is not None:  # the bytes only the toggled reference reproduces are its cause's
+            only = np.zeros(ours_p.shape, bool)
+            only[:, :C] = (fixed != ours_p[:, :C]) & (fixed == alt.ours_p[:, :C])
+            ci = np.where(only, _RHT, ci)
+            si = np.where(~_same_scales(fixed_s, ours_s) & _same_scales(fixed_s, alt.ours_s), _RHT, si)
+            explained = [f"{alt.name}; and {n}" for n in explained] or ([] if ev.n_bad else [alt.name])
         bad_c = np.zeros(ours_p.shape, bool)
         bad_c[:, :C] = cand != ours_p[:, :C]
         bad_s = ~_same_scales(cand_s, ours_s)
@@ -507,7 +552,7 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
         check = None
         if sr or (ev.bad_c.any() and not explained):
-            check, compared, on_grid = check_blocks(ev, _same_scales(fixed_s, ours_s), cand_p, ours_p, k)
+            check, compared, on_grid = check_blocks(ev, _same_scales(fixed_s, ev.ours_s), cand_p, ev.ours_p, k)
             if sr and seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
                 bad_c = compared & ~on_grid
                 bad_c[:, C:] = False
@@ -520,7 +565,9 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
                     explained = [hyps[-1].name]
                     cidx = np.where(bad_c & (cidx == -1), len(hyps) - 1, cidx)
             # with a seed, "other random bits" needs away-roundings that a stochastic rounding could have made
-            stochastic = (check.stochastic or bool(explained)) if sr and seed is not None else sr or check.stochastic
+            # round-to-nearest comparison: "stochastic rounding" only from a sample that can tell it from RNE
+            stochastic = ((check.stochastic or bool(explained)) if sr and seed is not None
+                          else sr or (check.stochastic and check.judged))
             cidx = sr_causes(cidx, bad_c, on_grid, compared, stochastic, sr)
             findings += rounding_findings(check, sr, seed, k, bool(explained))
         report = DiffReport(
@@ -533,19 +580,101 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
             seed=None if seed is None else int(seed), rounding_check=check,
         )
         sr_cause = "SR random bits" if sr else "stochastic rounding"
+        rht_cause = None if alt is None else alt.cause
         causes: Counter = Counter()
         for kk, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
-            causes[_cause_name(int(kk), hyps, lay_c, sr_cause)] += int(n)
+            causes[_cause_name(int(kk), hyps, lay_c, sr_cause, rht_cause)] += int(n)
         for kk, n in zip(*np.unique(si[bad_s], return_counts=True)):
-            causes[_cause_name(int(kk), hyps, lay_s, sr_cause)] += int(n)
-        if ev.bad_a:  # the amax: the cause of the best hypothesis that reproduces it, else its own (another amax)
+            causes[_cause_name(int(kk), hyps, lay_s, sr_cause, rht_cause)] += int(n)
+        if alt is not None and amax_match is False and not ev.bad_a:  # the toggled reference's amax
+            causes[alt.cause] += 1
+        elif ev.bad_a and (alt is None or amax_match is False):
+            # the amax: the cause of the best hypothesis that reproduces it, else its own (another amax)
             causes[next((o.hyp.cause for o in order if o.explains_amax), "tensor amax")] += 1
         report.causes = dict(causes)
-        report.code_mismatches = _code_listing(ev, sch, cidx, detail_own, hyps, bad_c, ours_p, cand_p if not
+        # the listings show fpsim's reference (x, scaled, ours) as asked; the cause says what explains the byte
+        report.code_mismatches = _code_listing(ev0, sch, cidx, detail_own, hyps, bad_c, ours_p, ev0.cand_p if not
                                                layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause,
-                                               lay_c)
-        report.scale_mismatches = _scale_listing(ev, sch, si, hyps, bad_s, ours_s, cand_s, show, lay_s)
+                                               lay_c, rht_cause)
+        report.scale_mismatches = _scale_listing(ev0, sch, si, hyps, bad_s, ours_s, cand_s, show, lay_s, rht_cause)
         return report
+
+
+@dataclass
+class _RhtReference:
+    """The toggled-RHT reference a candidate follows: its cause, finding, ``explained_by`` phrase and bytes."""
+
+    cause: str
+    finding: str
+    name: str
+    view: TensorView
+    ours_p: np.ndarray
+    ours_s: np.ndarray
+    amax: np.ndarray
+
+
+def _rht_input(x32: np.ndarray, ax: int, signs) -> np.ndarray:
+    """The recipe's operand transform (:func:`fpsim.recipe.quantize_operand`): ``rht(x, 16, signs, axis)`` with
+    BF16 rounding of its input and output (``bf16_in = bf16_out = True``, the defaults), in float32 (SPEC §7)."""
+    return _rht(x32, RHT_SIZE, signs, axis=ax)
+
+
+def _implied_signs(x32: np.ndarray, ax: int, cand: np.ndarray, sch: BlockScheme) -> np.ndarray:
+    """The ±1 sign vector a candidate quantized from ``rht(x, 16, s)`` implies, from its element codes alone.
+
+    A tile maps x to y = (x ∘ s)·H/4 and H·H = 16·I, so (y·H/4)_i = s_i·x_i: s_i is the sign of x_i·(v·H)_i with
+    ``v`` the candidate's element values.  Tiles lie inside one block (16 divides every block width, both start at
+    column 0), whose positive scale does not change that sign; the vote over every tile outweighs the rounding.
+    """
+    X = np.ascontiguousarray(np.moveaxis(x32, ax, -1)).reshape(-1, x32.shape[ax])
+    with np.errstate(all="ignore"):
+        v = np.nan_to_num(sch.element.decode_table()[cand], nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32)
+        z = v.reshape(-1, RHT_SIZE) @ np.sign(hadamard_matrix(RHT_SIZE, "none")).astype(np.float32)
+        vote = (np.sign(X.reshape(-1, RHT_SIZE)) * np.sign(z)).sum(axis=0, dtype=np.float64)
+    return np.where(vote >= 0, 1.0, -1.0).astype(np.float32)
+
+
+def _rht_reference(x32: np.ndarray, ax: int, asked: bool, sch: BlockScheme, ref: Convention, cand: np.ndarray,
+                   cand_s: np.ndarray, ours_p: np.ndarray, ours_s: np.ndarray) -> _RhtReference | None:
+    """The reference with the RHT toggled (applied where ``asked`` is False, removed where True), else the RHT with
+    the signs the candidate implies (:func:`_implied_signs`), when it leaves fewer than half of the differing
+    bytes (codes and scale bytes) of fpsim's reference ``ours_p`` / ``ours_s`` — the layout readings' test."""
+    C = cand.shape[1]
+    n_plain = int(np.count_nonzero(cand != ours_p[:, :C])) + int(np.count_nonzero(~_same_scales(cand_s, ours_s)))
+
+    def fits(xr: np.ndarray):
+        view, p, sc, amax = _reference(xr, sch, ax, ref)
+        n = int(np.count_nonzero(cand != p[:, :C])) + int(np.count_nonzero(~_same_scales(cand_s, sc)))
+        return (view, p, sc, amax, n_plain - n) if n < n_plain / 2 else None
+
+    how = ("16-point tiles along the quantized axis, the recipe's sign vector, BF16 in and out")
+    got = fits(x32 if asked else _rht_input(x32, ax, "recipe"))
+    if got is not None:
+        view, p, sc, amax, fixed = got
+        if asked:
+            finding = (f"random Hadamard transform: the candidate quantized x itself, not rht(x) as asked ({how}; "
+                       f"SPEC §7): that reproduces {fixed} of the {n_plain} differing bytes")
+            name = "candidate = fpsim's bytes of x without the random Hadamard transform"
+        else:
+            finding = (f"random Hadamard transform: the candidate quantized rht(x) ({how}; SPEC §7), as the NVFP4 "
+                       f"recipe's Wgrad operands are, where fpsim quantized x (pass rht=True / --rht): that "
+                       f"reproduces {fixed} of the {n_plain} differing bytes")
+            name = "candidate = fpsim's bytes of rht(x) (16-point, the recipe's signs, BF16 in and out)"
+        return _RhtReference("random Hadamard transform", finding, name, view, p, sc, amax)
+    signs = _implied_signs(x32, ax, cand, sch)
+    if np.array_equal(signs, RECIPE_SIGNS):
+        return None
+    got = fits(_rht_input(x32, ax, signs))
+    if got is None:
+        return None
+    view, p, sc, amax, fixed = got
+    text = " ".join("+" if v > 0 else "−" for v in signs)
+    what = "no sign flips (signs='none')" if (signs > 0).all() else f"the sign vector [{text}]"
+    finding = (f"RHT with other signs: the candidate quantized rht(x) with {what}, implied by its codes, instead "
+               f"of the recipe's fixed vector (16-point tiles along the quantized axis, BF16 in and out; SPEC §7): "
+               f"that reproduces {fixed} of the {n_plain} differing bytes")
+    name = f"candidate = fpsim's bytes of rht(x) with {what}"
+    return _RhtReference("RHT with other signs", finding, name, view, p, sc, amax)
 
 
 def _deterministic(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, cand_p: np.ndarray) -> str | None:
@@ -639,7 +768,7 @@ def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours, amax_
 def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC: int):
     """Code cause indices, with "codes from the candidate's own scales" replaced by the cause of the block's
     scale byte where it has one; and the mask of the codes so replaced."""
-    own = np.array([h.own_scales for h in hyps] + [False] * 4, bool)  # indices −4 … −1 read the tail
+    own = np.array([h.own_scales for h in hyps] + [False] * 5, bool)  # indices −5 … −1 read the tail
     is_own = own[ci]
     if not is_own.any():
         return ci, is_own
@@ -649,7 +778,10 @@ def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC
     return out, is_own
 
 
-def _cause_name(k: int, hyps: list[Hypothesis], layout: str | None, sr_cause: str = "stochastic rounding") -> str:
+def _cause_name(k: int, hyps: list[Hypothesis], layout: str | None, sr_cause: str = "stochastic rounding",
+                rht: str | None = None) -> str:
+    if k == _RHT:
+        return rht or "other"
     if k == SR_LIKE:
         return sr_cause
     if k == OFF_GRID:
@@ -668,7 +800,7 @@ def _detail(k: int, own: bool, hyps: list[Hypothesis]) -> str:
 
 
 def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_p, cand_p, show: int, moved, ax,
-                  sr_cause: str = "stochastic rounding", layout: str | None = None):
+                  sr_cause: str = "stochastic rounding", layout: str | None = None, rht: str | None = None):
     rows, cols = np.nonzero(bad_c)
     rows, cols = rows[:show], cols[:show]
     BC = ev.view.BC
@@ -690,14 +822,14 @@ def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_
             "x": float(x[i]), "x_hex": hex32(x[i]), "scaled": float(y[i]), "scaled_hex": hex32(y[i]),
             "ours": o, "ours_hex": f"0x{o:X}", "candidate": k, "candidate_hex": f"0x{k:X}",
             "ours_value": float(table[o]), "candidate_value": float(table[k]),
-            "cause": _cause_name(kk, hyps, layout, sr_cause),
+            "cause": _cause_name(kk, hyps, layout, sr_cause, rht),
             "detail": _detail(kk, bool(own[r, c]), hyps),
         })
     return out
 
 
 def _scale_listing(ev: Evaluator, sch: BlockScheme, si, hyps, bad_s, ours_s, cand_s, show: int,
-                   layout: str | None = None):
+                   layout: str | None = None, rht: str | None = None):
     vmax = ev.view.vmax_bits(ev.ref.nan_amax, ev.ref.inf_amax).view(np.float32)
     fp32 = sch.kind is Kind.FP32
     hx = hex32 if fp32 else (lambda v: f"0x{int(v):02X}")
@@ -706,5 +838,5 @@ def _scale_listing(ev: Evaluator, sch: BlockScheme, si, hyps, bad_s, ours_s, can
         o, k, kk = ours_s[r, j], cand_s[r, j], int(si[r, j])
         out.append({"block": [r, j], "vmax": float(vmax[r, j]), "vmax_hex": hex32(vmax[r, j]),
                     "ours": o.item(), "ours_hex": hx(o), "candidate": k.item(), "candidate_hex": hx(k),
-                    "cause": _cause_name(kk, hyps, layout), "detail": _detail(kk, False, hyps)})
+                    "cause": _cause_name(kk, hyps, layout, rht=rht), "detail": _detail(kk, False, hyps)})
     return out
