@@ -3,7 +3,9 @@
 :class:`Linear` computes ``Y = X·Wᵀ (+ b)`` with the recipe's six operand copies, each quantized from the
 high-precision tensor with its own amax (the Wgrad copies after their RHT), exactly as
 :func:`fpsim.linear` does: with ``gemm="fp32"`` a layer named ``L`` at step ``s`` with seed ``k`` returns the
-``y``, ``dx`` and ``dW`` of ``fpsim.linear(x, w, dy, recipe, seed=k, layer="L", step=s)`` bit for bit.
+``y``, ``dx`` and ``dW`` of ``fpsim.linear(x, w, dy, recipe, seed=k, layer="L", step=s)`` bit for bit, under
+the recipe's accumulator model (``"exact"``'s float64 rounded to float32 once; ``gemm="blas"`` refuses a
+non-FP32 accumulator).
 ``gemm="blas"`` keeps every quantized copy bit-identical and only changes the GEMMs' summation order (NVFP4
 through exact BF16 copies of e·s_b on BF16 tensor cores with FP32 accumulation, per-tensor FP8 through FP8
 tensor cores on Hopper; elsewhere an FP32 GEMM of the exact dequantized values).
@@ -29,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from ..plan import lower
-from ..recipe import LayerPolicy, Recipe, get_recipe, operand_steps
+from ..recipe import ROLES, LayerPolicy, Recipe, get_recipe, operand_steps
 from . import backend as tb
 from . import fastpath as fp
 from . import graphs
@@ -79,14 +81,25 @@ def _values(q) -> torch.Tensor:
     return q.to(torch.float32) if isinstance(q, torch.Tensor) else q.dequantize()
 
 
-def _mm(qa, qb, gemm: str) -> torch.Tensor:
-    """``A · Bᵀ`` of two copies, float32."""
-    if isinstance(qa, torch.Tensor) or isinstance(qb, torch.Tensor):
-        if gemm == "fp32":  # the reference's chunked FP32 model also defines plain and cast operands
-            from ..gemm import gemm as ref_gemm
+def _host(q):
+    """A copy as :func:`fpsim.gemm.gemm` takes it: a plain or cast tensor as its float32 values, a quantized copy as
+    its :class:`~fpsim.QuantizedTensor` (codes, block scales and amax, so the chunking and alpha are the
+    reference's)."""
+    return q.to(torch.float32).cpu().numpy() if isinstance(q, torch.Tensor) else q.to_quantized()
 
-            a, b = (_values(q).cpu().numpy() for q in (qa, qb))
-            return torch.from_numpy(ref_gemm(a, b, "fp32")).to(_values(qa).device)
+
+def _mm(qa, qb, gemm: str, accumulator: str = "fp32") -> torch.Tensor:
+    """``A · Bᵀ`` of two copies, float32; ``gemm="fp32"`` runs the recipe's ``accumulator`` model."""
+    plain = isinstance(qa, torch.Tensor) or isinstance(qb, torch.Tensor)
+    if gemm == "fp32" and (plain or accumulator != "fp32"):
+        # The reference GEMM on the host: a plain or cast operand beside a block-scaled one takes that operand's
+        # chunks, scales and alpha (dequantizing it first would sum other chunks and round alpha in), and the
+        # "exact" / "truncated" accumulators exist only there; "exact"'s float64 result is rounded to float32.
+        from ..gemm import gemm as ref_gemm
+
+        dev = qa.device if isinstance(qa, torch.Tensor) else qa.data.device
+        return torch.from_numpy(ref_gemm(_host(qa), _host(qb), accumulator)).to(device=dev, dtype=torch.float32)
+    if plain:
         if isinstance(qa, torch.Tensor) and isinstance(qb, torch.Tensor) and qa.dtype == qb.dtype != torch.float32 \
                 and qa.is_cuda:
             return (qa @ qb.T).to(torch.float32)  # BF16/FP16 tensor cores, FP32 accumulation
@@ -250,8 +263,8 @@ class _Ops(NamedTuple):
     pair: Callable | None = None
 
 
-def _reference_ops(gemm: str) -> _Ops:
-    return _Ops(_copy, lambda a, b, dt: _mm(a, b, gemm).to(dt), _values, None)
+def _reference_ops(gemm: str, accumulator: str = "fp32") -> _Ops:
+    return _Ops(_copy, lambda a, b, dt: _mm(a, b, gemm, accumulator).to(dt), _values, None)
 
 
 _FAST = _Ops(_fast_copy, fp.mm, fp.values, fp.transposed, _fast_pair)
@@ -377,6 +390,9 @@ class Linear(torch.nn.Linear):
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         if not x.is_floating_point():
             raise TypeError(f"{self.name or 'Linear'}: input must be a float tensor, got {x.dtype}")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"layer {self.name or '<unnamed>'}: input {tuple(x.shape)} has {x.shape[-1]} features "
+                             f"in its last dimension, the layer takes {self.in_features}")
         x2d = x.reshape(-1, x.shape[-1])
         d = _rht_size(self.recipe)
         if d and x2d.shape[0] % d:
@@ -384,6 +400,19 @@ class Linear(torch.nn.Linear):
                 f"layer {self.name or '<unnamed>'}: {x2d.shape[0]} tokens (all leading dimensions of the input "
                 f"{tuple(x.shape)}) is not a multiple of the Wgrad RHT size {d} of recipe {self.recipe.name}; "
                 f"pad the token dimension to a multiple of {d}, or keep this layer in BF16")
+        # A custom recipe's Fprop / Dgrad RHT rotates along the features: refused here with the layer's name, not
+        # from inside the transform (Dgrad's only in backward, after the forward ran).
+        for role in ROLES[:4]:
+            r, what = self.recipe.policy(role).rht, ("in" if role.startswith("fprop") else "out")
+            k = self.in_features if what == "in" else self.out_features
+            if r and k % r:
+                raise ValueError(f"layer {self.name or '<unnamed>'}: {role} rotates along the {k} {what}_features, "
+                                 f"not a multiple of its Hadamard size {r} (recipe {self.recipe.name})")
+        acc = self.recipe.accumulator
+        if self.gemm == "blas" and acc not in ("fp32", "blas"):
+            # the fast path's sums are FP32 in the hardware's order; running it would silently drop the model
+            raise ValueError(f"layer {self.name or '<unnamed>'}: recipe {self.recipe.name} asks for the {acc!r} "
+                             f"accumulator, which gemm='fp32' runs (gemm='blas' accumulates in FP32)")
         with torch.autocast(dev, enabled=False):
             if self.gemm == "blas" and fp.enabled(x2d) and not (OBSERVERS and _recording(self.step)):
                 # The GEMM writes the output dtype itself unless a bias is added in float32 first.
@@ -392,7 +421,7 @@ class Linear(torch.nn.Linear):
                 if graphs.active() is not None:
                     raise ValueError(f"layer {self.name or '<unnamed>'}: CUDA graphs (fpsim.torch.GraphKeys) need "
                                      f"the fused path: gemm='blas' on CUDA and no observer recording this step")
-                ops, ydt = _reference_ops(self.gemm), torch.float32
+                ops, ydt = _reference_ops(self.gemm, acc), torch.float32
             y = _QLinearFn.apply(x, self.weight, (self.recipe, self.seed, self.name, self.step, ops, ydt))
             if self.bias is not None:
                 y = y + self.bias.to(torch.float32)
@@ -412,7 +441,8 @@ def _keep_rule(keep_bf16, rec: Recipe) -> Callable[[str, torch.nn.Module, int | 
         pol = keep_bf16
 
         def by_block(name, mod, b, n):
-            return b is not None and n > 0 and pol.high_precision(b, n, name)
+            # a named layer stays BF16 inside or outside the blocks (high_precision needs a block index)
+            return name in pol.names or (b is not None and n > 0 and pol.high_precision(b, n, name))
 
         return by_block
     if callable(keep_bf16):
@@ -424,7 +454,9 @@ def _keep_rule(keep_bf16, rec: Recipe) -> Callable[[str, torch.nn.Module, int | 
 def _named_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, torch.nn.Module, str]]:
     out = []
     for parent_name, parent in model.named_modules():
-        for child_name, child in parent.named_children():
+        # _modules, not named_children() (which skips a module seen before): a Linear reused in two places is
+        # swapped in both
+        for child_name, child in parent._modules.items():
             if isinstance(child, torch.nn.Linear):
                 full = f"{parent_name}.{child_name}" if parent_name else child_name
                 out.append((full, child, parent, child_name))
@@ -444,19 +476,26 @@ def convert(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
     The assignment is logged on the ``fpsim.torch`` logger and returned by :func:`summary`.
     """
     rec = get_recipe(recipe)
+    if isinstance(model, torch.nn.Linear):
+        raise TypeError("convert swaps the nn.Linear modules inside a model and cannot replace the model itself; "
+                        "use fpsim.torch.Linear.from_linear(layer, recipe=...)")
     skip = tuple(skip)
     found = [t for t in _named_linears(model) if not any(fnmatch.fnmatchcase(t[0], p) for p in skip)]
     blocks = sorted({b for b in (_block_index(n) for n, *_ in found) if b is not None})
     rank = {b: i for i, b in enumerate(blocks)}
     keep = _keep_rule(keep_bf16, rec)
     bf16 = get_recipe("bf16")
+    made: dict[int, Linear] = {}  # one fpsim layer per nn.Linear however many places hold it (named by the first)
     for name, child, parent, attr in found:
-        b = _block_index(name)
-        hp = keep(name, child, rank.get(b), len(blocks))
-        kw = {"recipe": bf16 if hp else rec, "name": name, "seed": seed, "gemm": gemm}
-        new = child if isinstance(child, Linear) else Linear.from_linear(child, **kw)
-        if isinstance(child, Linear):
-            new.recipe, new.name, new.seed, new.gemm = kw["recipe"], name, seed, gemm
+        new = made.get(id(child))
+        if new is None:
+            b = _block_index(name)
+            hp = keep(name, child, rank.get(b), len(blocks))
+            kw = {"recipe": bf16 if hp else rec, "name": name, "seed": seed, "gemm": gemm}
+            new = child if isinstance(child, Linear) else Linear.from_linear(child, **kw)
+            if isinstance(child, Linear):
+                new.recipe, new.name, new.seed, new.gemm = kw["recipe"], name, seed, gemm
+            made[id(child)] = new
         setattr(parent, attr, new)
     for row in summary(model):
         log.info("%s: %s (gemm=%s)", *row)
