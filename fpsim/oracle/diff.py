@@ -6,37 +6,33 @@ encode multiplier, tie rule, NaN / inf policy, dropped tensor scale, block shape
 the whole tensor, vectorised, and reports all that explain every byte (simplest first), or the best partial
 ones, with pairs of them for two bugs at once.  Each mismatch then gets the cause of the best hypothesis
 that explains it.
+
+The steps live beside it: :mod:`~fpsim.oracle.reference` (fpsim's bytes), :mod:`~fpsim.oracle.layout` (the layout
+readings of the candidate's bytes), :mod:`~fpsim.oracle.rhtcheck` (the reference with the RHT toggled),
+:mod:`~fpsim.oracle.rounding` (the neighbour check) and :mod:`~fpsim.oracle.attribution` (each byte's cause).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .._arrays import as_float32
 from ..codecs import Rounding
-from ..dispatch import quantize
 from ..io import to_json
-from ..packing import unpack_fp4
-from ..scaling import unswizzle_scales
 from ..schemes import BlockScheme, Kind, get_scheme
-from ..transforms import RECIPE_SIGNS, hadamard_matrix
-from ..transforms import rht as _rht
-from .common import DiagnosisError, f32_class, hex32, internal_errors
+from .attribution import assign, cause_counts, code_cause_index, code_listing, scale_listing
+from .common import DiagnosisError, f32_class, internal_errors
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
-from .model import ROUNDINGS, Convention, TensorView, model_bytes, subnormal_codes
-from .rounding import OFF_GRID, SR_LIKE, NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
+from .layout import codes_layout, scales_layout
+from .model import ROUNDINGS, Convention, subnormal_codes
+from .reference import reference, same_scales
+from .rhtcheck import RHT_SIZE, RHT_TRY_RATE, RhtReference, rht_attribution, rht_check, rht_input
+from .rounding import NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
 
 __all__ = ["CAUSES", "DiagnosisError", "DiffReport", "diff", "RHT_SIZE", "RHT_TRY_RATE"]
 
-#: The recipe's Hadamard tile along the quantized axis (SPEC §7; fpsim.recipe: ``rht=16``, signs ``"recipe"``).
-RHT_SIZE = 16
-#: Code mismatch rate above which :func:`diff` also compares with the RHT toggled (applied or removed).
-RHT_TRY_RATE = 0.25
-#: Cause index of the bytes that only the toggled-RHT reference reproduces (past the −3, −4 of rounding.py).
-_RHT = -5
 
 #: Likely causes :func:`diff` assigns to a mismatch (the ``cause`` field), with what each means.
 CAUSES: dict[str, str] = {
@@ -232,163 +228,6 @@ def _classes(v):
     return [f32_class(a) for a in v] if isinstance(v, list) else f32_class(v)
 
 
-def _orig_index(r: int, c: int, moved: tuple[int, ...], axis: int) -> list[int]:
-    lead = [int(i) for i in np.unravel_index(r, moved[:-1])] if len(moved) > 1 else []
-    return lead[:axis] + [int(c)] + lead[axis:]
-
-
-def _candidate_codes(candidate_codes, R: int, C: int, nb: int, BC: int, el, packed: bool, what: str):
-    """Candidate codes [R, C] (uint8) and the other readings of its bytes (:func:`_code_readings`)."""
-    cc = np.asarray(candidate_codes)
-    if cc.dtype.kind not in "iu":
-        raise ValueError(f"candidate codes must be integers (raw code bytes), got dtype {cc.dtype}")
-    four = el.bits == 4
-    is_packed = four and packed
-    lengths = {-(-C // 2), nb * BC // 2} if is_packed else {C, nb * BC}
-    if R == 0 or cc.size % max(R, 1) or cc.size // max(R, 1) not in lengths:
-        want = " or ".join(f"{R}×{n}" for n in sorted(lengths))
-        raise ValueError(f"candidate codes have {cc.size} values (shape {cc.shape}); expected {want} "
-                         f"{'packed bytes' if is_packed else 'codes'} for {what}")
-    cc = cc.reshape(R, -1)
-    if cc.size and (cc.min() < 0 or cc.max() > (0xFF if is_packed else (1 << el.bits) - 1)):
-        hint = " (packed 4-bit codes? then do not pass packed=False)" if four and not packed else ""
-        raise ValueError(f"candidate codes out of range for {el.name}{hint}")
-    b = cc.astype(np.uint8, copy=False)
-    return (unpack_fp4(b) if is_packed else b)[:, :C], _code_readings(b, R, C, is_packed)
-
-
-def _code_readings(b: np.ndarray, R: int, C: int, is_packed: bool) -> list[tuple[str, str, object]]:
-    """The layout mistakes a kernel's code bytes ``b`` [R, W] may hold, as ``(cause, finding, read)``; ``read()``
-    gives the codes [R, C] fpsim would compare if the candidate made that mistake, and the mask of the codes the
-    mistake leaves unknown (shifted out of the stream), or None where the bytes cannot hold it.
-
-    Nibble order (element 2j in the high nibble), the whole stream shifted by one element or one byte (an
-    off-by-one pointer) or one row, and rows and columns transposed (the code matrix stored [C, R], or for packed codes
-    the byte matrix [R, C/2] stored transposed)."""
-    W = b.shape[1]
-    unpack = unpack_fp4 if is_packed else (lambda a: a)
-    per = 2 if is_packed else 1  # codes per byte
-
-    def shifted(s: int):
-        def read():
-            u = unpack(b).reshape(-1)
-            # the candidate's code j is fpsim's code j − s: read it back s codes later; the s codes at the
-            # stream's end have no candidate byte (and the first s candidate codes no fpsim code)
-            out = np.roll(u, -s)
-            lost = np.zeros(u.size, bool)
-            if s > 0:
-                lost[-s:] = True
-            else:
-                lost[:-s] = True
-            return out.reshape(R, -1)[:, :C], lost.reshape(R, -1)[:, :C]
-        return read
-
-    out: list[tuple[str, str, object]] = []
-    if is_packed:
-        out.append(("nibble packing order", "the candidate puts element 2j in the HIGH nibble (fpsim, cvt.*.e2m1x2 "
-                    "and cuBLAS: low nibble)", lambda: (unpack_fp4(((b << 4) | (b >> 4)).astype(np.uint8))[:, :C],
-                                                         None)))
-    row = W * per  # codes per candidate row: a row offset is a shift by one row of the stream
-    for s in (1, -1) + ((2, -2) if is_packed else ()) + ((row, -row) if R > 1 and row > 2 else ()):
-        unit = ("one element" if abs(s) == 1 else "one byte (two codes)" if abs(s) == 2 == per
-                else f"one row ({row} codes)")
-        where = "i−" if s > 0 else "i+"
-        out.append(("shifted codes", f"the candidate's codes are fpsim's shifted by {unit}: code i holds fpsim's "
-                    f"code {where}{abs(s)} of the row-major stream (an off-by-one offset)", shifted(s)))
-    if R > 1 and C > 1:
-        if b.size == C * (-(-R // per)):
-            out.append(("transposed code layout", "the candidate's codes are fpsim's with rows and columns "
-                        f"transposed (the code matrix stored [{C}, {R}] instead of [{R}, {C}])",
-                        lambda: (unpack(b.reshape(C, -1))[:, :R].T, None)))
-        if is_packed and W > 1:
-            out.append(("transposed code layout", f"the candidate's packed bytes are fpsim's [{R}, {W}] byte matrix "
-                        f"stored transposed ([{W}, {R}])", lambda: (unpack_fp4(b.reshape(W, R).T)[:, :C], None)))
-    return out
-
-
-def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_s, swizzled: bool, what: str):
-    """Candidate scales [R, nb] in the plain layout, and a finding when the layout was not the declared one."""
-    kind = sch.kind
-    cs = np.asarray(candidate_scales)
-    if kind is Kind.FP32:
-        if cs.dtype != np.float32:
-            raise ValueError(f"candidate scales of {sch.name} must be float32, got {cs.dtype}")
-    elif cs.dtype.kind not in "iu" or (cs.size and (cs.min() < 0 or cs.max() > 0xFF)):
-        raise ValueError(f"candidate scales must be raw scale bytes (uint8), got dtype {cs.dtype}")
-    cs = cs.reshape(-1).astype(ours_s.dtype)
-    n_sw = (128 * -(-R // 128)) * (4 * -(-nb // 4))
-    closer = lambda a, b: np.count_nonzero(a != ours_s) * 2 < np.count_nonzero(b != ours_s)  # noqa: E731
-    if swizzled:
-        if kind is Kind.FP32:
-            raise ValueError("FP32 scales have no swizzled layout")
-        if cs.size != n_sw:
-            extra = " (that is the plain [rows, blocks] size: drop swizzled)" if cs.size == R * nb else ""
-            raise ValueError(f"expected {n_sw} swizzled scale bytes for [{R}, {nb}] scales, got {cs.size}{extra}")
-        un = unswizzle_scales(cs, R, nb)
-        if n_sw == R * nb and closer(cs.reshape(R, nb), un):
-            return un, cs.reshape(R, nb), ("swizzled scale layout: the scales are in the plain [rows, blocks] "
-                                           "layout, not swizzled as declared")
-        return un, None, None
-    if cs.size == R * nb:
-        plain = cs.reshape(R, nb)
-        if kind is not Kind.FP32 and n_sw == R * nb:
-            un = unswizzle_scales(cs, R, nb)
-            if closer(un, plain):
-                return plain, un, ("swizzled scale layout: the candidate's scales are fpsim's in the Blackwell "
-                                   "swizzled layout (pass swizzled=True / --swizzled)")
-        if np.count_nonzero(plain != ours_s):
-            # transposed ([blocks, rows] flattened) or shifted by one byte (an off-by-one offset): the reading
-            # that fixes more than half of the differing bytes, the transpose first
-            alts = []
-            if R > 1 and nb > 1:
-                alts.append((cs.reshape(nb, R).T, f"transposed scale layout: the candidate's scales are fpsim's "
-                             f"[{R}, {nb}] scales stored transposed ([{nb}, {R}], blocks-major)"))
-            for sh in (1, -1):
-                alts.append((np.roll(cs, -sh).reshape(R, nb), f"shifted scales: the candidate's scale bytes are "
-                             f"fpsim's shifted by one byte (byte i holds fpsim's byte i{'−' if sh > 0 else '+'}1)"))
-            alt, note = min(alts, key=lambda a: np.count_nonzero(a[0] != ours_s))
-            if closer(alt, plain):
-                return plain, alt, note
-        return plain, None, None
-    if kind is not Kind.FP32 and cs.size == n_sw:
-        un = unswizzle_scales(cs, R, nb)
-        plain = np.zeros((R, nb), ours_s.dtype)
-        plain.reshape(-1)[:] = cs[: R * nb]
-        note = (f"swizzled scale layout: {cs.size} scale bytes is the swizzled size of [{R}, {nb}] (pass "
-                "swizzled=True / --swizzled)" + ("; unswizzled they equal fpsim's" if np.array_equal(un, ours_s)
-                                                 else ""))
-        return plain, un, note
-    # a kernel with another block width (1×32 where NVFP4 has 1×16, or 1×16 for MX) is a usage error, but say so
-    width = nb * sch.block[1]
-    other = [w for w in (16, 32, 64, 128) if w != sch.block[1] and width and cs.size == R * -(-width // w)]
-    hint = f"; that is one per 1×{other[0]} block: another block size (--block)" if other else ""
-    raise ValueError(f"candidate scales have {cs.size} values; expected {R}×{nb} = {R * nb} (one per block) "
-                     f"for {what}{hint}")
-
-
-def _reference(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, seed: int | None = None):
-    """fpsim's bytes: the 2-D view, codes [R, nb·BC], scales [R, nb], amax (fpsim.quantize unless the
-    reference uses a convention only the model has, e.g. a scale clamp); ``seed``: stochastic rounding's."""
-    X = np.ascontiguousarray(np.moveaxis(x32, ax, -1)).reshape(-1, x32.shape[ax])
-    view = TensorView(X, sch.block)
-    model_only = {k for k in ref.changes() if k != "nan_amax"}
-    if not model_only:
-        q = quantize(x32, sch, axis=ax, nan_amax=ref.nan_amax, seed=seed)
-        c = (unpack_fp4(q.data) if sch.element.bits == 4 else q.data).reshape(view.R, -1)
-        codes = np.zeros((view.R, view.nb * view.BC), np.uint8)
-        codes[:, : view.C] = c[:, : view.C]
-        return view, codes, np.ascontiguousarray(q.scales).reshape(view.R, view.nb), np.asarray(q.amax, np.float32)
-    if sch.four_over_six:
-        raise ValueError(f"{', '.join(sorted(model_only))} cannot be combined with four-over-six")
-    codes, scales = model_bytes(view, sch, ref)
-    amax = np.asarray(np.nan, np.float32)
-    if sch.tensor_scale:
-        rows = view.amax_rows(ref.nan_amax, ref.inf_amax, bool(sch.per_row_scale))
-        amax = np.asarray(ref.amax if ref.amax is not None else (rows if sch.per_row_scale else
-                                                                  (rows[0] if rows.size else 0.0)), np.float32)
-    return view, codes, scales, amax
-
-
 def _schemes(scheme, rounding: str, seed, sr_bits, scale_min, nan_amax: str):
     """The checked arguments of :func:`diff`: the scheme, whether the candidate rounds stochastically, its K, and
     the scheme under round-to-nearest and under stochastic rounding (None unless ``sr``)."""
@@ -413,24 +252,96 @@ def _schemes(scheme, rounding: str, seed, sr_bits, scale_min, nan_amax: str):
     return sch, sr, k, rne_sch, sch.replace(rounding=Rounding.SR, sr_bits=k) if sr else None
 
 
-def _assign(ev: Evaluator, order: list[Outcome], layout_c, layout_s, full: bool = False):
-    """Per mismatching code / scale byte, the index in ``order`` of the first outcome that explains it (−1 none;
-    −2 the layout finding).  Unless ``order`` starts with a full explanation (``full``), a partial one names the
-    cause of the codes (scales) it reproduces only where it is :meth:`~Outcome.credible` for them."""
-    nbc = int(ev.bad_c.sum())
-    ci = np.full(nbc, -1, np.int32)
-    si = np.full(ev.bad_s.shape, -1, np.int32)
-    for k, o in enumerate(order):
-        if o.hit_codes is not None and (full or o.credible(ev.n_bad, "codes")):
-            h = np.unpackbits(o.hit_codes, count=nbc).astype(bool)
-            ci[h & (ci == -1)] = k
-        if o.hit_scales is not None and (full or o.credible(ev.n_bad, "scales")):
-            si[o.hit_scales & (si == -1)] = k
-    full_c = np.full(ev.bad_c.shape, -1, np.int32)
-    full_c[ev.bad_c] = ci
-    full_c[layout_c] = -2
-    si[layout_s] = -2
-    return full_c, si
+@dataclass(frozen=True)
+class _Inputs:
+    """The checked arguments of :func:`diff`: the input, its axis, the reference convention and the schemes."""
+
+    x32: np.ndarray
+    ax: int
+    ref: Convention
+    sch: BlockScheme  # round-to-nearest: the hypotheses' and the listings' scheme (the scales are the same)
+    bits_sch: BlockScheme  # the scheme of fpsim's reference codes (stochastic rounding with a seed)
+    sr: bool
+    k: int
+    seed: int | None
+    sr_sch: BlockScheme | None
+
+
+def _inputs(x, axis: int, scheme, rounding: str, seed, sr_bits, scale_min, nan_amax: str, rht: bool) -> _Inputs:
+    """The checked arguments of :func:`diff` (``ValueError`` for unusable ones)."""
+    sch, sr, k, rne_sch, sr_sch = _schemes(scheme, rounding, seed, sr_bits, scale_min, nan_amax)
+    ref = Convention(nan_amax=nan_amax, scale_min=None if scale_min is None else float(scale_min))
+    x32 = as_float32(x)
+    if x32.ndim == 0:
+        raise ValueError("x needs at least one axis")
+    if not -x32.ndim <= axis < x32.ndim:
+        raise ValueError(f"axis {axis} out of range for shape {x32.shape}")
+    ax = axis % x32.ndim
+    if rht and x32.shape[ax] % RHT_SIZE:
+        raise ValueError(f"rht: the quantized axis has {x32.shape[ax]} elements, not a multiple of the Hadamard "
+                         f"size {RHT_SIZE}")
+    bits_sch = sr_sch if sr and seed is not None else rne_sch
+    return _Inputs(x32, ax, ref, rne_sch, bits_sch, sr, k, seed, sr_sch)
+
+
+def _compare_amax(candidate_amax, amax_ours: np.ndarray, sch: BlockScheme,
+                  findings: list[str]) -> tuple[np.ndarray | None, bool | None]:
+    """The candidate's tensor amax shaped as fpsim's and whether they match (None, None: none to compare)."""
+    amax_cand = amax_match = None
+    if candidate_amax is not None and sch.tensor_scale:
+        if np.size(candidate_amax) != amax_ours.size:
+            raise ValueError(f"candidate amax has {np.size(candidate_amax)} values, expected {amax_ours.size}")
+        amax_cand = np.asarray(candidate_amax, np.float32).reshape(amax_ours.shape)
+        amax_match = bool(np.all((amax_cand == amax_ours) | (np.isnan(amax_cand) & np.isnan(amax_ours))))
+        if not amax_match:
+            findings.append(f"tensor amax differs: ours {amax_ours.tolist()}, candidate {amax_cand.tolist()}")
+    return amax_cand, amax_match
+
+
+def _against_rht(alt: RhtReference, a: _Inputs, fixed: np.ndarray, fixed_s: np.ndarray, amax_cand,
+                 findings: list[str]) -> Evaluator:
+    """The evaluator of the candidate's bytes against the toggled-RHT reference ``alt`` (its finding first)."""
+    findings.insert(0, alt.finding)
+    return Evaluator(alt.view, a.sch, a.ref, alt.ours_p, alt.ours_s, _pad(fixed, alt.ours_p), fixed_s, alt.amax,
+                     amax_cand)
+
+
+def _rounding_check(a: _Inputs, ev: Evaluator, fixed_s: np.ndarray, bad_c: np.ndarray, cidx: np.ndarray,
+                    hyps: list[Hypothesis], explained: list[str],
+                    findings: list[str]) -> tuple[NeighbourCheck, np.ndarray, np.ndarray, list[str]]:
+    """The neighbour check of the codes (:mod:`fpsim.oracle.rounding`), the code mismatches and cause indices after
+    it, and the full explanations (another K, a deterministic mode, appended to ``hyps``); adds its findings."""
+    C, cand_p = ev.view.C, ev.cand_p
+    check, compared, on_grid = check_blocks(ev, same_scales(fixed_s, ev.ours_s), cand_p, ev.ours_p, a.k)
+    if a.sr and a.seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
+        bad_c = compared & ~on_grid
+        bad_c[:, C:] = False
+    elif a.sr and ev.n_bad and same_scales(fixed_s, ev.ours_s).all():  # with sr, ev is fpsim's reference
+        explained = other_k(lambda kk: reference(a.x32, a.sr_sch.replace(sr_bits=kk), a.ax, a.ref, a.seed)[1], a.k,
+                            cand_p)
+        mode = None if explained else _deterministic(a.x32, a.sch, a.ax, a.ref, cand_p)
+        if mode is not None:  # no random bits at all: the kernel rounds deterministically
+            hyps.append(Hypothesis(f"candidate = {mode} ({ROUNDINGS[mode]}), not stochastic rounding",
+                                   "rounding mode"))
+            explained = [hyps[-1].name]
+            cidx = np.where(bad_c & (cidx == -1), len(hyps) - 1, cidx)
+    # with a seed, "other random bits" needs away-roundings that a stochastic rounding could have made
+    # round-to-nearest comparison: "stochastic rounding" only from a sample that can tell it from RNE
+    stochastic = ((check.stochastic or bool(explained)) if a.sr and a.seed is not None
+                  else a.sr or (check.stochastic and check.judged))
+    cidx = sr_causes(cidx, bad_c, on_grid, compared, stochastic, a.sr)
+    findings += rounding_findings(check, a.sr, a.seed, a.k, bool(explained))
+    return check, bad_c, cidx, explained
+
+
+def _amax_cause(ev: Evaluator, order: list[Outcome], alt: RhtReference | None, amax_match: bool | None) -> str | None:
+    """The cause of a differing tensor amax, or None where it is not counted as a mismatch."""
+    if alt is not None and amax_match is False and not ev.bad_a:  # the toggled reference's amax
+        return alt.cause
+    if ev.bad_a and (alt is None or amax_match is False):
+        # the amax: the cause of the best hypothesis that reproduces it, else its own (another amax)
+        return next((o.hyp.cause for o in order if o.explains_amax), "tensor amax")
+    return None
 
 
 def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, candidate_amax=None,
@@ -493,83 +404,38 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     -------
     DiffReport (``ValueError`` for unusable inputs; :class:`DiagnosisError` for a failure of fpsim's own)
     """
-    sch, sr, k, rne_sch, sr_sch = _schemes(scheme, rounding, seed, sr_bits, scale_min, nan_amax)
-    ref = Convention(nan_amax=nan_amax, scale_min=None if scale_min is None else float(scale_min))
-    x32 = as_float32(x)
-    if x32.ndim == 0:
-        raise ValueError("x needs at least one axis")
-    if not -x32.ndim <= axis < x32.ndim:
-        raise ValueError(f"axis {axis} out of range for shape {x32.shape}")
-    ax = axis % x32.ndim
-    bits_sch = sr_sch if sr and seed is not None else rne_sch
-    if rht and x32.shape[ax] % RHT_SIZE:
-        raise ValueError(f"rht: the quantized axis has {x32.shape[ax]} elements, not a multiple of the Hadamard "
-                         f"size {RHT_SIZE}")
-    x_ref = _rht_input(x32, ax, "recipe") if rht else x32
-    view, ours_p, ours_s, amax_ours = _reference(x_ref, bits_sch, ax, ref, seed if sr else None)
-    sch = rne_sch  # the hypotheses' and the listings' scheme: the scales are the same under either rounding
+    a = _inputs(x, axis, scheme, rounding, seed, sr_bits, scale_min, nan_amax, rht)
+    sch, ref, sr = a.sch, a.ref, a.sr
+    x_ref = rht_input(a.x32, a.ax, "recipe") if rht else a.x32
+    view, ours_p, ours_s, amax_ours = reference(x_ref, a.bits_sch, a.ax, ref, seed if sr else None)
     R, C, BC, nb = view.R, view.C, view.BC, view.nb
-    moved = tuple(x32.shape[:ax] + x32.shape[ax + 1:] + (x32.shape[ax],))
-    what = f"x of shape {x32.shape} along axis {ax}"
+    moved = tuple(a.x32.shape[:a.ax] + a.x32.shape[a.ax + 1:] + (a.x32.shape[a.ax],))
+    what = f"x of shape {a.x32.shape} along axis {a.ax}"
     findings: list[str] = []
-    cand, fixed, layout_c, lay_c = _codes_layout(candidate_codes, ours_p, view, sch, packed, what, findings)
-    cand_s, fixed_s, layout_s, lay_s = _scales_layout(candidate_scales, ours_s, view, sch, swizzled, what, findings)
-    amax_cand = amax_match = None
-    if candidate_amax is not None and sch.tensor_scale:
-        if np.size(candidate_amax) != amax_ours.size:
-            raise ValueError(f"candidate amax has {np.size(candidate_amax)} values, expected {amax_ours.size}")
-        amax_cand = np.asarray(candidate_amax, np.float32).reshape(amax_ours.shape)
-        amax_match = bool(np.all((amax_cand == amax_ours) | (np.isnan(amax_cand) & np.isnan(amax_ours))))
-        if not amax_match:
-            findings.append(f"tensor amax differs: ours {amax_ours.tolist()}, candidate {amax_cand.tolist()}")
+    cand, fixed, layout_c, lay_c = codes_layout(candidate_codes, ours_p, view, sch, packed, what, findings)
+    cand_s, fixed_s, layout_s, lay_s = scales_layout(candidate_scales, ours_s, view, sch, swizzled, what, findings)
+    amax_cand, amax_match = _compare_amax(candidate_amax, amax_ours, sch, findings)
     with internal_errors():  # the inputs are checked: from here on an exception is fpsim's bug (DiagnosisError)
-        cand_p = ours_p.copy()
-        cand_p[:, :C] = fixed
-        ev = ev0 = Evaluator(view, sch, ref, ours_p, ours_s, cand_p, fixed_s, amax_ours, amax_cand)
+        ev = ev0 = Evaluator(view, sch, ref, ours_p, ours_s, _pad(fixed, ours_p), fixed_s, amax_ours, amax_cand)
         alt = None
-        if (not sr and lay_c is None and lay_s is None and C and C % RHT_SIZE == 0
-                and np.count_nonzero(fixed != ours_p[:, :C]) > RHT_TRY_RATE * R * C):
-            alt = _rht_reference(x32, ax, rht, sch, ref, fixed, fixed_s, ours_p, ours_s)
+        if not sr and lay_c is None and lay_s is None:
+            alt = rht_check(a.x32, a.ax, rht, sch, ref, fixed, fixed_s, ours_p, ours_s)
         if alt is not None:  # the rest is diagnosed against the toggled-RHT reference (as after a layout finding)
-            findings.insert(0, alt.finding)
-            cand_p = alt.ours_p.copy()
-            cand_p[:, :C] = fixed
-            ev = Evaluator(alt.view, sch, ref, alt.ours_p, alt.ours_s, cand_p, fixed_s, alt.amax, amax_cand)
+            ev = _against_rht(alt, a, fixed, fixed_s, amax_cand, findings)
         ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, ev.amax_ours, amax_cand)
         if not ev.n_bad and (layout_c.any() or layout_s.any()):
             explained = [c for c in (lay_c, lay_s) if c is not None]
-        ci, si = _assign(ev, order, layout_c, layout_s, bool(explained))
+        ci, si = assign(ev, order, layout_c, layout_s, bool(explained))
         if alt is not None:  # the bytes only the toggled reference reproduces are its cause's
-            only = np.zeros(ours_p.shape, bool)
-            only[:, :C] = (fixed != ours_p[:, :C]) & (fixed == alt.ours_p[:, :C])
-            ci = np.where(only, _RHT, ci)
-            si = np.where(~_same_scales(fixed_s, ours_s) & _same_scales(fixed_s, alt.ours_s), _RHT, si)
-            explained = [f"{alt.name}; and {n}" for n in explained] or ([] if ev.n_bad else [alt.name])
+            ci, si, explained = rht_attribution(alt, ci, si, explained, fixed, fixed_s, ours_p, ours_s, ev.n_bad)
         bad_c = np.zeros(ours_p.shape, bool)
         bad_c[:, :C] = cand != ours_p[:, :C]
-        bad_s = ~_same_scales(cand_s, ours_s)
+        bad_s = ~same_scales(cand_s, ours_s)
         hyps = [o.hyp for o in order]
-        cidx, detail_own = _code_cause_index(ci, si, hyps, BC)
+        cidx, detail_own = code_cause_index(ci, si, hyps, BC)
         check = None
         if sr or (ev.bad_c.any() and not explained):
-            check, compared, on_grid = check_blocks(ev, _same_scales(fixed_s, ev.ours_s), cand_p, ev.ours_p, k)
-            if sr and seed is None:  # no bits to compare: a code mismatches when no rounding of x·enc_b gives it
-                bad_c = compared & ~on_grid
-                bad_c[:, C:] = False
-            elif sr and ev.n_bad and _same_scales(fixed_s, ours_s).all():
-                explained = other_k(lambda kk: _reference(x32, sr_sch.replace(sr_bits=kk), ax, ref, seed)[1], k, cand_p)
-                mode = None if explained else _deterministic(x32, sch, ax, ref, cand_p)
-                if mode is not None:  # no random bits at all: the kernel rounds deterministically
-                    hyps.append(Hypothesis(f"candidate = {mode} ({ROUNDINGS[mode]}), not stochastic rounding",
-                                           "rounding mode"))
-                    explained = [hyps[-1].name]
-                    cidx = np.where(bad_c & (cidx == -1), len(hyps) - 1, cidx)
-            # with a seed, "other random bits" needs away-roundings that a stochastic rounding could have made
-            # round-to-nearest comparison: "stochastic rounding" only from a sample that can tell it from RNE
-            stochastic = ((check.stochastic or bool(explained)) if sr and seed is not None
-                          else sr or (check.stochastic and check.judged))
-            cidx = sr_causes(cidx, bad_c, on_grid, compared, stochastic, sr)
-            findings += rounding_findings(check, sr, seed, k, bool(explained))
+            check, bad_c, cidx, explained = _rounding_check(a, ev, fixed_s, bad_c, cidx, hyps, explained, findings)
         report = DiffReport(
             scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
             n_scale_mismatches=int(bad_s.sum()),
@@ -581,166 +447,37 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         )
         sr_cause = "SR random bits" if sr else "stochastic rounding"
         rht_cause = None if alt is None else alt.cause
-        causes: Counter = Counter()
-        for kk, n in zip(*np.unique(cidx[bad_c], return_counts=True)):
-            causes[_cause_name(int(kk), hyps, lay_c, sr_cause, rht_cause)] += int(n)
-        for kk, n in zip(*np.unique(si[bad_s], return_counts=True)):
-            causes[_cause_name(int(kk), hyps, lay_s, sr_cause, rht_cause)] += int(n)
-        if alt is not None and amax_match is False and not ev.bad_a:  # the toggled reference's amax
-            causes[alt.cause] += 1
-        elif ev.bad_a and (alt is None or amax_match is False):
-            # the amax: the cause of the best hypothesis that reproduces it, else its own (another amax)
-            causes[next((o.hyp.cause for o in order if o.explains_amax), "tensor amax")] += 1
+        causes = cause_counts(cidx[bad_c], si[bad_s], hyps, lay_c, lay_s, sr_cause, rht_cause)
+        amax_cause = _amax_cause(ev, order, alt, amax_match)
+        if amax_cause is not None:
+            causes[amax_cause] += 1
         report.causes = dict(causes)
         # the listings show fpsim's reference (x, scaled, ours) as asked; the cause says what explains the byte
-        report.code_mismatches = _code_listing(ev0, sch, cidx, detail_own, hyps, bad_c, ours_p, ev0.cand_p if not
-                                               layout_c.any() else _pad(cand, ours_p), show, moved, ax, sr_cause,
-                                               lay_c, rht_cause)
-        report.scale_mismatches = _scale_listing(ev0, sch, si, hyps, bad_s, ours_s, cand_s, show, lay_s, rht_cause)
+        report.code_mismatches = code_listing(ev0, sch, cidx, detail_own, hyps, bad_c, ours_p, ev0.cand_p if not
+                                              layout_c.any() else _pad(cand, ours_p), show, moved, a.ax, sr_cause,
+                                              lay_c, rht_cause)
+        report.scale_mismatches = scale_listing(ev0, sch, si, hyps, bad_s, ours_s, cand_s, show, lay_s, rht_cause)
         return report
-
-
-@dataclass
-class _RhtReference:
-    """The toggled-RHT reference a candidate follows: its cause, finding, ``explained_by`` phrase and bytes."""
-
-    cause: str
-    finding: str
-    name: str
-    view: TensorView
-    ours_p: np.ndarray
-    ours_s: np.ndarray
-    amax: np.ndarray
-
-
-def _rht_input(x32: np.ndarray, ax: int, signs) -> np.ndarray:
-    """The recipe's operand transform (:func:`fpsim.recipe.quantize_operand`): ``rht(x, 16, signs, axis)`` with
-    BF16 rounding of its input and output (``bf16_in = bf16_out = True``, the defaults), in float32 (SPEC §7)."""
-    return _rht(x32, RHT_SIZE, signs, axis=ax)
-
-
-def _implied_signs(x32: np.ndarray, ax: int, cand: np.ndarray, sch: BlockScheme) -> np.ndarray:
-    """The ±1 sign vector a candidate quantized from ``rht(x, 16, s)`` implies, from its element codes alone.
-
-    A tile maps x to y = (x ∘ s)·H/4 and H·H = 16·I, so (y·H/4)_i = s_i·x_i: s_i is the sign of x_i·(v·H)_i with
-    ``v`` the candidate's element values.  Tiles lie inside one block (16 divides every block width, both start at
-    column 0), whose positive scale does not change that sign; the vote over every tile outweighs the rounding.
-    """
-    X = np.ascontiguousarray(np.moveaxis(x32, ax, -1)).reshape(-1, x32.shape[ax])
-    with np.errstate(all="ignore"):
-        v = np.nan_to_num(sch.element.decode_table()[cand], nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32)
-        z = v.reshape(-1, RHT_SIZE) @ np.sign(hadamard_matrix(RHT_SIZE, "none")).astype(np.float32)
-        vote = (np.sign(X.reshape(-1, RHT_SIZE)) * np.sign(z)).sum(axis=0, dtype=np.float64)
-    return np.where(vote >= 0, 1.0, -1.0).astype(np.float32)
-
-
-def _rht_reference(x32: np.ndarray, ax: int, asked: bool, sch: BlockScheme, ref: Convention, cand: np.ndarray,
-                   cand_s: np.ndarray, ours_p: np.ndarray, ours_s: np.ndarray) -> _RhtReference | None:
-    """The reference with the RHT toggled (applied where ``asked`` is False, removed where True), else the RHT with
-    the signs the candidate implies (:func:`_implied_signs`), when it leaves fewer than half of the differing
-    bytes (codes and scale bytes) of fpsim's reference ``ours_p`` / ``ours_s`` — the layout readings' test."""
-    C = cand.shape[1]
-    n_plain = int(np.count_nonzero(cand != ours_p[:, :C])) + int(np.count_nonzero(~_same_scales(cand_s, ours_s)))
-
-    def fits(xr: np.ndarray):
-        view, p, sc, amax = _reference(xr, sch, ax, ref)
-        n = int(np.count_nonzero(cand != p[:, :C])) + int(np.count_nonzero(~_same_scales(cand_s, sc)))
-        return (view, p, sc, amax, n_plain - n) if n < n_plain / 2 else None
-
-    how = ("16-point tiles along the quantized axis, the recipe's sign vector, BF16 in and out")
-    got = fits(x32 if asked else _rht_input(x32, ax, "recipe"))
-    if got is not None:
-        view, p, sc, amax, fixed = got
-        if asked:
-            finding = (f"random Hadamard transform: the candidate quantized x itself, not rht(x) as asked ({how}; "
-                       f"SPEC §7): that reproduces {fixed} of the {n_plain} differing bytes")
-            name = "candidate = fpsim's bytes of x without the random Hadamard transform"
-        else:
-            finding = (f"random Hadamard transform: the candidate quantized rht(x) ({how}; SPEC §7), as the NVFP4 "
-                       f"recipe's Wgrad operands are, where fpsim quantized x (pass rht=True / --rht): that "
-                       f"reproduces {fixed} of the {n_plain} differing bytes")
-            name = "candidate = fpsim's bytes of rht(x) (16-point, the recipe's signs, BF16 in and out)"
-        return _RhtReference("random Hadamard transform", finding, name, view, p, sc, amax)
-    signs = _implied_signs(x32, ax, cand, sch)
-    if np.array_equal(signs, RECIPE_SIGNS):
-        return None
-    got = fits(_rht_input(x32, ax, signs))
-    if got is None:
-        return None
-    view, p, sc, amax, fixed = got
-    text = " ".join("+" if v > 0 else "−" for v in signs)
-    what = "no sign flips (signs='none')" if (signs > 0).all() else f"the sign vector [{text}]"
-    finding = (f"RHT with other signs: the candidate quantized rht(x) with {what}, implied by its codes, instead "
-               f"of the recipe's fixed vector (16-point tiles along the quantized axis, BF16 in and out; SPEC §7): "
-               f"that reproduces {fixed} of the {n_plain} differing bytes")
-    name = f"candidate = fpsim's bytes of rht(x) with {what}"
-    return _RhtReference("RHT with other signs", finding, name, view, p, sc, amax)
 
 
 def _deterministic(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, cand_p: np.ndarray) -> str | None:
     """The round-to-nearest or directed mode (:data:`ROUNDINGS` fpsim can run) whose codes are all the candidate's,
     or None: a kernel asked for stochastic rounding that does not round stochastically at all."""
     for mode in ("rne", "rtz", "rna", "rup", "rdown"):
-        if np.array_equal(_reference(x32, sch.replace(rounding=mode), ax, ref)[1], cand_p):
+        if np.array_equal(reference(x32, sch.replace(rounding=mode), ax, ref)[1], cand_p):
             return mode
     return None
 
 
-def _codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, packed: bool, what: str,
-                  findings: list):
-    """The candidate's codes as given, as compared (read back through the layout mistake of
-    :func:`_code_readings` that fixes most of them, with a finding), the mask [R, nb·BC] of the codes the
-    layout explains, and the layout's cause (None: the bytes are in fpsim's layout)."""
-    C = view.C
-    cand, readings = _candidate_codes(candidate_codes, view.R, C, view.nb, view.BC, sch.element, packed, what)
-    ours = ours_p[:, :C]
-    layout_c = np.zeros(ours_p.shape, bool)
-    n_plain = int(np.count_nonzero(cand != ours))
-    best = None
-    for cause, note, read in readings if n_plain else ():
-        alt, lost = read()
-        # the codes a shift moves out of the stream count as mismatches: unknown, they cannot be credited to it
-        n = int(np.count_nonzero((alt != ours) if lost is None else (alt != ours) | lost))
-        # a layout mistake scrambles codes: it must fix most of them (at least half), and the best reading wins
-        # (ties: the order above, nibble order first)
-        if n < n_plain / 2 and (best is None or n < best[0]):
-            best = (n, cause, note, alt, lost)
-    if best is None:
-        return cand, cand, layout_c, None
-    _, cause, note, alt, lost = best
-    findings.append(f"{cause}: {note}")
-    fixed = (cand != ours) & (alt == ours)
-    if lost is not None:  # the codes shifted out of the stream: the shift explains them, whatever they hold
-        fixed |= (cand != ours) & lost
-        alt = np.where(lost, ours, alt)
-    layout_c[:, :C] = fixed
-    return cand, alt, layout_c, cause
-
-
-def _scales_layout(candidate_scales, ours_s, view: TensorView, sch: BlockScheme, swizzled: bool, what: str,
-                   findings: list):
-    """The candidate's scale bytes as given, as compared (the other layout where that matches, with a finding),
-    the mask of the bytes the layout explains and the layout's cause (None: fpsim's layout)."""
-    cand_s, alt_s, note = _candidate_scales(candidate_scales, view.R, view.nb, sch, ours_s, swizzled, what)
-    if note is None:
-        return cand_s, cand_s, np.zeros(ours_s.shape, bool), None
-    findings.append(note)
-    return cand_s, alt_s, (cand_s != ours_s) & (alt_s == ours_s), note.split(":")[0]
-
-
 def _pad(cand: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """A copy of ``like`` (codes [R, nb·BC]) with the candidate's codes ``cand`` [R, C] in its first columns."""
     out = like.copy()
     out[:, : cand.shape[1]] = cand
     return out
 
 
-def _same_scales(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype == np.float32:
-        return a.view(np.uint32) == b.view(np.uint32)
-    return a == b
-
-
-def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours, amax_cand):
+def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours,
+              amax_cand) -> tuple[list[Outcome], list[Outcome], list[str]]:
     """Every hypothesis over the whole tensor (and pairs when none explains every byte): the outcomes that
     explain something, in the order causes are assigned, and the names of the full explanations."""
     if not ev.n_bad:
@@ -763,80 +500,3 @@ def _diagnose(ev: Evaluator, sch: BlockScheme, ref: Convention, amax_ours, amax_
     if causal and causal[0].hyp.parts and full(causal[0]):  # two bugs: each byte gets the part that explains it
         causal = [o for o in outs if o.hyp in causal[0].hyp.parts] + causal
     return ranked, causal, explained
-
-
-def _code_cause_index(ci: np.ndarray, si: np.ndarray, hyps: list[Hypothesis], BC: int):
-    """Code cause indices, with "codes from the candidate's own scales" replaced by the cause of the block's
-    scale byte where it has one; and the mask of the codes so replaced."""
-    own = np.array([h.own_scales for h in hyps] + [False] * 5, bool)  # indices −5 … −1 read the tail
-    is_own = own[ci]
-    if not is_own.any():
-        return ci, is_own
-    blk = np.repeat(si, BC, axis=1)[:, : ci.shape[1]]
-    take = is_own & (blk >= 0)
-    out = np.where(take, blk, ci)
-    return out, is_own
-
-
-def _cause_name(k: int, hyps: list[Hypothesis], layout: str | None, sr_cause: str = "stochastic rounding",
-                rht: str | None = None) -> str:
-    if k == _RHT:
-        return rht or "other"
-    if k == SR_LIKE:
-        return sr_cause
-    if k == OFF_GRID:
-        return "not a rounding of x·enc_b"
-    if k == -2:  # the layout finding's cause (set only where a layout was found)
-        return layout or "other"
-    if k == -1:
-        return "other"
-    return hyps[k].cause
-
-
-def _detail(k: int, own: bool, hyps: list[Hypothesis]) -> str:
-    if own:
-        return "element follows its block scale"
-    return hyps[k].name if k >= 0 else ""
-
-
-def _code_listing(ev: Evaluator, sch: BlockScheme, cidx, own, hyps, bad_c, ours_p, cand_p, show: int, moved, ax,
-                  sr_cause: str = "stochastic rounding", layout: str | None = None, rht: str | None = None):
-    rows, cols = np.nonzero(bad_c)
-    rows, cols = rows[:show], cols[:show]
-    BC = ev.view.BC
-    table = sch.element.decode_table()
-    x = ev.view.P3.reshape(ev.view.R, -1)[rows, cols]
-    f = ev.ref_factor
-    with np.errstate(all="ignore"):
-        if ev.ref_op == "mul":
-            y = (x * f[rows, cols // BC]).astype(np.float32)
-        elif ev.ref_op == "div":
-            y = (x / f[rows, cols // BC]).astype(np.float32)
-        else:
-            y = ((x * f[0][rows, cols // BC]).astype(np.float32) / f[1][rows, cols // BC]).astype(np.float32)
-    out = []
-    for i, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
-        o, k, kk = int(ours_p[r, c]), int(cand_p[r, c]), int(cidx[r, c])
-        out.append({
-            "index": _orig_index(r, c, moved, ax), "row": r, "col": c, "block": [r, c // BC],
-            "x": float(x[i]), "x_hex": hex32(x[i]), "scaled": float(y[i]), "scaled_hex": hex32(y[i]),
-            "ours": o, "ours_hex": f"0x{o:X}", "candidate": k, "candidate_hex": f"0x{k:X}",
-            "ours_value": float(table[o]), "candidate_value": float(table[k]),
-            "cause": _cause_name(kk, hyps, layout, sr_cause, rht),
-            "detail": _detail(kk, bool(own[r, c]), hyps),
-        })
-    return out
-
-
-def _scale_listing(ev: Evaluator, sch: BlockScheme, si, hyps, bad_s, ours_s, cand_s, show: int,
-                   layout: str | None = None, rht: str | None = None):
-    vmax = ev.view.vmax_bits(ev.ref.nan_amax, ev.ref.inf_amax).view(np.float32)
-    fp32 = sch.kind is Kind.FP32
-    hx = hex32 if fp32 else (lambda v: f"0x{int(v):02X}")
-    out = []
-    for r, j in zip(*(a[:show].tolist() for a in np.nonzero(bad_s))):
-        o, k, kk = ours_s[r, j], cand_s[r, j], int(si[r, j])
-        out.append({"block": [r, j], "vmax": float(vmax[r, j]), "vmax_hex": hex32(vmax[r, j]),
-                    "ours": o.item(), "ours_hex": hx(o), "candidate": k.item(), "candidate_hex": hx(k),
-                    "cause": _cause_name(kk, hyps, layout, rht=rht), "detail": _detail(kk, False, hyps)})
-    return out
