@@ -111,3 +111,14 @@ def test_a_feature_rht_the_layer_cannot_take_is_refused_in_forward_naming_the_la
     layer = fnn.Linear(din, dout, recipe=rec, name="blocks.2.fc", gemm="fp32")
     with pytest.raises(ValueError, match=rf"layer blocks\.2\.fc: {msg}, not a multiple of its Hadamard size 16"):
         layer(torch.zeros(32, din))
+
+
+def test_step_does_not_go_backwards():
+    """step(model, -3) took every layer's step negative, a value set_step refuses (steps seed the SR bits)."""
+    from fpsim.torch import Linear, set_step, step
+
+    m = torch.nn.Sequential(Linear(16, 16, recipe="nvfp4_paper", name="a"))
+    set_step(m, 2)
+    with pytest.raises(ValueError, match="set_step"):
+        step(m, -3)
+    assert step(m) == 3

@@ -527,7 +527,10 @@ def set_recipe(model: torch.nn.Module, recipe: str | Recipe | None, layers: str 
 
 
 def step(model: torch.nn.Module, n: int = 1) -> int:
-    """Advance the step of every fpsim layer by ``n`` (once per optimizer step); returns the new step."""
+    """Advance the step of every fpsim layer by ``n`` ≥ 0 (once per optimizer step); returns the new step.
+    (A step picks the SR bits and RHT signs: rewinding goes through :func:`set_step`, which refuses < 0.)"""
+    if int(n) < 0:
+        raise ValueError(f"step advances by n >= 0, got {n}; use set_step(model, value) to rewind")
     last = 0
     for _, m in _layers(model):
         m.step += int(n)
