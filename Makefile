@@ -40,7 +40,7 @@ test-gpu:
 	mkdir -p $(OUT)
 	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
 		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py \
-		tests/test_campaign.py tests/test_bench_scaled_mm.py tests/test_torch_cublaslt.py
+		tests/test_campaign.py tests/test_bench_scaled_mm.py tests/test_torch_cublaslt.py tests/test_torch_nn_hunt.py
 	$(PYTHON) -m studies.bench_scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
 	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --mm-tiles $$(cat $(OUT)/mm_tiles) \
 		--wgrad shared,stored,registers,paired --rht-t wide,tiles --out $(OUT)/bench_training.md
@@ -51,7 +51,7 @@ test-gpu:
 # test-gpu-backend: the backend's GPU tests, a small seeded Triton sample of the plan-parity test, the kernel table.
 test-gpu-backend:
 	mkdir -p $(OUT)
-	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_triton.py
+	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_triton.py tests/test_parity_hunt.py
 	-FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_plan_parity.py -k sampled
 	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
 
