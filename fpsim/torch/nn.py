@@ -14,6 +14,9 @@ Determinism: stochastic-rounding bits and per-call RHT signs derive from (seed, 
 :func:`fpsim.recipe.operand_steps`.  The step is the layer's ``step`` attribute; :func:`step` advances every
 fpsim layer of a model (call it once per optimizer step, or let :func:`step_with` hook it to an optimizer).
 It is not in the ``state_dict`` (which stays ``nn.Linear``'s): after resuming, :func:`set_step` restores it.
+A layer called more than once in a step (one module reused, weight sharing) draws the same bits and signs on
+every call of that step, so the stochastic roundings of those calls are not independent; a module per use (its
+own name) gives each use its own stream.
 
 Parameters stay ordinary ``nn.Parameter``; the layer computes in float32 from inputs of any float dtype and
 any leading shape (batch × seq × features) and returns the input's dtype (the autocast dtype where autocast
