@@ -171,13 +171,15 @@ def alpha_factor(a: Operand, b: Operand) -> np.ndarray:
 
 
 @pjit
-def _gemm_blocked(ea, ebt, sa, sbt, chunk, mode, acc_bits, out32, out64):
+def _gemm_blocked(ea, ebt, bfin, sa, sbt, chunk, mode, acc_bits, out32, out64):
     """Ascending-chunk block-scaled GEMM (mode 0 = fp32, 1 = exact float64, 2 = truncated accumulator).
 
     ``ebt`` is B's element values transposed (K × N) and ``sbt`` its chunk
     scales (chunks × N), so the innermost loops run contiguously over N and
     vectorise; the arithmetic per output element is exactly the ascending
-    per-chunk sequence of the module docstring.
+    per-chunk sequence of the module docstring.  ``bfin[t]``: row t of ``ebt``
+    is all finite, so a zero element of A may skip it (0 · ±inf and 0 · NaN
+    are NaN and must reach the sum: SPEC §9, no silent finite garbage).
     """
     m, kp = ea.shape
     n = ebt.shape[1]
@@ -191,7 +193,7 @@ def _gemm_blocked(ea, ebt, sa, sbt, chunk, mode, acc_bits, out32, out64):
             p[:] = 0.0
             for t in range(c * chunk, c * chunk + chunk):
                 a = np.float64(ea[i, t])
-                if a != 0.0:
+                if a != 0.0 or not bfin[t]:
                     for j in range(n):
                         p[j] += a * np.float64(ebt[t, j])
             s_a = sa[i, c]
@@ -204,10 +206,18 @@ def _gemm_blocked(ea, ebt, sa, sbt, chunk, mode, acc_bits, out32, out64):
             else:
                 for j in range(n):
                     term = (s_a * sbt[c, j]) * np.float32(p[j])
-                    s = np.float64(acc32[j]) + np.float64(term)  # exact: two float32 values
+                    a64 = np.float64(acc32[j])
+                    t64 = np.float64(term)
+                    s = a64 + t64  # not always exact: the exponents of two float32 values may be > 29 apart
+                    bb = s - a64
+                    e = (a64 - (s - bb)) + (t64 - bb)  # TwoSum: s + e is the exact sum
                     r = np.float32(s)
                     u = f32_bits(r)
-                    if abs(np.float64(r)) > abs(s):  # RNE went away from zero: step back (RTZ)
+                    # RTZ of the exact sum: step back one ulp when RNE went away from zero, judged on s + e
+                    # (s alone misses e.g. 1 - 2^-60, which float64 rounds to 1)
+                    if abs(np.float64(r)) > abs(s) or (
+                        np.float64(r) == s and math.isfinite(s) and e != 0.0 and (e < 0.0) != (s < 0.0)
+                    ):
                         u -= np.uint32(1)
                     acc32[j] = bits_f32(u & keep)
         if mode == 1:
@@ -269,7 +279,8 @@ def gemm(
     mode = {"fp32": 0, "exact": 1, "truncated": 2}[accumulator]
     out32 = np.empty((m, n) if mode != 1 else (1, 1), np.float32)
     out64 = np.empty((m, n) if mode == 1 else (1, 1), np.float64)
-    _gemm_blocked(ea, ebt, sa, np.ascontiguousarray(sb.T), chunk, mode, int(acc_bits), out32, out64)
+    bfin = np.isfinite(ebt).all(axis=1)
+    _gemm_blocked(ea, ebt, bfin, sa, np.ascontiguousarray(sb.T), chunk, mode, int(acc_bits), out32, out64)
     with np.errstate(all="ignore"):
         if accumulator == "exact":
             s_dec = a.s_dec[:, None].astype(np.float64) * b.s_dec[None, :].astype(np.float64)

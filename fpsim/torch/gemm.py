@@ -94,6 +94,14 @@ def scaled_values_bf16(q: TorchQuantized):
     return (decode(unpack_codes(q.data, plan.packed), plan.element) * sv)[..., :k].to(torch.bfloat16)
 
 
+def _f64_exact_sums(ea, eb, chunk: int) -> bool:
+    """Whether every sum of ``chunk`` products of these element formats is exact in float64 (whatever the order):
+    the products' span, from the smallest non-zero to the largest magnitude, plus the carry bits fits 53 bits."""
+    lo = float(ea.min_subnormal or ea.min_normal) * float(eb.min_subnormal or eb.min_normal)
+    hi = float(ea.max) * float(eb.max)
+    return np.log2(hi / lo) + np.log2(chunk) + 1 <= 53
+
+
 def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
     """SPEC §8's bit-defined ``"fp32"`` accumulator model on the operands' device: equal to
     ``fpsim.gemm(qa, qb, "fp32")`` bit for bit (tested).
@@ -111,6 +119,9 @@ def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
     sa, sb = torch.from_numpy(sa).to(dev), torch.from_numpy(sb).to(dev)
     fp4 = a.plan.element.traits == b.plan.element.traits == _E2M1
     wdt = torch.bfloat16 if (fp4 and dev.type == "cuda") else torch.float64
+    # A float64 matmul sums in the library's order; that equals the reference's ascending float64 sum only where
+    # every partial sum is exact.  Otherwise (BF16, FP16, E5M2 × E5M2 …) sum term by term, in ascending order.
+    seq = wdt == torch.float64 and not _f64_exact_sums(a.plan.element, b.plan.element, chunk)
     ea = torch.zeros((oa.values.shape[0], nch * chunk), dtype=torch.float32, device=dev)
     eb = torch.zeros((ob.values.shape[0], nch * chunk), dtype=torch.float32, device=dev)
     ea[:, :k] = torch.from_numpy(oa.values).to(dev)
@@ -119,7 +130,13 @@ def gemm_fp32_model(a: TorchQuantized, b: TorchQuantized):
     acc = torch.zeros((ea.shape[0], eb.shape[0]), dtype=torch.float32, device=dev)
     for c in range(nch):
         s = slice(c * chunk, (c + 1) * chunk)
-        p = mm_f32(ea[:, s], eb[:, s]) if wdt == torch.bfloat16 else (ea[:, s] @ eb[:, s].t()).float()
+        if seq:
+            p64 = torch.zeros_like(acc, dtype=torch.float64)
+            for t in range(s.start, s.stop):
+                p64 += ea[:, t, None] * eb[None, :, t]  # each product exact in float64, one rounding per sum
+            p = p64.float()
+        else:
+            p = mm_f32(ea[:, s], eb[:, s]) if wdt == torch.bfloat16 else (ea[:, s] @ eb[:, s].t()).float()
         acc = acc + (sa[:, c, None] * sb[None, :, c]) * p
     return acc * torch.from_numpy(alpha_factor(oa, ob)).to(dev)
 
