@@ -72,12 +72,12 @@ LEGEND = {
     "flushed_frac": "non-zero x decoded to 0, over the measured non-zero elements",
     "saturated_frac": "x clipped at its block's largest magnitude (|x| > |x̂|, x̂ = ± the element max times a "
                       "finite non-zero scale; ±inf inputs included), over all elements; disjoint from flushed; "
-                      "empty for casts (no block scale)",
+                      "empty for casts (no block scale) and when no element is measured",
     "small_scale_block_frac": "blocks whose E4M3 scale is subnormal or zero (their elements lose precision or "
                               "flush), over all blocks; empty for schemes without E4M3 block scales",
     "block_dyn_range_log2": "mean over 1×n blocks of log2(block max|x| / block min non-zero |x|): the "
-                            "dynamic range one block scale must cover, in binades; empty for 2-D tiles and "
-                            "schemes without blocks",
+                            "dynamic range one block scale must cover, in binades (blocks holding NaN or ±inf, "
+                            "or only zeros, left out); empty for 2-D tiles and schemes without blocks",
     "bits_per_element": "storage bits per element: codes + block scales + the FP32 tensor scale",
     "bias_rne": "mean(x̂ − x) under round-to-nearest-even over the measured elements; empty on rows "
                 "quantized with stochastic rounding",
@@ -257,6 +257,16 @@ def _stats(base: dict, mom: dict) -> dict:
     return r
 
 
+def _rotated_stats(stats0: dict, mom: dict) -> dict:
+    """The statistics columns of an RHT row: kurtosis and max|x|/std of the rotated tensor (what was quantized),
+    NaN/±inf counts (and their notes) of the input, as LEGEND says: the rotation spreads one NaN or inf over its
+    whole tile, so the rotated copy's counts describe the transform, not the data."""
+    r = _stats({k: stats0[k] for k in ("tensor", "role", "shape", "numel")}, mom)
+    r["nan_count"], r["inf_count"] = stats0["nan_count"], stats0["inf_count"]
+    r["notes"].update({c: stats0["notes"][c] for c in ("nan_count", "inf_count") if c in stats0["notes"]})
+    return r
+
+
 def _empty_row(stats: dict, scheme: str, reason: str) -> dict:
     """A row whose quantization metrics are all absent for one reason (e.g. the RHT needs whole tiles)."""
     r = dict(stats, scheme=scheme, notes=dict(stats["notes"]))
@@ -371,11 +381,10 @@ def analyze_tensor(
                 out.append(_empty_row(stats0, f"{scheme}+rht{rht_d}",
                                       f"last axis ({cols}) is not a multiple of the Hadamard size {rht_d}"))
                 continue
-            sb = dict(base)
-            st = _stats(sb, _moments(lambda: _chunks(x2d, chunk_rows, rht_d)))
+            st = _rotated_stats(stats0, _moments(lambda: _chunks(x2d, chunk_rows, rht_d)))
             out.append(_scheme_row(x2d, chunk_rows, scheme, rht_d, st, role, seeds))
     if recipe:
-        out += _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, recipe_max_bytes)
+        out += _recipe_rows(name, x2d, role, recipe, stats0, seeds, recipe_max_bytes)
     return [_finish(r) for r in out]
 
 
@@ -407,14 +416,15 @@ def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: st
         amax = 0.0
         for c in _chunks(x2d, chunk_rows, d):
             m = float(np.max(np.abs(c))) if c.size else 0.0
-            amax = m if (math.isnan(m) or math.isnan(amax)) else max(amax, m)
+            # NaN-propagating (SPEC §9): once a chunk's max is NaN the tensor amax stays NaN, whatever follows
+            amax = math.nan if math.isnan(m) or math.isnan(amax) else max(amax, m)
     kw = {"tensor_amax": amax} if amax is not None else {}
     acc = _Acc()
     nbytes = 0
     for c in _chunks(x2d, chunk_rows, d):
         q = quantize(c, sch, **kw)
         acc.add(c, q.dequantize(), None if cast else q)
-        nbytes += q.data.nbytes + (q.scales.nbytes if sch.block is not None else 0)
+        nbytes += _stored_bytes(q, tensor_scale=False)
     if amax is not None:
         nbytes += 4  # the one FP32 tensor amax / scale
     amax_nan = amax is not None and math.isnan(amax)
@@ -442,10 +452,23 @@ def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: st
     return row
 
 
+def _stored_bytes(q: QuantizedTensor, tensor_scale: bool = True) -> int:
+    """Storage of ``q`` as LEGEND's bits_per_element counts it: codes + block scales (+ with ``tensor_scale``, one
+    FP32 number for a per-tensor scale).  Not ``q.nbytes``: per-tensor FP8 keeps both its scale and the amax it
+    came from, where storage needs one of them (the fp8_e4m3 row and fp8_current's copies must agree)."""
+    sch = q.scheme
+    n = q.data.nbytes + (q.scales.nbytes if sch.block is not None else 0)
+    if sch.per_row_scale:
+        n += q.amax.nbytes  # one FP32 second-level scale per row
+    elif tensor_scale and sch.kind is not Kind.CAST and (sch.tensor_scale or sch.block is None):
+        n += 4
+    return n
+
+
 def _set_sr_bias(row: dict, draws: list[float]) -> None:
     notes = row["notes"]
-    if any(math.isnan(b) for b in draws):
-        notes["bias_sr"] = notes.get("mse", "no measured element")
+    if any(math.isnan(b) for b in draws):  # both columns empty: both say why
+        notes["bias_sr"] = notes["bias_sr_ci95"] = notes.get("mse", "no measured element")
         return
     row["bias_sr"], row["bias_sr_ci95"] = mean_ci95(draws)
     if len(draws) < 2:
@@ -467,7 +490,7 @@ def _sr_counter(sch, row0: int, cols: int) -> int:
     return row0 * (-(-cols // bc)) * calls
 
 
-def _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, max_bytes) -> list[dict]:
+def _recipe_rows(name, x2d, role, recipe, stats0, seeds, max_bytes) -> list[dict]:
     """Rows for the recipe's GEMM copies of this tensor (SPEC §8), as rows × last axis."""
     rec = get_recipe(recipe)
     tensor = {"weight": "w", "activation": "x", "gradient": "dy"}[role]
@@ -489,7 +512,7 @@ def _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, max_bytes) -> lis
             continue
         st0 = operand_steps(pol, seed=0, layer=name, role=r)
         xin = rht(copy, st0.rht, st0.signs, axis=-1) if st0.rht else copy  # what the quantizer sees
-        stats = _stats(dict(base), _moments(xin, max(1, xin.shape[0]))) if st0.rht else stats0
+        stats = _rotated_stats(stats0, _moments(xin, max(1, xin.shape[0]))) if st0.rht else stats0
         sr = st0.seed is not None
         draws, acc, q0 = [], None, None
         for s in range(max(seeds, 1) if sr else 1):
@@ -510,7 +533,7 @@ def _recipe_rows(name, x2d, role, recipe, base, stats0, seeds, max_bytes) -> lis
                 acc, q0 = a, q
         is_q = isinstance(q0, QuantizedTensor)
         cast = not is_q or q0.scheme.kind is Kind.CAST
-        bits = q0.bits_per_element if is_q else 32.0
+        bits = 8.0 * _stored_bytes(q0) / q0.size if is_q else 32.0
         row = _row(acc, stats, label, bits, None if cast else q0.scheme, False)
         notes = row["notes"]
         if not is_q:
