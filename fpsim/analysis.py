@@ -424,7 +424,7 @@ def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: st
     for c in _chunks(x2d, chunk_rows, d):
         q = quantize(c, sch, **kw)
         acc.add(c, q.dequantize(), None if cast else q)
-        nbytes += _stored_bytes(q, tensor_scale=False)
+        nbytes += q.stored_bytes(tensor_scale=False)
     if amax is not None:
         nbytes += 4  # the one FP32 tensor amax / scale
     amax_nan = amax is not None and math.isnan(amax)
@@ -450,19 +450,6 @@ def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: st
     if "bias_sr_ci95" not in notes and not row["bias_sr_ci95"] == row["bias_sr_ci95"]:
         notes["bias_sr_ci95"] = notes.get("bias_sr", "one draw: no interval")
     return row
-
-
-def _stored_bytes(q: QuantizedTensor, tensor_scale: bool = True) -> int:
-    """Storage of ``q`` as LEGEND's bits_per_element counts it: codes + block scales (+ with ``tensor_scale``, one
-    FP32 number for a per-tensor scale).  Not ``q.nbytes``: per-tensor FP8 keeps both its scale and the amax it
-    came from, where storage needs one of them (the fp8_e4m3 row and fp8_current's copies must agree)."""
-    sch = q.scheme
-    n = q.data.nbytes + (q.scales.nbytes if sch.block is not None else 0)
-    if sch.per_row_scale:
-        n += q.amax.nbytes  # one FP32 second-level scale per row
-    elif tensor_scale and sch.kind is not Kind.CAST and (sch.tensor_scale or sch.block is None):
-        n += 4
-    return n
 
 
 def _set_sr_bias(row: dict, draws: list[float]) -> None:
@@ -533,7 +520,7 @@ def _recipe_rows(name, x2d, role, recipe, stats0, seeds, max_bytes) -> list[dict
                 acc, q0 = a, q
         is_q = isinstance(q0, QuantizedTensor)
         cast = not is_q or q0.scheme.kind is Kind.CAST
-        bits = 8.0 * _stored_bytes(q0) / q0.size if is_q else 32.0
+        bits = 8.0 * q0.stored_bytes() / q0.size if is_q else 32.0
         row = _row(acc, stats, label, bits, None if cast else q0.scheme, False)
         notes = row["notes"]
         if not is_q:

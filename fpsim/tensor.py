@@ -83,10 +83,23 @@ class QuantizedTensor:
             n += self.amax.nbytes
         return n
 
+    def stored_bytes(self, tensor_scale: bool = True) -> int:
+        """Bytes a kernel stores: codes + block scales, and with ``tensor_scale`` one FP32 number for a per-tensor
+        second level (NVFP4's amax, or per-tensor FP8's scale: its amax is not stored again) or one per row with
+        ``per_row_scale``.  :attr:`nbytes` is what this container holds (per-tensor FP8 keeps scale and amax)."""
+        sch = self.scheme
+        n = self.data.nbytes + (self.scales.nbytes if sch.block is not None else 0)
+        if sch.per_row_scale:
+            n += self.amax.nbytes  # one FP32 second-level scale per row
+        elif tensor_scale and sch.kind is not Kind.CAST and (sch.tensor_scale or sch.block is None):
+            n += 4
+        return n
+
     @property
     def bits_per_element(self) -> float:
-        """Storage bits per original element (NVFP4 on whole blocks: 4.5 plus the amax)."""
-        return 8.0 * self.nbytes / max(self.size, 1)
+        """Storage bits per original element, :meth:`stored_bytes` (NVFP4 on whole blocks: 4.5 plus 32 bits of
+        the amax; per-tensor FP8: 8 plus 32 bits of its scale)."""
+        return 8.0 * self.stored_bytes() / max(self.size, 1)
 
     def equals(self, other: QuantizedTensor) -> bool:
         """Bit-identical data, scales, amax and metadata."""

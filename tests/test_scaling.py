@@ -333,6 +333,10 @@ def test_sizes():
     assert q.nbytes == 128 * 128 + 128 * 16 + 4
     assert q.bits_per_element == pytest.approx(4.5 + 32 / (128 * 256))
     assert quantize(np.ones((4, 64), np.float32), "mxfp8_e4m3").bits_per_element == 8.25
+    # per-tensor FP8 holds its scale and the amax it came from (nbytes), but stores one FP32 number: 8 + 32/256,
+    # as analyze's bits_per_element counts it (was 8 + 64/256)
+    q8 = quantize(np.ones((16, 16), np.float32), "fp8_e4m3")
+    assert q8.nbytes == 256 + 8 and q8.bits_per_element == 8.125
 
 
 # ---------------------------------------------------------------------------
