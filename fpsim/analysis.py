@@ -55,7 +55,9 @@ LEGEND = {
     "tensor": "file:name of the tensor",
     "role": "weight, activation or gradient (guessed from the name; --role overrides)",
     "scheme": "format (e.g. nvfp4), format+rhtD (after a D-point Hadamard transform) or recipe:role "
-              "(the copy that GEMM role of the recipe quantizes; with SR, the error columns are of the seed-0 draw)",
+              "(the copy that GEMM role of the recipe quantizes; with SR, the error columns are of the seed-0 draw); "
+              "RHT rows compare the rotated tensor with its quantization (mse, sqnr, rel_error as in the input's "
+              "basis, the rotation being orthogonal; bias, max error and flushed are the rotated basis's)",
     "shape": "shape of the tensor (JSON: a list of ints)",
     "numel": "number of elements",
     "kurtosis": "Pearson kurtosis (3 for a Gaussian) of the finite elements of the tensor that was quantized "
@@ -74,7 +76,8 @@ LEGEND = {
                       "finite non-zero scale; ±inf inputs included), over all elements; disjoint from flushed; "
                       "empty for casts (no block scale) and when no element is measured",
     "small_scale_block_frac": "blocks whose E4M3 scale is subnormal or zero (their elements lose precision or "
-                              "flush), over all blocks; empty for schemes without E4M3 block scales",
+                              "flush), over the stored block scales (a 16×16 tile's counts once per row); "
+                              "empty for schemes without E4M3 block scales",
     "block_dyn_range_log2": "mean over 1×n blocks of log2(block max|x| / block min non-zero |x|): the "
                             "dynamic range one block scale must cover, in binades (blocks holding NaN or ±inf, "
                             "or only zeros, left out); empty for 2-D tiles and schemes without blocks",
