@@ -72,6 +72,17 @@ def _field(reader, path: Path, key: str):
     return f.contents()
 
 
+def _count(reader, path: Path, key: str, most: int | None) -> int:
+    """A positive integer metadata value (at most ``most``): a hostile or broken file gets a GGUFError, not a
+    ZeroDivisionError or a model of -1 layers (``most`` bounds the per-layer tables built from it)."""
+    v = _field(reader, path, key)
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1 or (most is not None
+                                                                                            and v > most):
+        bound = f" and at most {most} (the file's tensor count)" if most is not None else ""
+        raise GGUFError(f"{path}: metadata {key} is {v!r}, expected a positive integer{bound}")
+    return int(v)
+
+
 def _expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """numpy shapes (out × in for linears) of every tensor the model needs."""
     d, f, kv = cfg.d_model, cfg.d_ff, cfg.n_kv_head * cfg.head_dim
@@ -88,8 +99,11 @@ def read_gguf(path: str | Path) -> tuple[Config, dict[str, np.ndarray], dict]:
     """Read a llama GGUF: its :class:`Config`, every tensor as float32 (numpy shape = reversed GGUF dims, i.e.
     out × in for linear weights) and the tokenizer metadata (``tokens``, ``merges``, ``bos``/``eos`` ids).
 
-    Raises :class:`GGUFError` for a file that is truncated or not GGUF, a tensor type outside
-    :data:`SUPPORTED_TYPES` (or unknown to gguf), a missing tensor or a shape that does not match the metadata.
+    Raises :class:`GGUFError` for a file that is truncated, big-endian or not GGUF, metadata that is not a
+    positive count (or heads that do not divide the width / kv heads that do not divide the heads), a tensor
+    type outside :data:`SUPPORTED_TYPES` (or unknown to gguf), a missing tensor, a tensor the model does not use
+    (e.g. an untied ``output.weight`` head: the head here is the embedding) or a shape that does not match the
+    metadata.
     """
     import gguf
 
@@ -103,22 +117,41 @@ def read_gguf(path: str | Path) -> tuple[Config, dict[str, np.ndarray], dict]:
                         f"(gguf: {e})") from None
     except (IndexError, OSError, EOFError) as e:
         raise GGUFError(f"{path}: truncated or unreadable GGUF file ({type(e).__name__}: {e})") from None
+    # gguf.quants.dequantize reads block scales (and F32/F16 data) as little-endian whatever the file's order:
+    # a big-endian file (gguf_convert_endian ... big) would load as garbage and NaN, silently.
+    if reader.endianess != gguf.GGUFEndian.LITTLE:
+        raise GGUFError(f"{path}: a big-endian GGUF file (not supported: convert it with gguf_convert_endian "
+                        f"FILE little)")
     arch = _field(reader, path, "general.architecture")
     if arch != "llama":
         raise GGUFError(f"{path}: architecture {arch!r}, expected 'llama'")
-    n_head = int(_field(reader, path, "llama.attention.head_count"))
-    d = int(_field(reader, path, "llama.embedding_length"))
     tokens = _field(reader, path, "tokenizer.ggml.tokens")
-    cfg = Config(n_layer=int(_field(reader, path, "llama.block_count")), d_model=d,
-                 d_ff=int(_field(reader, path, "llama.feed_forward_length")), n_head=n_head,
-                 n_kv_head=int(_field(reader, path, "llama.attention.head_count_kv")),
-                 vocab=len(tokens), rope_base=float(_field(reader, path, "llama.rope.freq_base")),
-                 eps=float(_field(reader, path, "llama.attention.layer_norm_rms_epsilon")))
+    n_layer, d, d_ff, n_head, n_kv_head = (
+        _count(reader, path, "llama." + k, len(reader.tensors) if k == "block_count" else None)
+        for k in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                  "attention.head_count_kv"))
+    # The shapes checked below follow from these; a head count that does not divide would pass that check
+    # and fail (or compute nonsense) only in the forward pass.
+    if d % n_head or n_head % n_kv_head:
+        raise GGUFError(f"{path}: metadata llama.embedding_length {d}, llama.attention.head_count {n_head}, "
+                        f"llama.attention.head_count_kv {n_kv_head}: heads must divide the width and the "
+                        f"kv heads the heads")
+    try:
+        rope_base = float(_field(reader, path, "llama.rope.freq_base"))
+        eps = float(_field(reader, path, "llama.attention.layer_norm_rms_epsilon"))
+    except (TypeError, ValueError) as e:
+        raise GGUFError(f"{path}: metadata llama.rope.freq_base / layer_norm_rms_epsilon not a number "
+                        f"({e})") from None
+    cfg = Config(n_layer=n_layer, d_model=d, d_ff=d_ff, n_head=n_head, n_kv_head=n_kv_head, vocab=len(tokens),
+                 rope_base=rope_base, eps=eps)
     expected = _expected_shapes(cfg)
     out: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         if t.name not in expected:
-            continue
+            # Every tensor of a llama GGUF changes the computation (an untied output.weight head, rope_freqs,
+            # biases, layers past block_count): ignoring one would load a different model without a word.
+            raise GGUFError(f"{path}: tensor {t.name}: not part of the tied-embedding Llama model this loader "
+                            f"builds (it would be ignored)")
         tname = t.tensor_type.name
         if tname not in SUPPORTED_TYPES:
             raise GGUFError(f"{path}: tensor {t.name}: type {tname} not supported (supported: "
