@@ -109,7 +109,8 @@ class Capture:
                  max_tokens: int | None = None, step: int | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, not {dtype!r}")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        # a bool is an int to isinstance, and True would mean one token
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
             raise ValueError(f"max_tokens must be a positive int or None, not {max_tokens!r}")
         self.path = Path(path)
         if self.path.suffix.lower() != ".safetensors":

@@ -66,3 +66,14 @@ def test_bad_metadata_one_line(tmp_path, monkeypatch, key, value, kind):
     write_tiny(p)
     monkeypatch.undo()
     assert key in _refused(p)
+
+
+def test_capture_max_tokens_true_is_refused(tmp_path):
+    """max_tokens=True passed the int check and meant 1 token: a bool is not a count."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from fpsim.capture import Capture
+
+    with pytest.raises(ValueError, match="max_tokens"):
+        Capture(torch.nn.Linear(4, 4), tmp_path / "c.safetensors", max_tokens=True)
