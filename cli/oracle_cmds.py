@@ -18,7 +18,9 @@ JSON output follows fpsim's one convention (``fpsim.io.dumps``): numbers are JSO
 
 from __future__ import annotations
 
+import math
 import struct
+from fractions import Fraction
 from pathlib import Path
 
 import click
@@ -53,7 +55,32 @@ def _parse_value(s: str) -> np.float32:
         return np.float32(struct.unpack("<f", struct.pack("<I", bits))[0])
     if t.startswith(("0x", "-0x", "+0x")):
         return np.float32(float.fromhex(t))
-    return np.float32(float(t))
+    return _decimal_f32(t)
+
+
+def _decimal_f32(t: str) -> np.float32:
+    """A decimal rounded once to float32 (RNE, docs/oracle.md).  float(t) then float32 rounds twice: a decimal just
+    above a float32 midpoint can land on it in float64 and then tie to even (1.000000059604644775390625000001 → 1.0,
+    not 1 + 2^-23).  Rounding to float64 by round-to-odd instead makes the float32 rounding exact (53 ≥ 24 + 2 bits)."""
+    x = float(t)
+    if math.isfinite(x):
+        try:
+            exact = Fraction(t)
+        except ValueError:  # a spelling float() takes and Fraction does not: keep float()'s value
+            exact = Fraction(x)
+        if Fraction(x) != exact and not int(np.float64(x).view(np.uint64)) & 1:
+            x = math.nextafter(x, math.inf if exact > Fraction(x) else -math.inf)  # the odd neighbour
+    with np.errstate(over="ignore"):  # beyond float32: inf, as RNE gives
+        return np.float32(x)
+
+
+def _number_arg(text: str) -> np.float32:
+    """VALUE or --scale as float32; exit 2 naming the argument that cannot be read (each is parsed on its own)."""
+    try:
+        return _parse_value(text)
+    except ValueError:
+        _fail(f"cannot read {text!r} as a number (decimal, nan, inf or 0x… bits)", 2)
+    raise AssertionError("unreachable: _fail exits")
 
 
 def _dump_json(obj) -> None:
@@ -165,6 +192,8 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
             sch = get_scheme(scheme)
         except ValueError as e:
             _fail(str(e), 2)
+        if sch.block is None or sch.block[0] != 1:  # an option refusal (usage, 2), not an unusable file (1)
+            _fail(f"--block explains 1-D blocks; {sch.name} has block {sch.block}", 2)
         parts = block_ref.rsplit(":", 2)
         if len(parts) != 3:
             _fail(f"--block needs FILE:NAME:IDX, got {block_ref!r}", 2)
@@ -175,8 +204,6 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
             if x.dtype.kind not in "fiu" or x.ndim == 0:
                 raise ValueError(f"{path}:{name}: need a real array with at least one axis, got {x.dtype} {x.shape}")
             x = x.astype(np.float32)
-            if sch.block is None or sch.block[0] != 1:
-                raise ValueError(f"--block explains 1-D blocks; {sch.name} has block {sch.block}")
             if not -x.ndim <= axis < x.ndim:
                 raise ValueError(f"axis {axis} out of range for shape {x.shape}")
             X = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
@@ -203,11 +230,8 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
         _fail("give VALUE (with --format) or --block FILE:NAME:IDX", 2)
     if fmt is None:
         _fail("explain VALUE needs --format (e.g. --format e2m1)", 2)
-    try:
-        v = _parse_value(value)
-        s = None if scale is None else _parse_value(scale)
-    except ValueError:
-        _fail(f"cannot read {value if scale is None else scale!r} as a number (decimal, nan, inf or 0x… bits)", 2)
+    v = _number_arg(value)
+    s = None if scale is None else _number_arg(scale)
     try:
         d = explain_value(v, fmt, rounding=rounding, saturate=not no_saturate, scale=s, k=sr_bits, r=r)
     except ValueError as e:

@@ -63,6 +63,26 @@ def _parse_meta(raw: bytes, path) -> dict:
     return json_object(raw, f"{path}: corrupt metadata")
 
 
+#: Scheme fields BlockScheme tests for truth without converting them: a hand-edited "false" would read as True.
+_FLAGS = ("tensor_scale", "four_over_six", "per_row_scale")
+
+
+def _check_scheme_types(d, path) -> None:
+    """ValueError unless the scheme object's fields have the JSON types ``BlockScheme.to_json`` writes: BlockScheme
+    coerces some fields (``int(1.5)`` → 1 for a block size) and tests the flags for truth, so a wrong type would load
+    silently as another scheme."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: invalid scheme in metadata (not a JSON object)")
+    bad = [k for k in _FLAGS if k in d and type(d[k]) not in (bool, int)]
+    blk = d.get("block")
+    if blk is not None and not (isinstance(blk, list) and all(type(b) is int for b in blk)):
+        bad.append("block")
+    if "name" in d and not isinstance(d["name"], str):
+        bad.append("name")
+    if bad:
+        raise ValueError(f"{path}: invalid scheme in metadata ({', '.join(bad)}: not the JSON type fpsim writes)")
+
+
 def _build(meta: dict, arrays: dict, path) -> QuantizedTensor:
     if meta.get("format") != FORMAT_TAG:
         raise ValueError(f"{path}: not an fpsim QuantizedTensor file (format tag {str(meta.get('format'))[:40]!r})")
@@ -75,6 +95,9 @@ def _build(meta: dict, arrays: dict, path) -> QuantizedTensor:
     shape, axis, dtype = meta["shape"], meta["axis"], meta["dtype"]
     if not isinstance(shape, list) or any(type(s) is not int or s < 0 for s in shape):
         raise ValueError(f"{path}: metadata shape must be a list of non-negative integers")
+    if not shape:  # quantize needs an axis: fpsim never writes a scalar (the layout would fail with an IndexError)
+        raise ValueError(f"{path}: metadata shape is [] (a scalar); a QuantizedTensor has at least one axis")
+    _check_scheme_types(meta["scheme"], path)
     if type(axis) is not int or not isinstance(dtype, str):
         raise ValueError(f"{path}: metadata axis must be an integer and dtype a string")
     try:
