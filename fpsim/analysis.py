@@ -216,11 +216,25 @@ def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows
     two passes (the mean first; then Σ(v − mean)² and Σ(v − mean)⁴, so a tiny spread about a large mean is not
     lost to cancellation as in Σv²/n − mean²).  A constant tensor (min = max) has variance exactly 0.
     ``chunks``: a function giving a fresh iterator of float32 row chunks, or a 2-D array (read in chunks of
-    ``chunk_rows`` rows)."""
+    ``chunk_rows`` rows; ``beyond_f32`` then counts, in the first pass, the finite elements of a wider float array
+    that are ±inf as float32)."""
+    beyond = [0]
     if not callable(chunks):
         arr, cr = chunks, max(chunk_rows, 1)
-        chunks = lambda: (as_float32(arr[i : i + cr]) for i in range(0, arr.shape[0], cr))  # noqa: E731
-    (s1, _, _), (n, nan, inf), amax, lo, hi = _moment_chunks(chunks(), 0.0)
+        wide = np.dtype(arr.dtype).kind == "f" and np.dtype(arr.dtype).itemsize > 4
+
+        def chunks(count: bool = False) -> Iterator[np.ndarray]:
+            for i in range(0, arr.shape[0], cr):
+                c = arr[i : i + cr]
+                c32 = as_float32(c)
+                if count and wide:  # |x| ≥ FLT_MAX + ½ ulp rounds to ±inf: counted where the chunk is read anyway
+                    beyond[0] += int(np.count_nonzero(np.isfinite(c) & np.isinf(c32)))
+                yield c32
+
+        first = chunks(True)
+    else:
+        first = chunks()
+    (s1, _, _), (n, nan, inf), amax, lo, hi = _moment_chunks(first, 0.0)
     n = int(n)
     mean = s1 / n if n else math.nan
     var = s4 = 0.0
@@ -231,7 +245,7 @@ def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows
     std = math.sqrt(var) if n else math.nan
     kurt = (float(s4) / n) / (var * var) if n and var > 0 else math.nan
     return {"amax": float(amax), "std": float(std), "kurtosis": float(kurt), "nan_count": int(nan),
-            "inf_count": int(inf), "n": n}
+            "inf_count": int(inf), "n": n, "beyond_f32": beyond[0]}
 
 
 def _as_2d(arr):
@@ -368,8 +382,9 @@ def analyze_tensor(
     rows, cols = x2d.shape
     chunk_rows = max(16, (chunk_bytes // max(4 * cols, 1)) // 128 * 128 or 16)
     base = {"tensor": name, "role": role, "shape": [int(n) for n in arr.shape], "numel": int(arr.size)}
-    stats0 = _stats(base, _moments(x2d, chunk_rows))
-    wide = _beyond_float32(x2d, chunk_rows) if np.dtype(arr.dtype).kind == "f" and arr.dtype.itemsize > 4 else 0
+    mom = _moments(x2d, chunk_rows)
+    stats0 = _stats(base, mom)
+    wide = mom["beyond_f32"]
     if wide:  # the analysis runs on float32, where these are ±inf: say so rather than let inf_count mislead
         stats0["notes"]["inf_count"] = (f"includes {wide} finite {np.dtype(arr.dtype).name} elements beyond "
                                         "float32's range, which are ±inf once cast to float32 (as analysed)")
@@ -389,16 +404,6 @@ def analyze_tensor(
     if recipe:
         out += _recipe_rows(name, x2d, role, recipe, stats0, seeds, recipe_max_bytes)
     return [_finish(r) for r in out]
-
-
-def _beyond_float32(x2d, chunk_rows: int) -> int:
-    """How many finite elements of a wider float tensor round to ±inf as float32 (|x| ≥ FLT_MAX + ½ ulp)."""
-    n = 0
-    with np.errstate(over="ignore", invalid="ignore"):
-        for i in range(0, x2d.shape[0], chunk_rows):
-            c = np.asarray(x2d[i : i + chunk_rows])
-            n += int(np.count_nonzero(np.isfinite(c) & np.isinf(c.astype(np.float32))))
-    return n
 
 
 def _chunks(x2d, chunk_rows: int, d: int = 0) -> Iterator[np.ndarray]:
@@ -523,7 +528,7 @@ def _recipe_rows(name, x2d, role, recipe, stats0, seeds, max_bytes) -> list[dict
                 acc, q0 = a, q
         is_q = isinstance(q0, QuantizedTensor)
         cast = not is_q or q0.scheme.kind is Kind.CAST
-        bits = 8.0 * q0.stored_bytes() / q0.size if is_q else 32.0
+        bits = q0.bits_per_element if is_q else 32.0
         row = _row(acc, stats, label, bits, None if cast else q0.scheme, False)
         notes = row["notes"]
         if not is_q:

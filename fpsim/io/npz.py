@@ -31,7 +31,7 @@ import numpy as np
 from .errors import InputError
 from .rows import ArrayStorage, FileStorage, Member
 
-__all__ = ["npz_members", "SPILL_BYTES", "MAX_DEFLATE_RATIO"]
+__all__ = ["npz_members", "read_npy_header", "npy_dtype", "zip_data_offset", "SPILL_BYTES", "MAX_DEFLATE_RATIO"]
 
 SPILL_BYTES = 64 << 20
 MAX_DEFLATE_RATIO = 1032  # deflate's largest possible expansion (258-byte matches coded in 2 bits)
@@ -43,7 +43,9 @@ class _Refused(ValueError):
     """A member fpsim will not read; the message is a verb phrase ("is encrypted", "holds …")."""
 
 
-def _read_header(f):
+def read_npy_header(f):
+    """(shape, fortran_order, dtype) of the ``.npy`` stream ``f``, left at the first data byte; versions 1.0 and 2.0
+    (numpy's public readers), anything else refused."""
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
         hdr = np.lib.format.read_array_header_1_0(f)
@@ -54,8 +56,8 @@ def _read_header(f):
     return hdr
 
 
-def _dtype(path, name, dt: np.dtype):
-    """(dtype to read as, note) or raise ValueError with the reason."""
+def npy_dtype(dt: np.dtype):
+    """(dtype to read a ``.npy`` array's bytes as, note) or raise ValueError with the reason (a verb phrase)."""
     if dt.hasobject:
         raise _Refused("holds Python objects (a pickle); refusing to load it")
     if dt.fields is not None:
@@ -71,7 +73,7 @@ def _dtype(path, name, dt: np.dtype):
     return dt, None
 
 
-def _data_offset(fh, info: zipfile.ZipInfo) -> int:
+def zip_data_offset(fh, info: zipfile.ZipInfo) -> int:
     """Absolute offset of a member's bytes in the archive (after its local header)."""
     fh.seek(info.header_offset)
     local = fh.read(30)  # the fixed part of a zip local file header (APPNOTE 4.3.7)
@@ -91,11 +93,11 @@ def _member(path: Path, zf: zipfile.ZipFile, fh, info: zipfile.ZipInfo) -> Membe
         raise _Refused(f"declares {info.file_size} bytes from {info.compress_size} compressed bytes, more than "
                          "deflate can produce: refusing to inflate it")
     with zf.open(info) as f:
-        shape, fortran, dt = _read_header(f)
+        shape, fortran, dt = read_npy_header(f)
         head_len = f.tell()
     if any(type(s) is not int or s < 0 for s in shape):
         raise _Refused(f"has an invalid shape {shape}")
-    dt, note = _dtype(path, name, dt)
+    dt, note = npy_dtype(dt)
     need = math.prod(shape) * dt.itemsize
     if info.file_size - head_len != need:
         raise _Refused(f"declares {info.file_size - head_len} data bytes but shape {list(shape)} of {dt} "
@@ -104,7 +106,7 @@ def _member(path: Path, zf: zipfile.ZipFile, fh, info: zipfile.ZipInfo) -> Membe
         # Fortran order: the C-ordered data of the reversed shape; read whole and reorder (rare in practice)
         return Member(name, tuple(shape), dt, _fortran_storage(path, info, head_len, dt, shape), note=note)
     if info.compress_type == zipfile.ZIP_STORED:
-        off = _data_offset(fh, info) + head_len
+        off = zip_data_offset(fh, info) + head_len
         return Member(name, tuple(shape), dt, lambda: FileStorage(path, off, dt), note=note)
     return Member(name, tuple(shape), dt, _inflating_storage(path, info, head_len, dt, need), note=note)
 

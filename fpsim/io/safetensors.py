@@ -30,8 +30,7 @@ import numpy as np
 from .errors import InputError, json_object, printable
 from .files import atomic_write
 
-__all__ = ["SAFETENSORS_DTYPES", "Entry", "parse_header", "read_header", "read_entry", "write_safetensors",
-           "display_name"]
+__all__ = ["SAFETENSORS_DTYPES", "Entry", "parse_header", "read_header", "read_entry", "write_safetensors"]
 
 MAX_HEADER = 100 * 1024 * 1024  # the official library's limit as well
 
@@ -55,12 +54,6 @@ _TABLE = _dtypes()
 #: safetensors dtype code → numpy dtype of the unpacked elements.
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {k: v[0] for k, v in _TABLE.items()}
 _CODE = {v[0]: k for k, v in _TABLE.items()}
-
-
-def display_name(name: str) -> str:
-    """``name`` printable anywhere, on one line: lone surrogates, control characters and line separators as
-    Python escapes (:func:`fpsim.io.errors.printable`)."""
-    return printable(name)
 
 
 @dataclass(frozen=True)
@@ -92,13 +85,13 @@ def _dumpable(v) -> bool:
 
 
 def _entry(path, name: str, info, base: int, size: int) -> Entry:
-    shown = display_name(name)
+    shown = printable(name)
     try:
         if not isinstance(info, dict):
             raise ValueError("entry is not a JSON object")
         code = info.get("dtype")
         if not isinstance(code, str) or code not in _TABLE:  # a list or object is not hashable: test the type first
-            raise ValueError(f"unsupported dtype {display_name(str(code))[:40]!r}")
+            raise ValueError(f"unsupported dtype {printable(str(code))[:40]!r}")
         dt, bits = _TABLE[code]
         shape = info.get("shape")
         offs = info.get("data_offsets")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
+from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
 
 __all__ = ["torch_members"]
@@ -80,7 +81,6 @@ def _plain_dtypes(views) -> dict:
 
 def _records(path: Path) -> tuple[dict[int, int], bool]:
     """{absolute data offset: size} of the file's stored zip records, and whether its byte order is little-endian."""
-    import struct
     import zipfile
 
     out, little = {}, True
@@ -90,11 +90,10 @@ def _records(path: Path) -> tuple[dict[int, int], bool]:
                 little = zf.read(info).strip() == b"little"
             if info.compress_type != zipfile.ZIP_STORED:
                 continue
-            fh.seek(info.header_offset)
-            local = fh.read(30)  # the fixed part of a zip local file header (APPNOTE 4.3.7)
-            if len(local) == 30 and local[:4] == b"PK\x03\x04":
-                name_len, extra_len = struct.unpack("<2H", local[26:30])
-                out[info.header_offset + 30 + name_len + extra_len] = info.file_size
+            try:
+                out[zip_data_offset(fh, info)] = info.file_size
+            except ValueError:  # a bad local header: no record there, so a tensor pointing at it is an error
+                continue
     return out, little
 
 

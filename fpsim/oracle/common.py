@@ -174,24 +174,20 @@ def check_load_size(where: str, nbytes: int, what: str = "") -> None:
 def _npy(p: Path) -> dict[str, np.ndarray]:
     """The array of a ``.npy`` file: header read and checked against the file's size before any data is read.
 
-    Convention of :mod:`fpsim.io.npz` for each member of an archive: object dtypes (pickles) and structured dtypes
-    are refused, the data must be exactly ``prod(shape) · itemsize`` bytes after the header (fewer: truncated; more:
-    not what numpy writes), and its size within :func:`max_load_bytes`.  Fortran order is read as the C-ordered data
-    of the reversed shape, transposed.
+    The header and dtype rules of :mod:`fpsim.io.npz`'s archive members (its ``read_npy_header``, ``npy_dtype``):
+    object dtypes (pickles) and structured dtypes are refused, ``|V2`` is bfloat16; the data must be exactly
+    ``prod(shape) · itemsize`` bytes after the header (fewer: truncated; more: not what numpy writes), and its size
+    within :func:`max_load_bytes`.  Fortran order is read as the C-ordered data of the reversed shape, transposed.
     """
+    from ..io.npz import npy_dtype, read_npy_header
+
     with open(p, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
-        else:  # 3.0 (utf-8 field names) has no public reader; fpsim.io refuses it as well
-            raise ValueError(f"{p}: .npy format version {version[0]}.{version[1]} is not read by fpsim")
-        if dt.hasobject:
-            raise ValueError(f"{p}: refusing to load pickled data (allow_pickle=False)")
-        if dt.fields is not None:
-            raise ValueError(f"{p}: structured dtype {dt} (named fields), not a tensor of numbers")
+        try:
+            shape, fortran, dt = read_npy_header(f)
+            dt, _ = npy_dtype(dt)  # pickles and structured dtypes refused, |V2 read as bfloat16
+        except ValueError as e:
+            raise ValueError(f"{p}: {e}") from None
         if any(type(s) is not int or s < 0 for s in shape):
             raise ValueError(f"{p}: invalid shape {shape}")
         need = math.prod(shape) * dt.itemsize  # Python ints: no overflow for any declared shape
