@@ -251,36 +251,39 @@ def grid(name):
     return np.array(mags)  # index = code (magnitudes increase with the code)
 
 
-def enc_rne(y, name):
-    """Magnitude codes of float32 y (finite) rounded to nearest, ties to the even code, saturating; + sign."""
+def _encode(y, name, pick):
+    """Codes of float32 y (finite): the grid point below |y| (saturating at the top), moved up by
+    ``pick(idx, |y|, lo, g)`` between grid points lo and lo + 1; + the sign bit."""
     g = grid(name)
+    sign = 1 << (MINI[name][0] + MINI[name][1])
     out = np.empty(y.shape, np.int64)
     for idx, v in np.ndenumerate(y):
         a = abs(float(v))
         lo = int(np.searchsorted(g, a, "right") - 1)
-        if lo >= len(g) - 1:
-            c = len(g) - 1
-        else:
-            dl, dh = a - g[lo], g[lo + 1] - a
-            c = lo if dl < dh or (dl == dh and lo % 2 == 0) else lo + 1
-        out[idx] = c | ((1 << (MINI[name][0] + MINI[name][1])) if np.signbit(v) else 0)
+        c = len(g) - 1 if lo >= len(g) - 1 else pick(idx, a, lo, g)
+        out[idx] = c | (sign if np.signbit(v) else 0)
     return out
+
+
+def enc_rne(y, name):
+    """Magnitude codes of float32 y (finite) rounded to nearest, ties to the even code, saturating; + sign."""
+
+    def nearest(idx, a, lo, g):
+        dl, dh = a - g[lo], g[lo + 1] - a
+        return lo if dl < dh or (dl == dh and lo % 2 == 0) else lo + 1
+
+    return _encode(y, name, nearest)
 
 
 def enc_sr(y, name, rb, k):
-    g = grid(name)
-    out = np.empty(y.shape, np.int64)
-    for idx, v in np.ndenumerate(y):
-        a = abs(float(v))
-        lo = int(np.searchsorted(g, a, "right") - 1)
-        if lo >= len(g) - 1:
-            c = len(g) - 1
-        else:
-            step = g[lo + 1] - g[lo]
-            t = float(F32(Fraction(a) + Fraction(int(rb[idx]), 2**k) * Fraction(step)))  # one rounding (exact→f64→f32)
-            c = min(int(np.searchsorted(g, t, "right") - 1), len(g) - 1)
-        out[idx] = c | ((1 << (MINI[name][0] + MINI[name][1])) if np.signbit(v) else 0)
-    return out
+    """Stochastic rounding with the k random bits ``rb``: |y| + rb/2^k of the step, rounded once, then floored."""
+
+    def stochastic(idx, a, lo, g):
+        step = g[lo + 1] - g[lo]
+        t = float(F32(Fraction(a) + Fraction(int(rb[idx]), 2**k) * Fraction(step)))  # one rounding (exact→f64→f32)
+        return min(int(np.searchsorted(g, t, "right") - 1), len(g) - 1)
+
+    return _encode(y, name, stochastic)
 
 
 def values_of(codes, name):
@@ -485,16 +488,7 @@ import pytest  # noqa: E402
 import fpsim  # noqa: E402
 from fpsim.recipe import RECIPES, linear  # noqa: E402
 from fpsim.schemes import BlockScheme, get_scheme  # noqa: E402
-
-
-def same_bits(a, b) -> bool:
-    """Bit-identical, except that any NaN equals any NaN (SPEC §8: a NaN's payload is not specified)."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    w = np.uint32 if a.dtype == np.float32 else np.uint64
-    return bool(np.all((a.view(w) == b.view(w)) | (np.isnan(a) & np.isnan(b))))
-
+from tests.bitcompare import same_bits  # noqa: E402
 
 CAST_E4M3 = BlockScheme("cast_e4m3", "e4m3", None, None)
 CAST_E5M2 = BlockScheme("cast_e5m2", "e5m2", None, None)

@@ -37,8 +37,10 @@ def rows_of(r):
     return json.loads(out[out.index("{"):])["rows"]
 
 
-def raw_safetensors(path, header: str | bytes, body: bytes = b""):
-    h = header.encode() if isinstance(header, str) else header
+def raw_safetensors(path, header: str | bytes | dict, body: bytes = b""):
+    """A safetensors file with this header (text, bytes, or an object written as JSON) and body, unchecked."""
+    h = json.dumps(header).encode() if isinstance(header, dict) else header.encode() if isinstance(header, str) \
+        else header
     path.write_bytes(struct.pack("<Q", len(h)) + h + body)
     return path
 
@@ -270,7 +272,7 @@ def test_npz_member_declaring_more_than_deflate_can_inflate(tmp_path, good):
     assert r.exit_code == 1 and "more than deflate can produce" in r.output
 
 
-def _peak(fn):
+def peak(fn):
     import tracemalloc
 
     tracemalloc.start()
@@ -293,7 +295,7 @@ def test_compressed_member_is_read_in_bounded_memory(tmp_path):
         for i in range(0, src.rows, 128):
             assert not src[i : i + 128].any()
 
-    assert _peak(scan) < 24 << 20
+    assert peak(scan) < 24 << 20
 
 
 def test_axis_0_is_read_in_bounded_memory(tmp_path):
@@ -310,7 +312,7 @@ def test_axis_0_is_read_in_bounded_memory(tmp_path):
         for i in range(0, src.rows, 512):
             src[i : i + 512]
 
-    assert _peak(scan) < 24 << 20  # 4 MiB chunks (out, runs, transpose) + an 8 MiB read buffer; never 64 MiB
+    assert peak(scan) < 24 << 20  # 4 MiB chunks (out, runs, transpose) + an 8 MiB read buffer; never 64 MiB
 
 
 def test_each_file_is_opened_once(tmp_path, monkeypatch):

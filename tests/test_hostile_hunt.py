@@ -6,7 +6,6 @@ exit code or an unbounded allocation); all inputs are generated here, small and 
 
 import json
 import os
-import struct
 import subprocess
 import sys
 import warnings
@@ -15,32 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from fpsim.io import open_tensors, write_safetensors
-from fpsim_cli.main import main
+from tests.test_hostile import FAST, peak, raw_safetensors, run
 
-FAST = ["--formats", "nvfp4", "--seeds", "0"]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(*args):
-    r = CliRunner().invoke(main, ["analyze", *map(str, args)])
-    assert "Traceback" not in r.output, r.output
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    return r
-
-
-def messages_are_lines(r) -> None:
-    """Every stderr line is an "error:" / "note:" / "wrote" line: nothing a name held split one."""
-    for line in r.stderr.splitlines():
-        assert line.startswith(("error: ", "note: ", "wrote ")), r.stderr
-
-
-def raw_safetensors(path, header: dict, body: bytes):
-    h = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(h)) + h + body)
-    return path
 
 
 @pytest.fixture
@@ -48,6 +26,12 @@ def good(tmp_path):
     p = tmp_path / "good.npz"
     np.savez(p, w=np.random.default_rng(0).standard_normal((8, 32)).astype(np.float32))
     return p
+
+
+def messages_are_lines(r) -> None:
+    """Every stderr line is an "error:" / "note:" / "wrote" line: nothing a name held split one."""
+    for line in r.stderr.splitlines():
+        assert line.startswith(("error: ", "note: ", "wrote ")), r.stderr
 
 
 # --- names: one printable line, distinct within a file ------------------------------------------------
@@ -187,17 +171,6 @@ def test_pt_truncated_while_analysed_is_an_error_not_a_sigbus(tmp_path):
 # --- bounded memory ---------------------------------------------------------------------------------
 
 
-def _peak(fn):
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 def test_fortran_member_is_read_in_bounded_memory(tmp_path):
     p = tmp_path / "f.npz"
     np.savez_compressed(p, f=np.asfortranarray(np.zeros((2048, 16384), np.float32)))  # 128 MiB, ~130 KB on disk
@@ -208,7 +181,7 @@ def test_fortran_member_is_read_in_bounded_memory(tmp_path):
         for i in range(0, src.rows, 128):
             assert not src[i : i + 128].any()
 
-    assert _peak(scan) < 24 << 20  # was three whole copies (384 MiB)
+    assert peak(scan) < 24 << 20  # was three whole copies (384 MiB)
 
 
 @pytest.mark.parametrize("spill", [False, True])

@@ -23,6 +23,7 @@ import fpsim
 from fpsim import backends
 from fpsim.formats import FormatSpec, NanStyle
 from fpsim.plan import lower
+from tests.bitcompare import assert_same, same_bits
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]')")
 from fpsim.torch import backend as tb  # noqa: E402
@@ -39,24 +40,6 @@ TRITON = pytest.mark.skipif(not triton_available(), reason="Triton cannot run he
 #: Test-only formats, as in tests/test_plan_parity.py: an 8-bit E3M4 element and an unsigned 5/3 scale format.
 E3M4 = FormatSpec("float8_e3m4", 3, 4, 3)
 UE5M3 = FormatSpec("float8_ue5m3", 5, 3, 15, signed=False, nan=NanStyle.ALL_ONES)
-
-
-def same_bits(got, want) -> bool:
-    """Equal bit patterns, NaN positions equal (NaN payloads are not part of the contract)."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return False
-    if got.dtype.kind != "f":
-        return np.array_equal(got, want)
-    nan = np.isnan(want)
-    u = np.dtype(f"u{got.dtype.itemsize}")
-    return np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(u), want[~nan].view(u))
-
-
-def assert_same(q, want, what):
-    for field in ("data", "scales", "amax"):
-        assert same_bits(getattr(q, field), getattr(want, field)), f"{what}: {field} differs"
-    assert tuple(q.shape) == tuple(want.shape) and q.axis == want.axis, what
 
 
 def _bases():

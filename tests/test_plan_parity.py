@@ -23,6 +23,7 @@ from fpsim import backends
 from fpsim.formats import FormatSpec, NanStyle
 from fpsim.plan import lower
 from tests import scaling_reference as SR
+from tests.bitcompare import assert_same, same_bits
 
 torch = pytest.importorskip("torch", reason="torch not installed (pip install 'fpsim[torch]')")
 from fpsim.torch import backend as tb  # noqa: E402
@@ -111,24 +112,6 @@ def _case(plan, i):
         return _data((40, 72), i, i % 4 == 1), (-1 if i % 2 else 0)
     shape, axis = [((40, 72), -1), ((40, 72), 0), ((3, 8, 50), 1)][i % 3]
     return _data(shape, i, i % 4 == 1), axis
-
-
-def same_bits(got, want) -> bool:
-    """Equal bit patterns, NaN positions equal (NaN payloads are not part of the contract)."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return False
-    if got.dtype.kind != "f":
-        return np.array_equal(got, want)
-    nan = np.isnan(want)
-    u = np.dtype(f"u{got.dtype.itemsize}")
-    return np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan].view(u), want[~nan].view(u))
-
-
-def assert_same(q, want, what):
-    for field in ("data", "scales", "amax"):
-        assert same_bits(getattr(q, field), getattr(want, field)), f"{what}: {field} differs"
-    assert q.scheme == want.scheme and tuple(q.shape) == tuple(want.shape) and q.axis == want.axis, what
 
 
 # ---------------------------------------------------------------------------
