@@ -432,8 +432,8 @@ def _how_run(rec: dict) -> str:
 
 def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
     """(Markdown blocks, figure file names written to ``out_dir``) of the campaign section."""
-    val, recs = load_runs(data)
-    val = val.dropna(subset=["val_loss"])
+    logs, recs = load_runs(data)
+    val = logs.dropna(subset=["val_loss"])
     not_done = [r["run"] for r in recs if r["status"] != "done"]
     early = [b for b in (_sweep_block(data, md_table), _probe_block(data, md_table)) if b]
     ledger = Path(data) / "sessions.json"
@@ -520,12 +520,16 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
         save_fig(fig, out_dir / name)
         figs.append(name)
     how = {r["run"]: _how_run(r) for r in recs}
-    tput = (val.assign(how=val.run.map(how)).groupby(["arm", "size", "how"], sort=False)
+    # every log of the training steps but each run's first (its start-up); not only the evaluations' logs: on
+    # streams a run's window there also spans its partner's validation pass (the runs evaluate at the same steps)
+    steps = logs[logs.groupby("run").cumcount() > 0]
+    tput = (steps.assign(how=steps.run.map(how)).groupby(["arm", "size", "how"], sort=False)
             .agg(runs=("run", "nunique"), tps=("tokens_per_s", "median")).reset_index()
             .assign(arm=lambda d: d.arm.map(lambda a: ARMS[a].label))
             .rename(columns={"how": "how the batch ran", "tps": "tokens/s (median)"}))
-    blocks.append("Training throughput: the median of the tokens/s logged at the validation points, pooled over the "
-                  "runs of a row. A run of a batch of two "
+    blocks.append("Training throughput: the median of the tokens/s logged along the runs of a row (each log the "
+                  "rate of the training steps since the previous one, evaluations excluded; each run's first log, "
+                  "with its start-up, left out). A run of a batch of two "
                   "or more shared the GPU with the others, so its rate is a share of the GPU; '1 on streams' is a "
                   "run alone. Runs of different batch shapes or sizes are not comparable with each other:\n\n"
                   + md_table(tput, ".0f"))
@@ -570,6 +574,11 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
     done = sum(len(v) for v in fin.values())
     ledger = Path(data) / "sessions.json"
     walls = [c.get("wall_s") for c in json.loads(ledger.read_text())] if ledger.exists() else []
+    known = [w for w in walls if w is not None]
+    lost = len(walls) - len(known)  # lost with their machine: no wall time, so not in the sum
+    where = (f"all {len(known)} commands" if not lost else
+             f"the {len(known)} command{'s' if len(known) != 1 else ''} that reported a wall time ({lost} more lost "
+             f"with {'its machine' if lost == 1 else 'their machines'})")
     gaps = {a: g for a in fin if a != "bf16" and (g := _pair(fin[a], base)) is not None}
     if "nvfp4" not in gaps:  # the recipe's seeds are not BF16's yet: no paired number to lead with
         return None
@@ -579,7 +588,7 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
         + " of the paired-seed campaign (issue 20; protocol below): a Llama-style "
         f"byte-level model of {PARAMS[size] / 1e6:.1f} M non-embedding parameters trained on {budget / 1e6:.0f} M "
         f"tokens ({budget / PARAMS[size]:.0f} per parameter) per run on the NVIDIA H200, "
-        f"{sum(w for w in walls if w is not None) / 3600:.1f} h of device time in all commands. BF16's final "
+        f"{sum(known) / 3600:.1f} h of device time in {where}. BF16's final "
         f"validation loss: {base_loss:.4f} nats/byte (mean of {len(base)} seeds). Paired gap to BF16 in final "
         f"validation loss, arm − BF16 on the same seed (nats/byte, mean [95 % t-interval] (share of BF16's loss, "
         f"seeds)): " + "; ".join(f"{ARMS[a].label} {_gap_phrase(gaps[a], base_loss)}" for a in order) + "."

@@ -57,7 +57,8 @@ def verdict(gap: PairedGap, claim: str) -> str:
 
     ``claim="helps"`` (the paper says the component lowers the loss, so removing it should raise it: gap > 0):
     ``"resolved"`` when the 95 % interval lies above 0, ``"contradicted"`` when it lies below 0, else
-    ``"not resolved at this scale"``.  ``claim="harmless"`` (the paper says it costs nothing, e.g. BF16 late in
+    ``"not resolved at this scale"`` with :func:`seeds_to_resolve`'s count, said to contradict the claim when the
+    mean lies below 0.  ``claim="harmless"`` (the paper says it costs nothing, e.g. BF16 late in
     training): ``"consistent"`` when the interval contains 0, else ``"contradicted"``.
     """
     if not has_interval(gap):
@@ -67,8 +68,13 @@ def verdict(gap: PairedGap, claim: str) -> str:
         if above or below:
             return "resolved" if above else "contradicted"
         need = seeds_to_resolve(gap)
-        return ("not resolved at this scale (" + (f"at this mean and seed spread, {need} seeds would exclude 0"
-                                                   if need is not None else "the mean gap is exactly 0") + ")")
+        if need is None:
+            return "not resolved at this scale (the mean gap is exactly 0)"
+        if gap.mean > 0:
+            return f"not resolved at this scale (at this mean and seed spread, {need} seeds would exclude 0)"
+        # more seeds at a mean below 0 would exclude 0 from below: they would contradict the claim, not resolve it
+        return (f"not resolved at this scale (the mean is against the claim: at this mean and seed spread, {need} "
+                f"seeds would exclude 0 from below, contradicting it)")
     if claim == "harmless":
         return "consistent" if not (above or below) else "contradicted"
     raise ValueError("claim must be 'helps' or 'harmless'")
