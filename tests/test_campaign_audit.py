@@ -511,3 +511,20 @@ def test_throughput_is_not_the_rate_at_the_evaluations(tmp_path):
     _main_runs(tmp_path, rates=(300_000.0, 100_000.0), side_by_side=2, cuda_graph=True)
     rows = _table(_render(tmp_path), "Training throughput")
     assert {r["tokens/s (median)"] for r in rows} == {"300000"} and len(rows) == 3
+
+
+def test_a_command_on_several_gpus_counts_its_gpu_time_once_per_gpu(tmp_path):
+    """`batch --gpus 2` keeps two GPUs busy for its wall time, and add_ledger records it as "2 × NVIDIA H200":
+    the ledger's sums give the wall time and, apart, the GPU-hours (here 1.00 h of wall time, 1.50 GPU-hours)."""
+    from studies.campaign.report import headline
+
+    _main_runs(tmp_path)
+    (tmp_path / "sessions.json").write_text(json.dumps([
+        {"date": "d", "gpu": "2 × NVIDIA H200", "command": "batch --gpus 2", "wall_s": 1800.0, "result": "done"},
+        {"date": "d", "gpu": "NVIDIA H200", "command": "batch b", "wall_s": 1800.0, "result": "done"}]))
+    text = _render(tmp_path)
+    assert "1.00 h over 2 commands (1.50 GPU-hours: a command on several GPUs counts once per GPU)." in text
+    measured, _ = headline(tmp_path)
+    assert "1.0 h of device time (1.5 GPU-hours) in all 2 commands." in measured
+    assert {r["GPU"] for r in _table(text, "The ledger, one row per device command")} == {"2 × NVIDIA H200",
+                                                                                          "NVIDIA H200"}
