@@ -271,7 +271,11 @@ def test_run_time_and_device_time_from_the_records_and_the_ledger():
     recs = [r for r, _ in _records()]
     run_h = sum(r["seconds_total"] for r in recs) / 3600
     text = _section()
-    assert f"Run time summed over the committed runs: {run_h:.2f} h" in text and f"{run_h:.2f}" == "6.46"
+    # the sum covers the plans' runs only (the sweep's and probes' 0.72 h are not in it), partial ones included
+    others = sum(r["seconds_total"] for r, _ in _records(("lr_sweep", "probe_alone", "probe_parallel6"))) / 3600
+    assert f"{others:.2f}" == "0.72" and f"{run_h:.2f}" == "6.46"
+    assert (f"Run time summed over the committed runs of the main, horizon and size plans (the sweep and the probes "
+            f"apart; a run's time is that of its kept curve, every call of it): {run_h:.2f} h") in text
     walls = [c["wall_s"] for c in _ledger()]
     known = [w for w in walls if w is not None]
     assert (len(walls), len(known)) == (46, 43)
@@ -528,3 +532,28 @@ def test_a_command_on_several_gpus_counts_its_gpu_time_once_per_gpu(tmp_path):
     assert "1.0 h of device time (1.5 GPU-hours) in all 2 commands." in measured
     assert {r["GPU"] for r in _table(text, "The ledger, one row per device command")} == {"2 × NVIDIA H200",
                                                                                           "NVIDIA H200"}
+
+
+def test_the_protocol_paragraph_matches_the_recorded_runs():
+    """What the protocol says and the records can show: sizes 10.6 M and 19.3 M non-embedding parameters, 25 and
+    100 tokens per parameter, batches of 64 × 512, a 2 % linear warmup then cosine to 10 % of the swept 2e-3, and
+    20 evaluations evenly spaced (to within one step) ending at the last step."""
+    text = _section()
+    protocol = _para(text, "**Paired-seed campaign (issue 20): protocol.**")
+    assert "10.6 M and 19.3 M non-embedding parameters" in protocol and "at 20 evenly spaced token counts" in protocol
+    for rec, df in _records():
+        params, steps, budget = rec["non_embedding_params"], rec["steps"], rec["tokens_budget"]
+        assert f"{params / 1e6:.1f}" == {"s10m": "10.6", "s20m": "19.3"}[rec["size"]]
+        assert round(budget / params) == {("s10m", 265_000_000): 25, ("s10m", 1_062_000_000): 100,
+                                          ("s20m", 482_000_000): 25}[(rec["size"], budget)]
+        assert rec["batch"] == 64 and rec["config"]["ctx"] == 512 and rec["lr"] == 0.002
+        if rec["status"] != "done":
+            continue
+        warm = 0.02 * steps
+        s = df.step.to_numpy() - 1  # the logged lr is the one of the step just run (0-based step - 1)
+        up = s < warm
+        assert np.allclose(df.lr[up], 0.002 * (s[up] + 1) / warm, rtol=2e-3)
+        assert df.lr.max() <= 0.002 + 1e-9 and abs(df.lr.iloc[-1] - 0.0002) < 1e-9
+        ev = df.dropna(subset=["val_loss"]).step.to_numpy()
+        assert len(ev) == 20 and ev[-1] == steps
+        assert np.abs(ev - steps * np.arange(1, 21) / 20).max() <= 1

@@ -329,7 +329,7 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
                 "earlier small-model runs, and no verdict on a recipe component comes from this campaign yet.",
                 *([table] if table else [])], [first] if first else []
     blocks, figs = [PROTOCOL, *early], [first] if first else []
-    gpu_h = sum(r.get("seconds_total", 0) for r in recs) / 3600
+    run_h = sum(r.get("seconds_total", 0) for r in recs) / 3600  # the plans' runs (load_runs skips sweep, probes)
     finals = {}  # (size, budget) → arm → seed → final loss, for the tables here and the scaling block
     for (size, budget), sub in val.groupby(["size", "budget"]):
         fin = finals[(size, int(budget))] = _final(sub, size, budget)
@@ -414,9 +414,10 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
                   "or more shared the GPU with the others, so its rate is a share of the GPU; '1 on streams' is a "
                   "run alone. Runs of different batch shapes or sizes are not comparable with each other:\n\n"
                   + md_table(tput, ".0f"))
-    blocks.append(f"Run time summed over the committed runs: {gpu_h:.2f} h (runs of a batch share the GPU, so this "
-                  f"exceeds the device time of their commands)." + (f" Not finished: {', '.join(not_done)}."
-                                                                      if not_done else ""))
+    blocks.append(f"Run time summed over the committed runs of the main, horizon and size plans (the sweep and the "
+                  f"probes apart; a run's time is that of its kept curve, every call of it): {run_h:.2f} h (runs of a "
+                  f"batch share the GPU, so this can exceed the device time of their commands)."
+                  + (f" Not finished: {', '.join(not_done)}." if not_done else ""))
     scaling, scaling_fig = _scaling_block(finals, out_dir, md_table)
     blocks.append(scaling)
     figs += [scaling_fig] if scaling_fig else []
