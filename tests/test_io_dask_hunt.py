@@ -81,3 +81,31 @@ def test_fortran_member_reordering_keeps_memory_bounded(tmp_path):
 
     assert peak(scan) < 28 << 20
     assert sum(sums) == x.sum(dtype=np.float64)
+
+
+# --- ml_dtypes views --------------------------------------------------------------------------------
+
+
+def test_float8_e5m2_in_memory_read_along_a_leading_axis():
+    """numpy describes ml_dtypes.float8_e5m2 as '<f1', a type string it cannot read back: a tensor held in memory
+    (a .pt file with a strided view, F4/F6 safetensors) read along a leading axis in chunks shorter than a slab
+    was 'error: data type '<f1' not understood' instead of its values."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(2)
+    for dt in (ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16, np.float16):
+        x = rng.standard_normal((6, 40)).astype(dt)
+        src = RowSource(ArrayStorage(x), x.shape, axis=0).as_2d()
+        got = np.concatenate([src[i : i + 3] for i in range(0, src.rows, 3)])
+        assert got.dtype == x.dtype and got.tobytes() == np.ascontiguousarray(x.T).tobytes(), np.dtype(dt)
+
+
+def test_float8_e5m2_pt_tensor_along_axis_0(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    w = torch.randn(16, 300).to(torch.float8_e5m2)
+    p = tmp_path / "e5.pt"
+    torch.save({"w": w, "view": torch.randn(8, 16).t()}, p)  # the view makes the file load memory-mapped
+    ref = next(r for r in open_tensors([str(p)]) if r.name == "w")
+    src = ref.row_source(0).as_2d()
+    got = np.concatenate([src[i : i + 7] for i in range(0, src.rows, 7)])
+    assert got.view(np.uint8).tobytes() == w.t().contiguous().view(torch.uint8).numpy().tobytes()

@@ -104,9 +104,12 @@ class ArrayStorage:
             return out
         if n == 1:
             return flat[start : start + count].reshape(1, count).copy()
-        v = np.lib.stride_tricks.as_strided(flat[start:], shape=(n, count),
-                                            strides=(stride * flat.itemsize, flat.itemsize), writeable=False)
-        return v.copy()
+        # through opaque bytes of the element's size: as_strided rebuilds the array from its __array_interface__,
+        # whose type string numpy cannot read back for some ml_dtypes ('<f1' of float8_e5m2)
+        raw = flat[start:].view(np.dtype((np.void, flat.itemsize)))
+        v = np.lib.stride_tricks.as_strided(raw, shape=(n, count), strides=(stride * flat.itemsize, flat.itemsize),
+                                            writeable=False)
+        return v.copy().view(self.dtype)
 
 
 def _flat_range(arr: np.ndarray, start: int, count: int) -> np.ndarray:
