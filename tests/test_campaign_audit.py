@@ -557,3 +557,12 @@ def test_the_protocol_paragraph_matches_the_recorded_runs():
         ev = df.dropna(subset=["val_loss"]).step.to_numpy()
         assert len(ev) == 20 and ev[-1] == steps
         assert np.abs(ev - steps * np.arange(1, 21) / 20).max() <= 1
+
+
+def test_the_ledger_and_the_records_name_the_same_finished_runs():
+    """Every run the ledger's commands report done is a committed done record of the plans, once, and every such
+    record was reported done by exactly one command (38: the 36 main runs, one horizon and one size run)."""
+    said = [run for c in _ledger() if isinstance(c["result"], dict)
+            for run, status in c["result"].items() if status == "done"]
+    have = sorted(r["_key"] for r, _ in _records() if r["status"] == "done")
+    assert sorted(said) == have and len(have) == 38

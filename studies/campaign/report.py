@@ -408,9 +408,10 @@ def render(data: Path, out_dir: Path, md_table) -> tuple[list[str], list[str]]:
             .agg(runs=("run", "nunique"), tps=("tokens_per_s", "median")).reset_index()
             .assign(arm=lambda d: d.arm.map(lambda a: ARMS[a].label))
             .rename(columns={"how": "how the batch ran", "tps": "tokens/s (median)"}))
-    blocks.append("Training throughput: the median of the tokens/s logged along the runs of a row (each log the "
-                  "rate of the training steps since the previous one, evaluations excluded; each run's first log, "
-                  "with its start-up, left out). A run of a batch of two "
+    blocks.append("Training throughput: the median of the tokens/s logged every 50 steps along the runs of a row "
+                  "(each log the rate over the steps since the previous one, the run's own evaluations excluded; a "
+                  "run's first log, with its start-up, left out). The logs at the evaluations alone would read low: "
+                  "on streams their window also spans the partner runs' evaluations. A run of a batch of two "
                   "or more shared the GPU with the others, so its rate is a share of the GPU; '1 on streams' is a "
                   "run alone. Runs of different batch shapes or sizes are not comparable with each other:\n\n"
                   + md_table(tput, ".0f"))
