@@ -173,6 +173,14 @@ def test_the_paired_gap_table_is_the_t_interval_of_the_per_seed_differences():
         assert r["seeds"] == str(len(seeds)) == "3"
         assert r["gap vs BF16 (nats/byte)"] == _f4(mean) and r["95 % CI"] == _ci(lo, hi)
         assert r["per seed"] == ", ".join(f"s{s}: {_f4(x)}" for s, x in zip(seeds, d))
+        # the check tells the paired t-interval from the ones a slip would give: the normal 1.96 and the unpaired
+        # (Welch) interval of the two arms' means both print other bounds on every arm
+        z = 1.959964 * np.std(d, ddof=1) / math.sqrt(3)
+        a_, b_ = (np.array([v for _, v in fin[k].values()]) for k in (arm, "bf16"))
+        se = math.sqrt(a_.var(ddof=1) / 3 + b_.var(ddof=1) / 3)
+        nu = se ** 4 / ((a_.var(ddof=1) / 3) ** 2 / 2 + (b_.var(ddof=1) / 3) ** 2 / 2)
+        welch = stats.t.ppf(0.975, nu) * se
+        assert r["95 % CI"] != _ci(mean - z, mean + z) and r["95 % CI"] != _ci(mean - welch, mean + welch)
 
 
 def test_the_component_table_gaps_verdicts_and_seeds_needed():
@@ -353,6 +361,17 @@ def test_the_readme_campaign_paragraph_states_the_reports_numbers():
     assert f"1,062 M tokens: {fin[('s10m', 1_062_000_000)]['bf16'][0][1]:.4f} nats/byte" in readme
     assert f"482 M tokens: {fin[('s20m', 482_000_000)]['bf16'][0][1]:.4f} nats/byte" in readme
     assert "all 36 main runs" in readme and "reached 611 M tokens" in readme
+    # "two runs side by side sum to no more than 1.25 M": the pairs one command took from zero to done (a kept
+    # curve whose run time fits in the command), both runs' tokens over the command's wall time
+    sums = []
+    for c in _ledger():
+        res = c["result"] if isinstance(c["result"], dict) else {}
+        recs = [json.loads((DATA / f"{k}.json").read_text()) for k in res]
+        if "--parallel 2" in c["command"] and len(recs) == 2 and all(
+                r["status"] == "done" and r["seconds_total"] <= c["wall_s"] for r in recs):
+            sums.append(sum(r["tokens_done"] for r in recs) / c["wall_s"])
+    assert len(sums) == 8 and f"{max(sums) / 1e6:.2f}" == "1.25"
+    assert "sum to no more than 1.25 M over a command's wall time" in readme
 
 
 def test_the_labels_here_are_the_arms_of_the_code():
