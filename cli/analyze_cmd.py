@@ -63,8 +63,27 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
         return [], f"error: {key}: out of memory"
     except (ValueError, TypeError, OverflowError, ArithmeticError) as e:
         return [], f"error: {key}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    except Exception as e:  # noqa: BLE001 - a defect on this tensor: one line naming it, the others still analysed
+        return [], f"error: {key}: internal error, please report it ({type(e).__name__}: {_first_line(e)})"
     finally:
         set_num_threads(threads)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:100]
+
+
+def _collect(futures, tasks) -> list:
+    """The results of the batches' futures, in order; a batch whose worker died or raised (a killed Dask worker, a
+    worker process ended by the OOM killer) gives one error line per tensor, and the other batches are kept."""
+    out = []
+    for fut, (_, items) in zip(futures, tasks):
+        try:
+            out += fut.result()
+        except Exception as e:  # noqa: BLE001 - whatever ended the worker: its tensors are reported, not the run
+            why = f"not analysed: its worker failed ({type(e).__name__}: {_first_line(e)})"
+            out += [([], f"error: {label}:{name}: {why}") for name, label, _ in items]
+    return out
 
 
 def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: dict) -> list:
@@ -353,8 +372,7 @@ def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
         tasks = _batches(refs, labels, role_of, 8)
         try:
             with Client(scheduler, timeout=10) as client:
-                futures = [client.submit(_task, src, items, axis, kw, pure=False) for src, items in tasks]
-                return [x for batch in client.gather(futures) for x in batch]
+                return _collect([client.submit(_task, src, items, axis, kw, pure=False) for src, items in tasks], tasks)
         except (OSError, MemoryError, ValueError, TypeError) as e:
             raise click.UsageError(f"cannot use the Dask scheduler at {scheduler}: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0][:100] if str(e) else ''}") from None
@@ -365,8 +383,7 @@ def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
         tasks = _batches(refs, labels, role_of, 2 * workers)
         # spawn, not fork: a forked child inherits Numba's thread pool in an unusable state
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            done = ex.map(_task, *zip(*[(src, items, axis, kw) for src, items in tasks]))
-            return [x for batch in done for x in batch]
+            return _collect([ex.submit(_task, src, items, axis, kw) for src, items in tasks], tasks)
     out = []
     show = verbose or (sys.stderr.isatty() and len(refs) > 1)
     for i, ref in enumerate(refs):  # in this process: the refs opened above are used directly (one open per file)

@@ -8,7 +8,7 @@ import pytest
 
 from fpsim.io import open_tensors
 from fpsim.io.rows import ArrayStorage, FileStorage, RowSource
-from tests.test_hostile import peak
+from tests.test_hostile import peak, run
 
 # --- Fortran-order npz members ------------------------------------------------------------------------
 
@@ -109,3 +109,117 @@ def test_float8_e5m2_pt_tensor_along_axis_0(tmp_path):
     src = ref.row_source(0).as_2d()
     got = np.concatenate([src[i : i + 7] for i in range(0, src.rows, 7)])
     assert got.view(np.uint8).tobytes() == w.t().contiguous().view(torch.uint8).numpy().tobytes()
+
+
+# --- execution paths: serial, worker processes, Dask ---------------------------------------------------
+
+
+FAST = ["--formats", "nvfp4,fp8_e4m3", "--seeds", "0", "--format", "csv"]
+
+
+def _three_files(tmp_path):
+    rng = np.random.default_rng(3)
+    for n in "abc":
+        np.savez(tmp_path / f"{n}.npz", w=rng.standard_normal((4, 32)).astype(np.float32),
+                 bad=rng.standard_normal((4, 32)).astype(np.float32))
+    return [tmp_path / f"{n}.npz" for n in "abc"]
+
+
+def _fail_on_bad(orig):
+    def analyze_tensor(name, arr, **kw):
+        if name.endswith(":bad"):
+            raise RuntimeError("simulated defect\nsecond line")
+        return orig(name, arr, **kw)
+
+    return analyze_tensor
+
+
+def test_a_tensor_failing_unexpectedly_is_one_line_on_every_path(tmp_path, monkeypatch):
+    """An exception the analysis does not expect (a defect) on one tensor was a traceback that lost every result,
+    serially and on a Dask worker (where the client re-raised it); it is now one error line naming the tensor,
+    the same on every path, and the other tensors are reported (exit 1)."""
+    import fpsim.analysis
+
+
+    files = _three_files(tmp_path)
+    monkeypatch.setattr(fpsim.analysis, "analyze_tensor", _fail_on_bad(fpsim.analysis.analyze_tensor))
+    r = run(*files, *FAST)
+    assert r.exit_code == 1, r.output
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: {n}.npz:bad: internal error, please report it (RuntimeError: simulated defect)"
+                      for n in "abc"], r.stderr
+    assert [ln.split(",")[0] for ln in r.stdout.splitlines()[1:]] == [f"{n}.npz:w" for n in "abc" for _ in (0, 1)]
+    distributed = pytest.importorskip("distributed", reason="dask.distributed not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c:
+        d = run(*files, *FAST, "--scheduler", c.scheduler_address)
+    assert (d.exit_code, d.stdout, d.stderr) == (r.exit_code, r.stdout, r.stderr)
+
+
+def _task_of_a_dying_worker(source, items, axis, kw):
+    import os
+
+    if source.endswith("b.npz"):
+        os._exit(7)  # what the OOM killer or a segfault does to a worker process
+    return _real_task(source, items, axis, kw)
+
+
+def _real_task(source, items, axis, kw):
+    from fpsim.io import open_file
+    from fpsim_cli.analyze_cmd import _analyze_ref
+
+    refs = {r.name: r for r in open_file(source)[0]}
+    return [_analyze_ref(refs[name], label, axis, kw, role) for name, label, role in items]
+
+
+class WorkerLost(Exception):
+    """What the Dask client raises for a batch whose worker died (KilledWorker) or raised."""
+
+
+def _every_tensor_once(r, names):
+    """Each tensor has its rows or one error line, never both, never neither."""
+    rows = {ln.split(",")[0] for ln in r.stdout.splitlines()[1:]}
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    for n in names:
+        mine = [e for e in errs if e.startswith(f"error: {n}: ")]
+        assert (n in rows) != bool(mine) and len(mine) <= 1, (n, r.output)
+    return rows, errs
+
+
+def test_a_dask_worker_failing_is_one_line_per_tensor_and_the_rest_reported(tmp_path, monkeypatch):
+    """A batch whose Dask worker failed (here: the task raises, as the client does with KilledWorker) made the
+    client re-raise: a traceback, no results.  Now each of its tensors gets one error line naming the cause and
+    the other batches are printed (exit 1)."""
+    distributed = pytest.importorskip("distributed", reason="dask.distributed not installed")
+    import fpsim_cli.analyze_cmd as cmd
+
+
+    files = _three_files(tmp_path)
+
+    def task(source, items, axis, kw):
+        if source.endswith("b.npz"):
+            raise WorkerLost("worker tcp://10.0.0.7:40111 lost")
+        return _real_task(source, items, axis, kw)
+
+    monkeypatch.setattr(cmd, "_task", task)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c:
+        r = run(*files, *FAST, "--scheduler", c.scheduler_address)
+    assert r.exit_code == 1, r.output
+    rows, errs = _every_tensor_once(r, [f"{n}.npz:{t}" for n in "abc" for t in ("w", "bad")])
+    assert rows == {"a.npz:w", "a.npz:bad", "c.npz:w", "c.npz:bad"}, r.output
+    assert errs == [f"error: b.npz:{t}: not analysed: its worker failed (WorkerLost: worker tcp://10.0.0.7:40111 "
+                    "lost)" for t in ("w", "bad")], errs
+
+
+def test_a_worker_process_dying_is_one_line_per_tensor_not_a_traceback(tmp_path, monkeypatch):
+    """--workers: a worker process killed (OOM killer, segfault) raised BrokenProcessPool out of the run: a
+    traceback, every result lost.  Now each tensor not analysed gets one error line (exit 1); those done are kept."""
+    import fpsim_cli.analyze_cmd as cmd
+
+
+    files = _three_files(tmp_path)
+    monkeypatch.setattr(cmd, "_task", _task_of_a_dying_worker)
+    r = run(*files, *FAST, "--workers", "2")
+    assert r.exit_code == 1, r.output
+    rows, errs = _every_tensor_once(r, [f"{n}.npz:{t}" for n in "abc" for t in ("w", "bad")])
+    assert not {"b.npz:w", "b.npz:bad"} & rows
+    assert all("its worker failed (BrokenProcessPool" in e for e in errs) and len(errs) >= 2, errs
