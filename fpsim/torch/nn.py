@@ -14,20 +14,25 @@ Determinism: stochastic-rounding bits and per-call RHT signs derive from (seed, 
 :func:`fpsim.recipe.operand_steps`.  The step is the layer's ``step`` attribute; :func:`step` advances every
 fpsim layer of a model (call it once per optimizer step, or let :func:`step_with` hook it to an optimizer).
 It is not in the ``state_dict`` (which stays ``nn.Linear``'s): after resuming, :func:`set_step` restores it.
-A layer called more than once in a step (one module reused, weight sharing) draws the same bits and signs on
-every call of that step, so the stochastic roundings of those calls are not independent; a module per use (its
-own name) gives each use its own stream.
+A layer called more than once in a step (one module reused, weight sharing, and every micro-batch of gradient
+accumulation when the step advances per optimizer step) draws the same bits and signs on every call of that
+step, so the stochastic roundings of those calls are not independent; a module per use (its own name) gives
+each use its own stream.
 
 Parameters stay ordinary ``nn.Parameter``; the layer computes in float32 from inputs of any float dtype and
-any leading shape (batch × seq × features) and returns the input's dtype (the autocast dtype where autocast
-is on), so optimizers, clipping, DDP and FSDP see a plain linear layer.
+any leading shape (batch × seq × features; the token count a multiple of the Wgrad RHT size where a Wgrad
+runs) and returns the input's dtype (the autocast dtype where autocast is on), so optimizers, clipping, DDP and
+FSDP see a plain linear layer.  It is differentiable once (a double backward through it is refused) and
+refuses torch.func transforms.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
+import operator
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -159,8 +164,7 @@ def _fast_copy(t: torch.Tensor | None, policy, *, seed: int, layer: str, step: i
 
 
 def _note(layer: str, role: str, step: int, x, c: fp.Copy) -> None:
-    """Tell the observers of a fast-path copy (``x``: its source, None where the copy's NaN-propagating amax is the
-    observers' "all finite" flag)."""
+    """Tell the observers of a fast-path copy (``x``: its source; None: the amax flags a non-finite source)."""
     for ob in OBSERVERS:
         note = getattr(ob, "note", None)
         if note is not None:
@@ -249,9 +253,8 @@ def _reuse_fprop_w(rec: Recipe) -> bool:
     sch = a.resolved()
     if sch is None or sch.rounding.value != "rne":
         return False
-    if sch.kind.value == "cast":
-        return True
-    return sch.block is not None and sch.block[0] == sch.block[1] > 1 and not sch.four_over_six
+    return sch.kind.value == "cast" or (sch.block is not None and sch.block[0] == sch.block[1] > 1
+                                        and not sch.four_over_six)
 
 
 class _Ops(NamedTuple):
@@ -334,7 +337,24 @@ class _QLinearFn(torch.autograd.Function):
             dw = ops.mm(_pair_copy(pair, "trans", ops, dy.t(), rec.wgrad_dy, "wgrad_dy", kw),
                         _pair_copy(ctx.wgrad_x, "trans", ops, None if x2d is None else x2d.t(), rec.wgrad_x,
                                    "wgrad_x", kw), weight.dtype)
+        if torch.is_grad_enabled():  # create_graph: a later backward through dx / dW is refused, not dropped
+            dx, dw = (g if g is None else _Once.apply(g, name, *(t for t in (dy, weight, x2d) if t is not None))
+                      for g in (dx, dw))
         return dx, dw, None
+
+
+class _Once(torch.autograd.Function):
+    """A gradient made under ``create_graph``: its GEMMs ran outside autograd, so its backward is an error."""
+
+    @staticmethod
+    def forward(ctx, g, name, *anchors):  # anchors: what g depends on, so that it requires grad where they do
+        ctx.name = name
+        return g.clone()
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise TypeError(f"layer {ctx.name!r}: fpsim.torch.Linear's gradients can be differentiated once only "
+                        f"(no double backward, gradient penalty or Hessian through the layer)")
 
 
 def _recording(step: int) -> bool:
@@ -342,26 +362,15 @@ def _recording(step: int) -> bool:
     return any(getattr(ob, "due", lambda s: True)(step) for ob in OBSERVERS)
 
 
-def _rht_size(rec: Recipe) -> int:
-    return max(rec.wgrad_dy.rht, rec.wgrad_x.rht)
-
-
 class Linear(torch.nn.Linear):
     """``torch.nn.Linear`` whose GEMMs run under an emulated recipe (same parameters, same ``state_dict``).
 
-    Parameters
-    ----------
-    in_features, out_features, bias, device, dtype
-        As ``torch.nn.Linear``.
-    recipe
-        A preset name of :data:`fpsim.RECIPES`, a :class:`~fpsim.Recipe` (e.g. ``get_recipe("nvfp4_paper")
-        .without("sr")``), or ``None`` for the plain high-precision layer.
-    name
-        The layer's name in the seed derivation (:func:`convert` sets the module path).
-    seed
-        The run seed of stochastic rounding and seeded RHT signs.
-    gemm
-        ``"fp32"`` (bit-defined, equal to :func:`fpsim.linear`) or ``"blas"`` (fast; see the module docstring).
+    ``in_features``, ``out_features``, ``bias``, ``device``, ``dtype``: as ``torch.nn.Linear``.  ``recipe``: a
+    preset name of :data:`fpsim.RECIPES`, a :class:`~fpsim.Recipe` (e.g. ``get_recipe("nvfp4_paper")
+    .without("sr")``), or ``None`` for the plain high-precision layer.  ``name``: the layer's name in the seed
+    derivation (:func:`convert` sets the module path; layers of one name draw the same bits).  ``seed``: the run
+    seed of stochastic rounding and seeded RHT signs.  ``gemm``: ``"fp32"`` (bit-defined, equal to
+    :func:`fpsim.linear`) or ``"blas"`` (fast; see the module docstring).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str | Recipe | None =
@@ -393,18 +402,20 @@ class Linear(torch.nn.Linear):
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         if not x.is_floating_point():
             raise TypeError(f"{self.name or 'Linear'}: input must be a float tensor, got {x.dtype}")
+        if torch._C._are_functorch_transforms_active():
+            raise TypeError(f"layer {self.name!r}: torch.func transforms (grad, vmap, jacrev, ...) cannot run "
+                            f"fpsim.torch.Linear; use torch.autograd (loss.backward, torch.autograd.grad)")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"layer {self.name or '<unnamed>'}: input {tuple(x.shape)} has {x.shape[-1]} features "
                              f"in its last dimension, the layer takes {self.in_features}")
         x2d = x.reshape(-1, x.shape[-1])
-        d = _rht_size(self.recipe)
-        if d and x2d.shape[0] % d:
+        d = max(self.recipe.wgrad_dy.rht, self.recipe.wgrad_x.rht)  # Wgrad's RHT along tokens, where a Wgrad runs
+        if d and x2d.shape[0] % d and torch.is_grad_enabled() and self.weight.requires_grad:
             raise ValueError(
                 f"layer {self.name or '<unnamed>'}: {x2d.shape[0]} tokens (all leading dimensions of the input "
                 f"{tuple(x.shape)}) is not a multiple of the Wgrad RHT size {d} of recipe {self.recipe.name}; "
                 f"pad the token dimension to a multiple of {d}, or keep this layer in BF16")
-        # A custom recipe's Fprop / Dgrad RHT rotates along the features: refused here with the layer's name, not
-        # from inside the transform (Dgrad's only in backward, after the forward ran).
+        # A custom recipe's Fprop / Dgrad RHT along the features: refused here, not in backward after the forward
         for role in ROLES[:4]:
             r, what = self.recipe.policy(role).rht, ("in" if role.startswith("fprop") else "out")
             k = self.in_features if what == "in" else self.out_features
@@ -437,11 +448,13 @@ def _block_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _keep_rule(keep_bf16, rec: Recipe) -> Callable[[str, torch.nn.Module, int | None, int], bool]:
+def _keep_rule(keep_bf16, rec: Recipe, names: list[str]) -> Callable[[str, torch.nn.Module, int | None, int], bool]:
+    """Whether a layer stays BF16; warns of names or patterns that match none of ``names`` (a typo, say)."""
     if keep_bf16 is None:
         keep_bf16 = rec.layers
     if isinstance(keep_bf16, LayerPolicy):
         pol = keep_bf16
+        _unmatched([p for p in pol.names if p not in names])
 
         def by_block(name, mod, b, n):
             # a named layer stays BF16 inside or outside the blocks (high_precision needs a block index)
@@ -451,19 +464,35 @@ def _keep_rule(keep_bf16, rec: Recipe) -> Callable[[str, torch.nn.Module, int | 
     if callable(keep_bf16):
         return lambda name, mod, b, n: bool(keep_bf16(name, mod))
     pats = (keep_bf16,) if isinstance(keep_bf16, str) else tuple(keep_bf16)
+    _unmatched([p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in names)])
     return lambda name, mod, b, n: any(fnmatch.fnmatchcase(name, p) for p in pats)
+
+
+def _unmatched(miss: list[str]) -> None:
+    if miss:
+        warnings.warn(f"convert: keep_bf16 {', '.join(map(repr, miss))} match no nn.Linear of the model, so no "
+                      f"layer is kept in BF16 by them", stacklevel=4)
 
 
 def _named_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, torch.nn.Module, str]]:
     out = []
     for parent_name, parent in model.named_modules():
-        # _modules, not named_children() (which skips a module seen before): a Linear reused in two places is
-        # swapped in both
+        # _modules, not named_children() (which skips a module seen before): a Linear held twice is swapped twice
         for child_name, child in parent._modules.items():
             if isinstance(child, torch.nn.Linear):
                 full = f"{parent_name}.{child_name}" if parent_name else child_name
                 out.append((full, child, parent, child_name))
     return out
+
+
+def _check_swappable(name: str, child: torch.nn.Linear) -> None:
+    """Refuse an ``nn.Linear`` whose weight or forward :func:`convert` would not carry over."""
+    if not isinstance(child._parameters.get("weight"), torch.nn.Parameter) or hasattr(child, "parametrizations"):
+        raise TypeError(f"layer {name!r}: its weight is parametrized (parametrize, weight_norm), which convert "
+                        f"cannot carry over; remove the parametrization first or leave the layer out: skip=[{name!r}]")
+    if "forward" in vars(child) or type(child).forward is not torch.nn.Linear.forward:
+        raise TypeError(f"layer {name!r}: {type(child).__name__} has its own forward, which fpsim.torch.Linear "
+                        f"would replace; leave the layer out with skip=[{name!r}]")
 
 
 def convert(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
@@ -476,17 +505,26 @@ def convert(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
     accumulation) and all others ``recipe``.  ``keep_bf16``: ``None`` = the recipe's own layer policy (the
     paper's first-2 / last-8 blocks, counted over the model's blocks = the first integer in a module's
     name), a :class:`~fpsim.recipe.LayerPolicy`, glob patterns, or a callable ``(name, module) -> bool``.
+    So do a Linear tied to an ``nn.Embedding``'s weight (an LM head of any name) and ``nn.MultiheadAttention``'s
+    ``out_proj`` (run as ``F.linear`` on its weight, never called).  A converted layer keeps the module's hooks;
+    a subclass's or instance's own ``forward`` or a parametrized weight (``weight_norm``) is refused (TypeError).
     The assignment is logged on the ``fpsim.torch`` logger and returned by :func:`summary`.
     """
     rec = get_recipe(recipe)
     if isinstance(model, torch.nn.Linear):
         raise TypeError("convert swaps the nn.Linear modules inside a model and cannot replace the model itself; "
                         "use fpsim.torch.Linear.from_linear(layer, recipe=...)")
-    skip = tuple(skip)
-    found = [t for t in _named_linears(model) if not any(fnmatch.fnmatchcase(t[0], p) for p in skip)]
+    if gemm not in GEMMS:
+        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    every, skip = _named_linears(model), tuple(skip)
+    found = [t for t in every if not any(fnmatch.fnmatchcase(t[0], p) for p in skip)
+             and id(t[1]._parameters.get("weight")) not in tied and not isinstance(t[2], torch.nn.MultiheadAttention)]
+    for name, child, *_ in (t for t in found if not isinstance(t[1], Linear)):
+        _check_swappable(name, child)
     blocks = sorted({b for b in (_block_index(n) for n, *_ in found) if b is not None})
     rank = {b: i for i, b in enumerate(blocks)}
-    keep = _keep_rule(keep_bf16, rec)
+    keep = _keep_rule(keep_bf16, rec, [n for n, *_ in every])
     bf16 = get_recipe("bf16")
     made: dict[int, Linear] = {}  # one fpsim layer per nn.Linear however many places hold it (named by the first)
     for name, child, parent, attr in found:
@@ -498,6 +536,8 @@ def convert(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
             new = child if isinstance(child, Linear) else Linear.from_linear(child, **kw)
             if isinstance(child, Linear):
                 new.recipe, new.name, new.seed, new.gemm = kw["recipe"], name, seed, gemm
+            else:  # the hook dicts themselves, so that the handles the user holds still remove them
+                new.__dict__.update({k: v for k, v in vars(child).items() if "hook" in k})
             made[id(child)] = new
         setattr(parent, attr, new)
     for row in summary(model):
@@ -515,38 +555,44 @@ def summary(model: torch.nn.Module) -> list[tuple[str, str, str]]:
 
 
 def set_recipe(model: torch.nn.Module, recipe: str | Recipe | None, layers: str | Iterable[str] = "*") -> int:
-    """Switch the fpsim layers whose names match ``layers`` (glob patterns) to ``recipe``; returns their count.
-
-    The paper switches to BF16 for the final part of training: ``set_recipe(model, "bf16")``.
-    """
+    """Switch the fpsim layers whose names match ``layers`` (glob patterns) to ``recipe``; returns their count
+    (the paper switches to BF16 for the final part of training: ``set_recipe(model, "bf16")``)."""
     pats = (layers,) if isinstance(layers, str) else tuple(layers)
     new = None if recipe is None else get_recipe(recipe)
-    n = 0
-    for name, m in _layers(model):
-        if any(fnmatch.fnmatchcase(m.name or name, p) for p in pats):
-            m.recipe = new
-            n += 1
-    return n
+    hit = [m for name, m in _layers(model) if any(fnmatch.fnmatchcase(m.name or name, p) for p in pats)]
+    for m in hit:
+        m.recipe = new
+    return len(hit)
 
 
 def step(model: torch.nn.Module, n: int = 1) -> int:
     """Advance the step of every fpsim layer by ``n`` ≥ 0 (once per optimizer step); returns the new step.
     (A step picks the SR bits and RHT signs: rewinding goes through :func:`set_step`, which refuses < 0.)"""
-    if int(n) < 0:
+    n = _integer(n)
+    if n < 0:
         raise ValueError(f"step advances by n >= 0, got {n}; use set_step(model, value) to rewind")
     last = 0
     for _, m in _layers(model):
-        m.step += int(n)
+        m.step += n
         last = m.step
     return last
 
 
 def set_step(model: torch.nn.Module, value: int) -> None:
     """Set the step of every fpsim layer (after loading a checkpoint)."""
-    if int(value) < 0:
+    value = _integer(value)
+    if value < 0:
         raise ValueError(f"step must be non-negative, got {value}")
     for _, m in _layers(model):
-        m.step = int(value)
+        m.step = value
+
+
+def _integer(value) -> int:
+    """A step as an int: an integer of any kind (Python, NumPy, a one-element integer tensor), not a bool."""
+    try:
+        return int(operator.index(None if isinstance(value, bool) else value))
+    except TypeError:
+        raise TypeError(f"a step must be an integer, got {value!r}") from None
 
 
 def step_with(optimizer: torch.optim.Optimizer, model: torch.nn.Module):
