@@ -895,3 +895,17 @@ def test_budget_costs_each_arm_at_its_rate_alone_and_flags_runs_longer_than_a_co
     everything = done | {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in fp8}
     assert "main: all 36 runs done;" in rep._budget_text(everything) and "0.0 h" not in rep._budget_text(everything)
     assert rep._multiplicity_text(1) == "" and "1 − 0.95^5 = 23 %" in rep._multiplicity_text(5)
+
+
+def test_two_finished_records_of_one_run_are_refused_not_one_silently_kept(tmp_path):
+    """The same (arm, seed, size, budget) finished in two plans' folders used to let the later file replace the
+    earlier one in every paired gap; it is one clear error naming both files."""
+    from studies.campaign.report import load_runs
+
+    for plan, final in (("main", 1.0), ("size", 1.2)):
+        (tmp_path / plan).mkdir()
+        _fake_run(tmp_path / plan, "bf16", 0, final)
+    with pytest.raises(ValueError, match=r"two finished runs of arm bf16, seed 0.*main.*size"):
+        load_runs(tmp_path)
+    _fake_run(tmp_path / "size", "bf16", 0, 1.2, status="stopped")  # an unfinished copy is no conflict
+    assert len(load_runs(tmp_path)[1]) == 2

@@ -28,7 +28,7 @@ __all__ = ["load_runs", "render", "headline"]
 def load_runs(data: Path) -> tuple[pd.DataFrame, list[dict]]:
     """(validation rows of every run: run, arm, seed, size, budget, tokens, val_loss, tokens_per_s; the run
     records), from ``data/**/<run>.csv`` and ``.json``."""
-    frames, recs = [], []
+    frames, recs, seen = [], [], {}
     for rec, js in _runs(sorted(Path(data).rglob("*.json"))):
         if "lr_sweep" in js.parts or any(q.startswith("probe") for q in js.parts):
             continue  # the sweep and the throughput probes are reported on their own
@@ -36,6 +36,13 @@ def load_runs(data: Path) -> tuple[pd.DataFrame, list[dict]]:
         csv = js.with_suffix(".csv")
         if rec["status"] != "done" or not csv.exists():
             continue
+        # two finished records of one (arm, seed, size, budget) — a run committed from two plans' folders — would
+        # have one silently replace the other in every paired statistic: refuse, naming both
+        key = (rec["arm"], rec["seed"], rec["size"], rec["tokens_budget"])
+        if key in seen:
+            raise ValueError(f"two finished runs of arm {key[0]}, seed {key[1]}, size {key[2]}, budget {key[3]}: "
+                             f"{seen[key]} and {js}; keep one")
+        seen[key] = js
         df = pd.read_csv(csv)
         df = df.assign(run=rec["run"], arm=rec["arm"], seed=rec["seed"], size=rec["size"],
                        budget=rec["tokens_budget"])
