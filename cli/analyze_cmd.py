@@ -188,15 +188,18 @@ def _schemes(ctx, param, value: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in value.split(",") if s.strip())
     if not names:
         raise click.BadParameter("no scheme given")
+    out: list[str] = []
     for s in names:
         if s in _OUTPUT_FORMATS:
             raise click.BadParameter(f"{s!r} is an output format, not a scheme: did you mean --format {s}? "
                                      "(--formats takes schemes such as nvfp4,mxfp4)")
         try:
-            get_scheme(s)
+            name = get_scheme(s).name  # the scheme's own name: NVFP4 is nvfp4, in the rows and the ranking
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
-    return names
+        if name not in out:  # named twice: analysed once (twice would rank every tensor twice)
+            out.append(name)
+    return tuple(out)
 
 
 _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``)")].rstrip().replace(
@@ -254,6 +257,10 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             if role not in ("weight", "activation", "gradient"):
                 raise ValueError(f"--role {spec!r}: role must be weight, activation or gradient")
             role_map.append((glob_, role))
+        if output == "":
+            raise ValueError("--output '': give a file name")
+        if scheduler is not None and workers != 1:
+            raise ValueError("give --workers or --scheduler, not both")
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if out_format is None:

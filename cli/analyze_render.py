@@ -108,7 +108,7 @@ def _table(rows: list[dict], summary: dict) -> str:
         return "no tensor analysed\n"
     keep = set(summary["keep_bf16"])
     cols = list(_TABLE)
-    if any(r.get("nonfinite_out_count") for r in rows):
+    if any(_isnum(r.get("nonfinite_out_count")) and r["nonfinite_out_count"] > 0 for r in rows):  # not NaN
         cols.insert(3, ("nonfinite_out", "nonfinite_out_count"))
     cells = [[(_fmt3 if k.startswith("bias") else _fmt)(r.get(k)) for _, k in cols] for r in rows]
     width = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]

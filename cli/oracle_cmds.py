@@ -30,6 +30,13 @@ import numpy as np
 INTERNAL_ERROR = 3
 
 
+def _given(param: str) -> bool:
+    """Whether the option was on the command line (not its default)."""
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(param) not in (ParameterSource.DEFAULT, None)
+
+
 def _fail(msg: str, code: int) -> None:
     click.echo(f"error: {msg}", err=True)
     click.get_current_context().exit(code)
@@ -152,6 +159,17 @@ def _pick(arrays: dict, name: str | None, path: str, defaults=("x", "input")) ->
     raise ValueError(f"{path}: several arrays ({', '.join(sorted(arrays))}); name one as FILE:NAME")
 
 
+def _block_index(idx: str) -> list[int]:
+    """--block's IDX: [flat] or [row, block]; unreadable, exit 2 (an option value, whatever the file holds)."""
+    try:
+        index = [int(s) for s in idx.split(",")]
+    except ValueError:
+        index = []
+    if len(index) not in (1, 2):
+        _fail(f"block index {idx!r}: use an integer or ROW,BLOCK", 2)
+    return index
+
+
 def _split_ref(ref: str) -> tuple[str, str | None]:
     """FILE or FILE:NAME (a path that exists as given wins)."""
     if Path(ref).is_file() or ":" not in ref:
@@ -183,6 +201,12 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
     """
     from fpsim.oracle import explain_block, explain_value, load_arrays
 
+    mine = (("--format", "fmt"), ("--scale", "scale"), ("--rounding", "rounding"), ("--sr-bits", "sr_bits"),
+            ("--random", "r"), ("--no-saturate", "no_saturate")) if block_ref is not None else \
+        (("--scheme", "scheme"), ("--axis", "axis"))
+    ignored = [o for o, n in mine if _given(n)]  # an option the other mode takes would be ignored: refused
+    if ignored:
+        _fail(f"{', '.join(ignored)}: for {'VALUE, not --block' if block_ref is not None else '--block, not VALUE'}", 2)
     if block_ref is not None:
         if value is not None:
             _fail("give either VALUE or --block, not both", 2)
@@ -198,6 +222,7 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
         if len(parts) != 3:
             _fail(f"--block needs FILE:NAME:IDX, got {block_ref!r}", 2)
         path, name, idx = parts
+        index = _block_index(idx)
         try:
             arr = _pick(load_arrays(path), name or None, path)
             x = np.asarray(arr)
@@ -210,10 +235,7 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
             R, C = X.shape
             BC = sch.block[1]
             nb = -(-C // BC)
-            try:
-                r, j = divmod(int(idx), nb) if "," not in idx else (int(s) for s in idx.split(","))
-            except ValueError:
-                raise ValueError(f"block index {idx!r}: use an integer or ROW,BLOCK") from None
+            r, j = divmod(index[0], nb) if len(index) == 1 else index
             if not (0 <= r < R and 0 <= j < nb):
                 raise ValueError(f"block ({r}, {j}) out of range: {R} rows × {nb} blocks")
             with np.errstate(all="ignore"):
@@ -246,7 +268,9 @@ def _read_raw(path: str, dtype, what: str) -> np.ndarray:
 
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"{path}: no such file ({what})")
+        why = ("a directory" if p.is_dir() else "not a regular file" if p.exists()
+               else "broken symbolic link" if p.is_symlink() else "no such file")
+        raise ValueError(f"{path}: {why} ({what})")
     check_load_size(f"{path} ({what})", p.stat().st_size)  # before reading it whole
     raw = p.read_bytes()
     dt = np.dtype(dtype).newbyteorder("<")
@@ -277,15 +301,20 @@ def _scheme_options(f):
 
 
 def _number(s: str, what: str) -> float:
-    """A float, also written as 2^-6 or 2**-6."""
+    """A finite float32 value ≥ 0, also written as 2^-6 or 2**-6; else exit 2 (NaN, ±inf, a negative clamp or one
+    beyond float32 would be accepted and mean nothing, 10^999 overflowed with a traceback)."""
     t = s.strip().replace("**", "^")
     try:
         if "^" in t:
             b, e = t.split("^")
-            return float(b) ** float(e)
-        return float(t)
-    except ValueError:
-        _fail(f"{what} {s!r}: give a number such as 0.015625 or 2^-6", 2)
+            v = math.copysign(abs(float(b)) ** float(e), float(b))  # -2^-6 is -(2^-6), not (-2)^-6 = +2^-6
+        else:
+            v = float(t)
+    except (ValueError, OverflowError, ZeroDivisionError):
+        v = math.nan
+    if not 0 <= v <= float(np.finfo(np.float32).max):  # NaN fails this too
+        _fail(f"{what} {s!r}: give a finite number ≥ 0 within float32's range, such as 0.015625 or 2^-6", 2)
+    return v
 
 
 def _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_over_six, allow_all=False):
@@ -328,7 +357,8 @@ def _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_o
               help="The input both sides quantized (.npz/.npy/.safetensors; default key x or input).")
 @click.option("--scheme", default="nvfp4", show_default=True, help="Block scheme (nvfp4, mxfp4, mxfp8_e4m3, …).")
 @click.option("--axis", default=-1, show_default=True, help="The quantized axis.")
-@click.option("--show", default=10, show_default=True, help="How many mismatches of each kind to list.")
+@click.option("--show", default=10, show_default=True, type=click.IntRange(min=0),
+              help="How many mismatches of each kind to list.")
 @click.option("--format", "out_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--raw-codes", default=None, metavar="FILE.bin", help="Raw candidate code bytes (instead of CANDIDATE).")
 @click.option("--raw-scales", default=None, metavar="FILE.bin", help="Raw candidate scale bytes (little-endian).")
@@ -385,6 +415,8 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
                     shp = tuple(int(s) for s in shape.replace("x", ",").split(",") if s.strip())
                 except ValueError:
                     raise ValueError(f"--shape {shape!r}: use integers like 4,32") from None
+                if not shp or min(shp) < 1:
+                    raise ValueError(f"--shape {shape!r}: give positive integers like 4,32")
                 if int(np.prod(shp)) != codes.size:
                     raise ValueError(f"--shape {shape} holds {int(np.prod(shp))} values; {raw_codes} has {codes.size}")
                 codes = codes.reshape(shp)
@@ -398,7 +430,7 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
                                  f"{', '.join(sorted(arrays)) or 'none'}; expected codes, scales[, amax])")
             codes, scales, amax = arrays["codes"], arrays["scales"], arrays.get("amax")
         rep = run_diff(codes, scales, x, sch, axis=axis, candidate_amax=amax, packed=not unpacked,
-                       swizzled=swizzled, show=max(show, 0), nan_amax=nan_amax, scale_min=smin, rounding=rounding,
+                       swizzled=swizzled, show=show, nan_amax=nan_amax, scale_min=smin, rounding=rounding,
                        seed=seed, sr_bits=sr_bits, rht=rht)
     except (ValueError, TypeError) as e:  # the inputs or options: unusable (a DiagnosisError is neither)
         _fail(str(e).splitlines()[0], 2)
@@ -434,11 +466,16 @@ def vectors(scheme, element, out_dir, dequantize_order, scale_rule, block, tenso
     from fpsim.io import OutputError
     from fpsim.oracle import write_vectors
 
+    if out_dir == "":  # "" would write into the current directory
+        _fail("--out '': give a directory", 2)
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():  # a device or FIFO (click refuses regular files)
+        _fail(f"--out {out_dir}: not a directory", 2)
     if element is not None:
         given = [n for n, v in (("--scheme", scheme), ("--scale-rule", scale_rule), ("--block", block),
-                                ("--scale-min", scale_min), ("--four-over-six", four_over_six),
-                                ("--tensor-scale", tensor_scale)) if v is not None]
-        given += (["--per-row-scale"] if per_row_scale else []) + (["--nan-amax"] if nan_amax != "propagate" else [])
+                                ("--scale-min", scale_min), ("--four-over-six", four_over_six)) if v is not None]
+        given += [] if tensor_scale is None else ["--tensor-scale" if tensor_scale else "--no-tensor-scale"]
+        given += ["--per-row-scale"] if per_row_scale else []
+        given += [o for o, n in (("--nan-amax", "nan_amax"), ("--dequantize-order", "dequantize_order")) if _given(n)]
         if given:
             _fail(f"--element writes codec vectors: {', '.join(given)} do not apply", 2)
     sch = None
