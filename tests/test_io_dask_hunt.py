@@ -223,3 +223,63 @@ def test_a_worker_process_dying_is_one_line_per_tensor_not_a_traceback(tmp_path,
     rows, errs = _every_tensor_once(r, [f"{n}.npz:{t}" for n in "abc" for t in ("w", "bad")])
     assert not {"b.npz:w", "b.npz:bad"} & rows
     assert all("its worker failed (BrokenProcessPool" in e for e in errs) and len(errs) >= 2, errs
+
+
+# --- Transformer Engine DumpTensors files: a pickled QuantizedTensor beside the tensor ---------------------
+
+
+class FakeFloat8Tensor:
+    """Pickled as TE's QuantizedTensors are (a class with state: data, scale_inv, dtype); building it would run
+    this module's code, which the reader must never do."""
+
+    built = []
+
+    def __init__(self, data, scale_inv):
+        self._data, self._scale_inv, self._fp8_dtype = data, scale_inv, "E4M3"
+
+    def __setstate__(self, state):
+        FakeFloat8Tensor.built.append(state)
+        self.__dict__.update(state)
+
+
+class Planted:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_te_dump_with_a_pickled_quantized_tensor_keeps_its_high_precision_tensor(tmp_path):
+    """TE's DumpTensors (its documented example dumps both) writes {"high_precision": t, "quantized": <pickled
+    QuantizedTensor>}: torch's weights-only loader refuses the object, and the whole file was an error, so every
+    activation dump of such a run was lost.  The tensors are now read (bit for bit torch's), the object is noted by
+    its class name and never built, and a planted reducer never runs."""
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    g = torch.Generator().manual_seed(5)
+    hp = (torch.randn(32, 64, generator=g) * 3).to(torch.bfloat16)
+    w = torch.randn(16, 48, generator=g)
+    marker = tmp_path / "PWNED"
+    p = tmp_path / "decoder_layers_0_mlp_linear_fc1_activation_iter_000007.pt"
+    torch.save({"high_precision": hp, "quantized": FakeFloat8Tensor(hp.float().to(torch.float8_e4m3fn),
+                                                                    torch.tensor(0.5)),
+                "extra": [w.t(), w[2:5], {"planted": Planted(marker)}]}, p)
+    FakeFloat8Tensor.built.clear()
+    notes, errors = [], []
+    refs = {r.name: r for r in open_tensors([str(p)], on_note=notes.append, on_error=errors.append)}
+    assert not errors and not marker.exists() and not FakeFloat8Tensor.built
+    assert set(refs) == {"high_precision", "extra.0", "extra.1"}
+    assert refs["high_precision"].dtype.name == "bfloat16"
+    for name, t in (("high_precision", hp), ("extra.0", w.t()), ("extra.1", w[2:5])):
+        want = t.contiguous().view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32).numpy().tobytes()
+        assert refs[name].load().tobytes() == want, name
+        src = refs[name].row_source(0).as_2d()  # along a leading axis, in short chunks
+        got = np.concatenate([src[i : i + 5] for i in range(0, src.rows, 5)])
+        assert got.tobytes() == t.t().contiguous().view(torch.int16 if t.dtype == torch.bfloat16
+                                                        else torch.int32).numpy().tobytes(), name
+    assert any("'quantized' is a pickled tests.test_io_dask_hunt.FakeFloat8Tensor object, not a tensor" in n
+               for n in notes), notes
+    assert any("'extra.2.planted' is a pickled" in n and "open object" in n for n in notes), notes
+    r = run(p, "--formats", "nvfp4", "--seeds", "0", "--format", "csv")
+    assert r.exit_code == 0 and not marker.exists(), r.output
+    assert "_iter_000007.pt:high_precision,activation,nvfp4,32x64," in r.stdout

@@ -14,6 +14,7 @@ byte, low nibble first); complex32, quantized (qint8 …) and sparse tensors are
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import numpy as np
 from .errors import InputError
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
+from .torchpickle import pickle_free_members
 
 __all__ = ["torch_members"]
 
@@ -76,6 +78,9 @@ def _plain_dtypes(views) -> dict:
     d = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.int8: "i1", torch.uint8: "u1",
          torch.int16: "<i2", torch.int32: "<i4", torch.int64: "<i8", torch.bool: "?", torch.complex64: "<c8",
          torch.complex128: "<c16"}
+    for name, code in (("uint16", "<u2"), ("uint32", "<u4"), ("uint64", "<u8")):  # torch >= 2.3
+        if hasattr(torch, name):
+            d[getattr(torch, name)] = code
     return {k: np.dtype(v) for k, v in d.items()} | {k: np.dtype(ml) for k, (_, ml) in views.items()}
 
 
@@ -165,6 +170,11 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
     try:
         obj, records = _load(p, plain)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
+        if isinstance(e, pickle.UnpicklingError):  # a pickled object beside the tensors (a TE DumpTensors file)
+            try:
+                return pickle_free_members(p, plain, torch)
+            except Exception:  # noqa: BLE001, S110 - torch's reason is the one to give
+                pass
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
         raise InputError(f"{p}: cannot read as a weights-only torch file ({first})") from None
     members: list[Member] = []

@@ -1,0 +1,196 @@
+"""Tensors of a torch zip file whose pickle holds objects that torch's weights-only loader refuses, read without
+unpickling those objects.
+
+A Transformer Engine ``DumpTensors`` file is ``{"high_precision": tensor, "quantized": QuantizedTensor}``; the
+second value is a pickled Python object (TE's ``Float8Tensor``, ``NVFP4Tensor`` …), so ``torch.load(...,
+weights_only=True)`` refuses the whole file and the tensor beside it was lost.  Here the file's ``data.pkl`` is
+run by a :class:`pickle.Unpickler` whose ``find_class`` hands out only inert stand-ins: torch's tensor-rebuild
+functions become records of (storage, offset, shape, strides, dtype), ``OrderedDict`` and torch's dtype and storage
+names are themselves, and every other global — ``io.open``, a TE class, ``builtins.getattr`` — becomes an
+:class:`Opaque` object that accepts any arguments and does nothing.  Nothing outside this module is ever called,
+so no object of the file is built; each one is reported by its class name.  Tensor data is read from the zip's
+stored records as :mod:`fpsim.io.torchfile` reads it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import warnings
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from .npz import zip_data_offset
+from .rows import ArrayStorage, FileStorage, Member
+
+__all__ = ["Opaque", "pickle_free_members"]
+
+
+class Opaque:
+    """Stand-in for a pickled global fpsim does not build: called, constructed, given state or items, it stays
+    inert (``qualname`` says what the file asked for)."""
+
+    qualname = "?"
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):  # a global reached through getattr (protocol 2's nested names)
+        return type(self)()
+
+    def __setstate__(self, state):
+        pass
+
+    def append(self, item):
+        pass
+
+    def extend(self, items):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __repr__(self):  # the same in every process (a name built from it must not hold an address)
+        return f"<{self.qualname}>"
+
+
+class _Storage:
+    def __init__(self, key: str, dtype, numel: int):
+        self.key, self.dtype, self.numel = key, dtype, numel
+
+
+class _StorageType:
+    def __init__(self, dtype):
+        self.dtype = dtype  # None: an UntypedStorage (the tensor's dtype comes with the rebuild call)
+
+
+class _TensorDesc:
+    def __init__(self, storage: _Storage, offset, shape, stride, dtype):
+        self.storage, self.offset, self.shape, self.stride, self.dtype = storage, offset, shape, stride, dtype
+
+
+def _v2(storage, offset, size, stride, *rest):
+    return _TensorDesc(storage, offset, tuple(size), tuple(stride), storage.dtype)
+
+
+def _v3(storage, offset, size, stride, requires_grad, hooks, dtype, *rest):
+    return _TensorDesc(storage, offset, tuple(size), tuple(stride), dtype)
+
+
+def _parameter(data, *rest):
+    return data
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, f, torch):
+        super().__init__(f)
+        self.torch = torch
+
+    def find_class(self, module, name):
+        torch = self.torch
+        fixed = {("torch._utils", "_rebuild_tensor_v2"): _v2, ("torch._utils", "_rebuild_tensor_v3"): _v3,
+                 ("torch._utils", "_rebuild_parameter"): _parameter,
+                 ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
+                 ("collections", "OrderedDict"): OrderedDict}
+        if (module, name) in fixed:
+            return fixed[(module, name)]
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module == "torch" and name.endswith("Storage") and hasattr(torch, name):
+            with warnings.catch_warnings():  # torch's notice that TypedStorage is deprecated
+                warnings.simplefilter("ignore")
+                return _StorageType(getattr(torch, name).dtype)
+        if (module, name) == ("torch.storage", "UntypedStorage"):
+            return _StorageType(None)
+        return type("Opaque", (Opaque,), {"qualname": f"{module}.{name}"})
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and isinstance(pid[1], _StorageType) and isinstance(pid[4], int)):
+            raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
+        return _Storage(str(pid[2]), pid[1].dtype, pid[4])
+
+
+def _records(zf: zipfile.ZipFile, fh) -> tuple[bytes, dict[str, tuple[int, int]], bool]:
+    """The pickle, {storage key: (absolute offset, size)} of the stored data records, little-endian or not."""
+    pkl = [i for i in zf.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
+    if len(pkl) != 1:
+        raise pickle.UnpicklingError("no single data.pkl record")
+    prefix = pkl[0].filename[: -len("data.pkl")]
+    data, little = {}, True
+    for info in zf.infolist():
+        if info.filename == prefix + "byteorder":
+            little = zf.read(info).strip() == b"little"
+        elif info.filename.startswith(prefix + "data/") and info.compress_type == zipfile.ZIP_STORED:
+            data[info.filename[len(prefix) + 5 :]] = (zip_data_offset(fh, info), info.file_size)
+    return zf.read(pkl[0]), data, little
+
+
+def _member(p: Path, name: str, t: _TensorDesc, plain: dict, records: dict) -> Member:
+    shape = t.shape
+    dt = plain.get(t.dtype)
+    if dt is None:
+        return Member(name, shape, error=f"{p}: tensor {name!r} has dtype {t.dtype}, which fpsim does not read from "
+                                         "a file holding pickled objects")
+    rec = records.get(t.storage.key)
+    if rec is None:
+        return Member(name, shape, dt, error=f"{p}: tensor {name!r}: its storage is not a stored record of the file")
+    off, have = rec
+    n, isz = math.prod(shape), dt.itemsize
+    if any(s < 0 for s in t.stride) or t.offset < 0:
+        return Member(name, shape, dt, error=f"{p}: tensor {name!r}: negative offset or strides {t.stride}")
+    last = t.offset + sum((s - 1) * st for s, st in zip(shape, t.stride)) + 1 if n else 0
+    if n and last * isz > have:
+        return Member(name, shape, dt, error=f"{p}: tensor {name!r}: shape {list(shape)} needs {last * isz} bytes "
+                                             f"of its storage, the file holds {have}: truncated or corrupt")
+    dense = [st for s, st in zip(shape, t.stride) if s != 1] == [
+        math.prod(shape[i + 1 :]) for i, s in enumerate(shape) if s != 1]
+    if dense or not n:
+        return Member(name, shape, dt, lambda: FileStorage(p, off + t.offset * isz, dt))
+    if n > have // isz:  # stride 0 or overlapping strides: the work would grow with the view, not the file
+        return Member(name, shape, dt, error=f"{p}: tensor {name!r} is a view of {n} elements over a storage of "
+                                             f"{have // isz} (strides {t.stride}); save it materialized")
+
+    def strided():
+        base = np.memmap(p, np.dtype((np.void, isz)), mode="r", offset=off, shape=(have // isz,))  # ('<f1': rows)
+        view = np.lib.stride_tricks.as_strided(base[t.offset :], shape, [s * isz for s in t.stride], writeable=False)
+        return ArrayStorage(view.view(dt))
+
+    return Member(name, shape, dt, strided)
+
+
+def pickle_free_members(p: Path, plain: dict, torch) -> tuple[list[Member], list[str]]:
+    """Members and notes of the zip-format torch file ``p`` (raises ``pickle.UnpicklingError`` and the like when the
+    file is not one); ``plain``: torch dtype → numpy dtype of the tensors read as stored."""
+    with zipfile.ZipFile(p) as zf, open(p, "rb") as fh:
+        raw, records, little = _records(zf, fh)
+    if not little:
+        raise pickle.UnpicklingError("a big-endian file")
+    obj = _Unpickler(io.BytesIO(raw), torch).load()
+    members: list[Member] = []
+    notes: list[str] = []
+
+    def walk(name: str, v, depth: int) -> None:
+        if isinstance(v, _TensorDesc):
+            members.append(_member(p, name, v, plain, records))
+        elif isinstance(v, dict) and depth < 64:
+            for k, x in v.items():
+                walk(f"{name}.{k}" if name else str(k), x, depth + 1)
+        elif isinstance(v, (list, tuple)) and depth < 64:
+            for i, x in enumerate(v):
+                walk(f"{name}.{i}" if name else str(i), x, depth + 1)
+        elif isinstance(v, Opaque) or isinstance(v, type) and issubclass(v, Opaque):
+            notes.append(f"{p}: {name or '(top level)'!r} is a pickled {v.qualname} object, not a tensor; "
+                         "fpsim does not unpickle objects")
+        else:
+            notes.append(f"{p}: {name or '(top level)'!r} is not a tensor ({type(v).__name__})")
+
+    walk("" if not isinstance(obj, _TensorDesc) else "tensor", obj, 0)
+    return members, notes
