@@ -25,10 +25,10 @@ from ..schemes import BlockScheme, Kind, get_scheme
 from .attribution import assign, cause_counts, code_cause_index, code_listing, scale_listing
 from .common import DiagnosisError, f32_class, internal_errors
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
-from .layout import codes_layout, scales_layout
 from .model import ROUNDINGS, Convention, subnormal_codes
+from .readings import read_candidate, rht_readings
 from .reference import reference, same_scales
-from .rhtcheck import RHT_SIZE, RHT_TRY_RATE, RhtReference, rht_attribution, rht_check, rht_input
+from .rhtcheck import RHT_SIZE, RHT_TRY_RATE, RhtReference, rht_attribution, rht_input
 from .rounding import NeighbourCheck, check_blocks, other_k, rounding_findings, sr_causes
 
 __all__ = ["CAUSES", "DiagnosisError", "DiffReport", "diff", "RHT_SIZE", "RHT_TRY_RATE"]
@@ -75,10 +75,14 @@ CAUSES: dict[str, str] = {
     "swizzled scale layout": "the candidate's scales are ours in the Blackwell swizzled layout (or the plain "
     "layout where swizzled was declared)",
     "transposed scale layout": "the candidate's [rows, blocks] scales are ours stored transposed ([blocks, rows])",
-    "shifted scales": "the candidate's scale bytes are ours shifted by one byte (an off-by-one offset)",
+    "shifted scales": "the candidate's scale bytes are ours shifted by one byte (an off-by-one offset) or by another "
+    "offset up to one row of blocks (the finding names it)",
     "transposed code layout": "the candidate's codes are ours with rows and columns transposed",
-    "shifted codes": "the candidate's codes are ours shifted by one element or one byte along the row-major "
-    "stream (an off-by-one offset)",
+    "shifted codes": "the candidate's codes are ours shifted along the row-major stream: by one element, one byte or "
+    "one row (an off-by-one offset), or by another offset up to one row of blocks (the finding names it)",
+    "quantized along the wrong axis": "the candidate formed its blocks down the columns of the quantized [R, C] "
+    "view instead of along its rows (fpsim's rules applied to the transpose), its bytes stored in the view's "
+    "orientation or in the transpose's layout",
     "stochastic rounding": "fpsim compared round-to-nearest, and the candidate's differing codes are all the other "
     "neighbour of x·enc_b with unbiased away-roundings: it rounds stochastically (compare with rounding='sr')",
     "SR random bits": "the code is the other neighbour of x·enc_b: the candidate rounds stochastically with "
@@ -298,10 +302,8 @@ def _compare_amax(candidate_amax, amax_ours: np.ndarray, sch: BlockScheme,
     return amax_cand, amax_match
 
 
-def _against_rht(alt: RhtReference, a: _Inputs, fixed: np.ndarray, fixed_s: np.ndarray, amax_cand,
-                 findings: list[str]) -> Evaluator:
-    """The evaluator of the candidate's bytes against the toggled-RHT reference ``alt`` (its finding first)."""
-    findings.insert(0, alt.finding)
+def _against_rht(alt: RhtReference, a: _Inputs, fixed: np.ndarray, fixed_s: np.ndarray, amax_cand) -> Evaluator:
+    """The evaluator of the candidate's bytes (as read) against the toggled-RHT reference ``alt``."""
     return Evaluator(alt.view, a.sch, a.ref, alt.ours_p, alt.ours_s, _pad(fixed, alt.ours_p), fixed_s, alt.amax,
                      amax_cand)
 
@@ -412,16 +414,19 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
     moved = tuple(a.x32.shape[:a.ax] + a.x32.shape[a.ax + 1:] + (a.x32.shape[a.ax],))
     what = f"x of shape {a.x32.shape} along axis {a.ax}"
     findings: list[str] = []
-    cand, fixed, layout_c, lay_c = codes_layout(candidate_codes, ours_p, view, sch, packed, what, findings)
-    cand_s, fixed_s, layout_s, lay_s = scales_layout(candidate_scales, ours_s, view, sch, swizzled, what, findings)
+    rd = read_candidate(candidate_codes, candidate_scales, view, a.bits_sch, ref, packed, swizzled, what, ours_p,
+                        ours_s, seed if sr else None, not sr or seed is not None, findings)
     amax_cand, amax_match = _compare_amax(candidate_amax, amax_ours, sch, findings)
     with internal_errors():  # the inputs are checked: from here on an exception is fpsim's bug (DiagnosisError)
-        ev = ev0 = Evaluator(view, sch, ref, ours_p, ours_s, _pad(fixed, ours_p), fixed_s, amax_ours, amax_cand)
         alt = None
-        if not sr and lay_c is None and lay_s is None:
-            alt = rht_check(a.x32, a.ax, rht, sch, ref, fixed, fixed_s, ours_p, ours_s)
+        if not sr and rd.lay_c is None and rd.lay_s is None:  # the RHT toggled, with a layout read against it
+            rd, alt = rht_readings(rd, a.x32, a.ax, rht, sch, ref, candidate_codes, candidate_scales, view, packed,
+                                   swizzled, what, ours_p, ours_s, findings)
+        cand, fixed, layout_c, lay_c = rd.cand, rd.fixed, rd.layout_c, rd.lay_c
+        cand_s, fixed_s, layout_s, lay_s = rd.cand_s, rd.fixed_s, rd.layout_s, rd.lay_s
+        ev = ev0 = Evaluator(view, sch, ref, ours_p, ours_s, _pad(fixed, ours_p), fixed_s, amax_ours, amax_cand)
         if alt is not None:  # the rest is diagnosed against the toggled-RHT reference (as after a layout finding)
-            ev = _against_rht(alt, a, fixed, fixed_s, amax_cand, findings)
+            ev = _against_rht(alt, a, fixed, fixed_s, amax_cand)
         ranked, order, explained = ([], [], []) if sr else _diagnose(ev, sch, ref, ev.amax_ours, amax_cand)
         if not ev.n_bad and (layout_c.any() or layout_s.any()):
             explained = [c for c in (lay_c, lay_s) if c is not None]

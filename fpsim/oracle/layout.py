@@ -11,8 +11,9 @@ from ..packing import unpack_fp4
 from ..scaling import unswizzle_scales
 from ..schemes import BlockScheme, Kind
 from .model import TensorView
+from .shifts import best_shifts
 
-__all__ = ["codes_layout", "scales_layout"]
+__all__ = ["code_readings", "codes_layout", "scales_layout"]
 
 
 def codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, packed: bool, what: str,
@@ -21,12 +22,13 @@ def codes_layout(candidate_codes, ours_p, view: TensorView, sch: BlockScheme, pa
     :func:`_code_readings` that fixes most of them, with a finding), the mask [R, nb·BC] of the codes the
     layout explains, and the layout's cause (None: the bytes are in fpsim's layout)."""
     C = view.C
-    cand, readings = _candidate_codes(candidate_codes, view.R, C, view.nb, view.BC, sch.element, packed, what)
+    cand, b, is_packed = _candidate_codes(candidate_codes, view.R, C, view.nb, view.BC, sch.element, packed, what)
     ours = ours_p[:, :C]
     layout_c = np.zeros(ours_p.shape, bool)
     n_plain = int(np.count_nonzero(cand != ours))
     best = None
-    for cause, note, read in readings if n_plain else ():
+    readings = _code_readings(b, view.R, C, is_packed, _searched(b, ours, is_packed, view.BR)) if n_plain else ()
+    for cause, note, read in readings:
         alt, lost = read()
         # the codes a shift moves out of the stream count as mismatches: unknown, they cannot be credited to it
         n = int(np.count_nonzero((alt != ours) if lost is None else (alt != ours) | lost))
@@ -50,15 +52,20 @@ def scales_layout(candidate_scales, ours_s, view: TensorView, sch: BlockScheme, 
                   findings: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None]:
     """The candidate's scale bytes as given, as compared (the other layout where that matches, with a finding),
     the mask of the bytes the layout explains and the layout's cause (None: fpsim's layout)."""
-    cand_s, alt_s, note = _candidate_scales(candidate_scales, view.R, view.nb, sch, ours_s, swizzled, what)
+    cand_s, alt_s, note, lost = _candidate_scales(candidate_scales, view.R, view.nb, view.BR, sch, ours_s, swizzled,
+                                                  what)
     if note is None:
         return cand_s, cand_s, np.zeros(ours_s.shape, bool), None
     findings.append(note)
-    return cand_s, alt_s, (cand_s != ours_s) & (alt_s == ours_s), note.split(":")[0]
+    fixed = (cand_s != ours_s) & (alt_s == ours_s)
+    if lost is not None:  # the bytes a shift moves out of the stream: the shift explains them, whatever they hold
+        fixed |= (cand_s != ours_s) & lost
+        alt_s = np.where(lost, ours_s, alt_s)
+    return cand_s, alt_s, fixed, note.split(":")[0]
 
 
 def _candidate_codes(candidate_codes, R: int, C: int, nb: int, BC: int, el, packed: bool, what: str):
-    """Candidate codes [R, C] (uint8) and the other readings of its bytes (:func:`_code_readings`)."""
+    """Candidate codes [R, C] (uint8), its bytes [R, W] and whether they hold two codes each."""
     cc = np.asarray(candidate_codes)
     if cc.dtype.kind not in "iu":
         raise ValueError(f"candidate codes must be integers (raw code bytes), got dtype {cc.dtype}")
@@ -74,17 +81,51 @@ def _candidate_codes(candidate_codes, R: int, C: int, nb: int, BC: int, el, pack
         hint = " (packed 4-bit codes? then do not pass packed=False)" if four and not packed else ""
         raise ValueError(f"candidate codes out of range for {el.name}{hint}")
     b = cc.astype(np.uint8, copy=False)
-    return (unpack_fp4(b) if is_packed else b)[:, :C], _code_readings(b, R, C, is_packed)
+    return (unpack_fp4(b) if is_packed else b)[:, :C], b, is_packed
 
 
-def _code_readings(b: np.ndarray, R: int, C: int, is_packed: bool) -> list[tuple[str, str, object]]:
+def _fixed_shifts(R: int, row: int, is_packed: bool) -> tuple[int, ...]:
+    """The off-by-one offsets always tried: one element, one byte (packed codes), one row of ``row`` codes."""
+    return (1, -1) + ((2, -2) if is_packed else ()) + ((row, -row) if R > 1 and row > 2 else ())
+
+
+def _searched(b: np.ndarray, ours: np.ndarray, is_packed: bool, BR: int) -> list[int]:
+    """Other offsets of the code stream (:func:`~fpsim.oracle.shifts.best_shifts`, up to one row of blocks: ``BR``
+    rows of the candidate's stream) under which most sampled codes are fpsim's."""
+    R, C = ours.shape
+    u = (unpack_fp4(b) if is_packed else b).reshape(R, -1)
+    row = u.shape[1]
+    o = np.zeros(u.shape, np.uint8)
+    o[:, :C] = ours
+    real = np.zeros(u.shape, bool)
+    real[:, :C] = True
+    return best_shifts(u.reshape(-1), o.reshape(-1), real.reshape(-1), BR * row, _fixed_shifts(R, row, is_packed))
+
+
+def _shift_unit(s: int, row: int, per: int) -> str:
+    """The offset ``s`` (in codes) in words."""
+    a = abs(s)
+    if a == 1:
+        return "one element"
+    if a == 2 == per:
+        return "one byte (two codes)"
+    if a == row:
+        return f"one row ({row} codes)"
+    if a % row == 0:
+        return f"{a // row} rows ({a} codes)"
+    if per == 2:
+        return f"{a} codes ({a // 2} bytes)" if a % 2 == 0 else f"{a} codes ({a / 2:g} bytes: the nibbles misaligned)"
+    return f"{a} codes"
+
+
+def _code_readings(b: np.ndarray, R: int, C: int, is_packed: bool, more=()) -> list[tuple[str, str, object]]:
     """The layout mistakes a kernel's code bytes ``b`` [R, W] may hold, as ``(cause, finding, read)``; ``read()``
     gives the codes [R, C] fpsim would compare if the candidate made that mistake, and the mask of the codes the
     mistake leaves unknown (shifted out of the stream), or None where the bytes cannot hold it.
 
     Nibble order (element 2j in the high nibble), the whole stream shifted by one element or one byte (an
     off-by-one pointer) or one row, and rows and columns transposed (the code matrix stored [C, R], or for packed codes
-    the byte matrix [R, C/2] stored transposed)."""
+    the byte matrix [R, C/2] stored transposed); ``more``: other offsets to try (found by :func:`_searched`)."""
     W = b.shape[1]
     unpack = unpack_fp4 if is_packed else (lambda a: a)
     per = 2 if is_packed else 1  # codes per byte
@@ -109,12 +150,12 @@ def _code_readings(b: np.ndarray, R: int, C: int, is_packed: bool) -> list[tuple
                     "and cuBLAS: low nibble)", lambda: (unpack_fp4(((b << 4) | (b >> 4)).astype(np.uint8))[:, :C],
                                                          None)))
     row = W * per  # codes per candidate row: a row offset is a shift by one row of the stream
-    for s in (1, -1) + ((2, -2) if is_packed else ()) + ((row, -row) if R > 1 and row > 2 else ()):
-        unit = ("one element" if abs(s) == 1 else "one byte (two codes)" if abs(s) == 2 == per
-                else f"one row ({row} codes)")
+    fixed = _fixed_shifts(R, row, is_packed)
+    for s in fixed + tuple(more):
         where = "i−" if s > 0 else "i+"
-        out.append(("shifted codes", f"the candidate's codes are fpsim's shifted by {unit}: code i holds fpsim's "
-                    f"code {where}{abs(s)} of the row-major stream (an off-by-one offset)", shifted(s)))
+        what = "an off-by-one offset" if s in fixed else f"an offset of {abs(s)} codes, found by correlation"
+        out.append(("shifted codes", f"the candidate's codes are fpsim's shifted by {_shift_unit(s, row, per)}: code "
+                    f"i holds fpsim's code {where}{abs(s)} of the row-major stream ({what})", shifted(s)))
     if R > 1 and C > 1:
         if b.size == C * (-(-R // per)):
             out.append(("transposed code layout", "the candidate's codes are fpsim's with rows and columns "
@@ -126,8 +167,39 @@ def _code_readings(b: np.ndarray, R: int, C: int, is_packed: bool) -> list[tuple
     return out
 
 
-def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_s, swizzled: bool, what: str):
-    """Candidate scales [R, nb] in the plain layout, and a finding when the layout was not the declared one."""
+def _scale_readings(cs: np.ndarray, R: int, nb: int, BR: int, ours_s) -> list[tuple[np.ndarray, str, np.ndarray]]:
+    """The layout mistakes the plain scale bytes ``cs`` (flat, R·nb) may hold, as ``(reading [R, nb], finding, mask
+    of the bytes the mistake leaves unknown)``: transposed ([blocks, rows] flattened), shifted by one byte (an
+    off-by-one offset), or shifted by another offset up to one row of blocks that correlation finds
+    (:func:`~fpsim.oracle.shifts.best_shifts`).  Byte i of a stream shifted by s holds fpsim's byte i − s."""
+    none = np.zeros((R, nb), bool)
+    out = []
+    if R > 1 and nb > 1:
+        out.append((cs.reshape(nb, R).T, f"transposed scale layout: the candidate's scales are fpsim's [{R}, {nb}] "
+                    f"scales stored transposed ([{nb}, {R}], blocks-major)", none))
+    flat = ours_s.reshape(-1)
+    more = best_shifts(cs, flat, np.ones(flat.size, bool), max(BR, 1) * nb, (1, -1))
+    for sh in (1, -1) + tuple(more):
+        lost = np.zeros(cs.size, bool)
+        if sh > 0:
+            lost[-sh:] = True
+        else:
+            lost[:-sh] = True
+        rows = abs(sh) // nb if abs(sh) % nb == 0 else 0
+        unit = "one byte" if abs(sh) == 1 else f"{abs(sh)} bytes" + (f" ({rows} row{'s' * (rows > 1)} of scales)"
+                                                                    if rows else "")
+        what = "an off-by-one offset" if abs(sh) == 1 else "an offset found by correlation"
+        out.append((np.roll(cs, -sh).reshape(R, nb), f"shifted scales: the candidate's scale bytes are fpsim's "
+                    f"shifted by {unit} (byte i holds fpsim's byte i{'−' if sh > 0 else '+'}{abs(sh)}: {what})",
+                    lost.reshape(R, nb)))
+    return out
+
+
+def _candidate_scales(candidate_scales, R: int, nb: int, BR: int, sch: BlockScheme, ours_s, swizzled: bool,
+                      what: str):
+    """Candidate scales [R, nb] in the plain layout, the reading through the layout mistake that fixes most of them
+    and its finding (None, None where the layout is the declared one), and the mask of the scales a shift leaves
+    unknown (None: not a shift)."""
     kind = sch.kind
     cs = np.asarray(candidate_scales)
     if kind is Kind.FP32:
@@ -147,29 +219,21 @@ def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_
         un = unswizzle_scales(cs, R, nb)
         if n_sw == R * nb and closer(cs.reshape(R, nb), un):
             return un, cs.reshape(R, nb), ("swizzled scale layout: the scales are in the plain [rows, blocks] "
-                                           "layout, not swizzled as declared")
-        return un, None, None
+                                           "layout, not swizzled as declared"), None
+        return un, None, None, None
     if cs.size == R * nb:
         plain = cs.reshape(R, nb)
         if kind is not Kind.FP32 and n_sw == R * nb:
             un = unswizzle_scales(cs, R, nb)
             if closer(un, plain):
                 return plain, un, ("swizzled scale layout: the candidate's scales are fpsim's in the Blackwell "
-                                   "swizzled layout (pass swizzled=True / --swizzled)")
+                                   "swizzled layout (pass swizzled=True / --swizzled)"), None
         if np.count_nonzero(plain != ours_s):
-            # transposed ([blocks, rows] flattened) or shifted by one byte (an off-by-one offset): the reading
-            # that fixes more than half of the differing bytes, the transpose first
-            alts = []
-            if R > 1 and nb > 1:
-                alts.append((cs.reshape(nb, R).T, f"transposed scale layout: the candidate's scales are fpsim's "
-                             f"[{R}, {nb}] scales stored transposed ([{nb}, {R}], blocks-major)"))
-            for sh in (1, -1):
-                alts.append((np.roll(cs, -sh).reshape(R, nb), f"shifted scales: the candidate's scale bytes are "
-                             f"fpsim's shifted by one byte (byte i holds fpsim's byte i{'−' if sh > 0 else '+'}1)"))
-            alt, note = min(alts, key=lambda a: np.count_nonzero(a[0] != ours_s))
-            if closer(alt, plain):
-                return plain, alt, note
-        return plain, None, None
+            alt, note, lost = min(_scale_readings(cs, R, nb, BR, ours_s),
+                                  key=lambda a: np.count_nonzero((a[0] != ours_s) | a[2]))
+            if np.count_nonzero((alt != ours_s) | lost) * 2 < np.count_nonzero(plain != ours_s):
+                return plain, alt, note, (lost if lost.any() else None)
+        return plain, None, None, None
     if kind is not Kind.FP32 and cs.size == n_sw:
         un = unswizzle_scales(cs, R, nb)
         plain = np.zeros((R, nb), ours_s.dtype)
@@ -177,10 +241,17 @@ def _candidate_scales(candidate_scales, R: int, nb: int, sch: BlockScheme, ours_
         note = (f"swizzled scale layout: {cs.size} scale bytes is the swizzled size of [{R}, {nb}] (pass "
                 "swizzled=True / --swizzled)" + ("; unswizzled they equal fpsim's" if np.array_equal(un, ours_s)
                                                  else ""))
-        return plain, un, note
+        return plain, un, note, None
     # a kernel with another block width (1×32 where NVFP4 has 1×16, or 1×16 for MX) is a usage error, but say so
     width = nb * sch.block[1]
     other = [w for w in (16, 32, 64, 128) if w != sch.block[1] and width and cs.size == R * -(-width // w)]
     hint = f"; that is one per 1×{other[0]} block: another block size (--block)" if other else ""
     raise ValueError(f"candidate scales have {cs.size} values; expected {R}×{nb} = {R * nb} (one per block) "
                      f"for {what}{hint}")
+
+
+def code_readings(candidate_codes, view: TensorView, sch: BlockScheme, packed: bool, what: str) -> list[np.ndarray]:
+    """The candidate's codes [R, C] as given and through each layout mistake of :func:`_code_readings` (the fixed
+    offsets only): what a check that needs the codes read right (the RHT's implied signs) may try."""
+    cand, b, is_packed = _candidate_codes(candidate_codes, view.R, view.C, view.nb, view.BC, sch.element, packed, what)
+    return [cand] + [read()[0] for _, _, read in _code_readings(b, view.R, view.C, is_packed)]
