@@ -11,8 +11,8 @@ Exit codes:
   names nothing (missing, broken link, link loop, unsearchable directory), an
   ``--output`` that may not or cannot be written (an input of the run, a
   directory, a missing or read-only directory) — all checked before any work;
-* 3 — nothing could be analysed;
-* 4 — the analysis ran but writing ``--output`` failed (e.g. the disk is full);
+* 3 — nothing could be analysed (or an internal error: a bug in fpsim, one line);
+* 4 — the analysis ran but writing ``--output`` or stdout failed (e.g. the disk is full);
   no partial or temporary file is left behind.
 
 Output (``--format``): ``table`` (default; grouped by tensor, 160 columns), ``markdown``, ``csv``, ``json``.

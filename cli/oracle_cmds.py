@@ -6,7 +6,7 @@ Results on stdout, one-line messages on stderr, never a traceback.  Exit codes:
   (unknown format or scheme, unparsable value, bad option);
 * ``diff``: 0 identical; 1 different; 2 usage or unusable input (missing or
   pickled file, wrong key names, wrong shapes, an option the scheme does not have);
-* every command: 3 internal error.
+* every command: 3 internal error; 4 stdout could not be written; 130 Ctrl-C; 141 stdout closed (cli/main.py).
 
 Every message is one line starting ``error:`` (as in ``cli/main.py``).  An unexpected exception — a bug in
 fpsim, not a bad input — is one line ``error: internal error …`` and exit 3: never the usage code 2, and never
