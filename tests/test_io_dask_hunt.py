@@ -283,3 +283,35 @@ def test_te_dump_with_a_pickled_quantized_tensor_keeps_its_high_precision_tensor
     r = run(p, "--formats", "nvfp4", "--seeds", "0", "--format", "csv")
     assert r.exit_code == 0 and not marker.exists(), r.output
     assert "_iter_000007.pt:high_precision,activation,nvfp4,32x64," in r.stdout
+
+
+class _CorruptRecord:
+    """A tensor-rebuild call whose shape holds a string and a negative dimension: data, not a tensor."""
+
+    def __init__(self, storage, size):
+        self.storage, self.size = storage, size
+
+    def __reduce__(self):
+        import collections
+
+        import torch
+
+        return (torch._utils._rebuild_tensor_v2, (self.storage, 0, self.size, (2, 1), False, collections.OrderedDict()))
+
+
+def test_pickle_free_reader_refuses_corrupt_tensor_records(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated
+        st = torch.ones(8).storage()
+    p = tmp_path / "c.pt"
+    # the object first: torch's loader refuses it (the reader takes over) before it meets the corrupt records
+    torch.save({"obj": Planted(tmp_path / "PWNED"), "ok": torch.ones(2, 4), "s": _CorruptRecord(st, ("x", 4)),
+                "n": _CorruptRecord(st, (-2, 4))}, p)
+    refs = {r.name: r for r in open_tensors([str(p)], on_note=lambda n: None)}
+    assert refs["ok"].error is None and refs["ok"].load().tolist() == [[1.0] * 4] * 2
+    for k in ("s", "n"):
+        assert refs[k].error == f"{p}: tensor {k!r} has a corrupt record (shape, strides or offset)", refs[k].error
+    assert not (tmp_path / "PWNED").exists()

@@ -134,6 +134,9 @@ def _records(zf: zipfile.ZipFile, fh) -> tuple[bytes, dict[str, tuple[int, int]]
 
 
 def _member(p: Path, name: str, t: _TensorDesc, plain: dict, records: dict) -> Member:
+    ints = (*t.shape, *t.stride, t.offset)
+    if not all(type(v) is int for v in ints) or len(t.stride) != len(t.shape) or any(s < 0 for s in t.shape):
+        return Member(name, error=f"{p}: tensor {name!r} has a corrupt record (shape, strides or offset)")
     shape = t.shape
     dt = plain.get(t.dtype)
     if dt is None:
