@@ -315,3 +315,53 @@ def test_pickle_free_reader_refuses_corrupt_tensor_records(tmp_path):
     for k in ("s", "n"):
         assert refs[k].error == f"{p}: tensor {k!r} has a corrupt record (shape, strides or offset)", refs[k].error
     assert not (tmp_path / "PWNED").exists()
+
+
+def _mixed_corpus(d):
+    """NaN/inf, a renamed duplicate (NAME#2), an unreadable tensor between readable ones, skipped tensors (int, 0-d,
+    empty), a .pt file with a pickled object beside its tensors, and nested .pt names."""
+    import json
+    import struct
+    import warnings
+    import zipfile
+
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    rng = np.random.default_rng(9)
+    d.mkdir()
+    b = rng.standard_normal((4, 48)).astype(np.float32)
+    b[0, 3], b[2, 5], b[3, 0] = np.nan, np.inf, -np.inf
+    np.savez(d / "a.npz", w=rng.standard_normal((8, 32)).astype(np.float32), grad_x=b, ints=np.arange(32),
+             s=np.float32(3), e=np.zeros((0, 16), np.float32))
+    h = json.dumps({"first": {"dtype": "F32", "shape": [2, 16], "data_offsets": [0, 128]},
+                    "broken": {"dtype": "F32", "shape": [4, 16], "data_offsets": [0, 64]},
+                    "last": {"dtype": "F32", "shape": [2, 16], "data_offsets": [128, 256]}}).encode()
+    (d / "b.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + rng.standard_normal(64).astype("<f4").tobytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile: "Duplicate name"
+        with zipfile.ZipFile(d / "dup.npz", "w") as z:
+            for _ in range(2):
+                with z.open("a.npy", "w") as f:
+                    np.lib.format.write_array(f, rng.standard_normal((4, 32)).astype(np.float32))
+    g = torch.Generator().manual_seed(9)
+    torch.save({5: torch.randn(16, generator=g), "5": torch.randn(16, generator=g),
+                "allnan": torch.full((2, 16), np.nan),
+                "sd": {"fc.weight": torch.randn(3, 32, generator=g).to(torch.bfloat16)}}, d / "c.pt")
+    torch.save({"high_precision": torch.randn(8, 32, generator=g), "quantized": FakeFloat8Tensor(None, None)},
+               d / "l_activation_iter_000003.pt")
+
+
+def test_serial_workers_and_dask_print_the_same_bytes(tmp_path):
+    """The same JSON and CSV, notes, error lines and exit code serially, with --workers 2 and on a Dask cluster."""
+    _mixed_corpus(tmp_path / "in")
+    args = [tmp_path / "in", "--formats", "nvfp4,mxfp8_e4m3,fp8_e4m3", "--seeds", "2", "--rht", "16"]
+    serial = {f: run(*args, "--format", f) for f in ("json", "csv")}
+    assert serial["json"].exit_code == 1, serial["json"].output  # the broken tensor and the duplicate member
+    assert "error: " in serial["json"].stderr and "#2: renamed" in serial["json"].stderr
+    assert "'quantized' is a pickled tests.test_io_dask_hunt.FakeFloat8Tensor object" in serial["json"].stderr
+    w = run(*args, "--format", "json", "--workers", "2")
+    assert (w.exit_code, w.stdout, w.stderr) == (1, serial["json"].stdout, serial["json"].stderr)
+    distributed = pytest.importorskip("distributed", reason="dask.distributed not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c:
+        for f, s in serial.items():
+            r = run(*args, "--format", f, "--scheduler", c.scheduler_address)
+            assert (r.exit_code, r.stdout, r.stderr) == (s.exit_code, s.stdout, s.stderr), f
