@@ -368,6 +368,14 @@ def _probe(address: str) -> None:
         raise click.UsageError(f"{address} is not a Dask scheduler (it sent data before the handshake)")
 
 
+def _stop_pool(ex) -> None:
+    """End a process pool at once: its workers survive their own Ctrl-C (the pool hands the KeyboardInterrupt back as
+    a result and runs the next queued batch), so they are terminated and the batches not started are cancelled."""
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):  # ProcessPoolExecutor's own map
+        proc.terminate()
+    ex.shutdown(wait=True, cancel_futures=True)
+
+
 def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
     """Analyse tensors serially, on local processes, or on a Dask cluster; one result per tensor, in order."""
     if scheduler:
@@ -390,7 +398,11 @@ def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
         tasks = _batches(refs, labels, role_of, 2 * workers)
         # spawn, not fork: a forked child inherits Numba's thread pool in an unusable state
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            return _collect([ex.submit(_task, src, items, axis, kw) for src, items in tasks], tasks)
+            try:
+                return _collect([ex.submit(_task, src, items, axis, kw) for src, items in tasks], tasks)
+            except KeyboardInterrupt:  # Ctrl-C: stop now (the pool's exit would run every queued batch first)
+                _stop_pool(ex)
+                raise
     out = []
     show = verbose or (sys.stderr.isatty() and len(refs) > 1)
     for i, ref in enumerate(refs):  # in this process: the refs opened above are used directly (one open per file)
