@@ -256,3 +256,39 @@ def test_stride_zero_pt_view_is_refused_not_analysed_for_ever(tmp_path):
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "wide" in err[0] and "stride 0" in err[0]
     assert "v.pt:ok" in r.stdout
+
+
+# --- .pt containers shared or holding themselves ---------------------------------------------------------------
+
+_SHARED_PT = r"""
+import sys, torch, collections
+kind, out = sys.argv[1], sys.argv[2]
+cyc = [torch.arange(4, dtype=torch.float32)]
+for _ in range(30):
+    cyc.append(cyc)  # a list holding itself 30 times: 30**64 paths for a walk that does not remember
+dag = [torch.ones(4)]
+for _ in range(40):
+    dag = [dag, dag]  # 40 nested pairs of one list: 2**40 paths
+obj = {"cyc": cyc, "dag": dag, "w": torch.zeros(8), "tied": None}
+obj["tied"] = obj["w"]  # a tensor held twice (tied weights) is read under both names
+if kind == "object":  # a pickled object beside them: the reader that never builds objects takes the file
+    obj["o"] = collections.Counter(a=1)
+torch.save(obj, out)
+"""
+
+
+@pytest.mark.parametrize("kind", ["plain", "object"])
+def test_a_pt_file_holding_a_container_twice_or_in_itself_is_read_once_not_forever(tmp_path, kind):
+    """A 2 KB .pt whose lists hold themselves (or one list twice, 40 levels deep) kept `fpsim analyze` walking for
+    ever (well past a minute at 100 % CPU): both readers' walks entered a container every time they met it."""
+    pytest.importorskip("torch", reason="torch not installed")
+    p = tmp_path / f"{kind}.pt"
+    subprocess.run([sys.executable, "-c", _SHARED_PT, kind, str(p)], check=True, timeout=120)
+    code = ("import sys; from fpsim.io.torchfile import torch_members; m, n = torch_members(sys.argv[1]); "
+            "print(sorted(x.name for x in m)); print(len(n)); print(n[0] if n else '')")
+    r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    names, count, first = r.stdout.splitlines()
+    assert names == str(["cyc.0", "dag" + ".0" * 41, "tied", "w"])
+    assert int(count) == 30 + 40 + (kind == "object")  # one note per place a container recurs, and the object
+    assert "'cyc.1' is the container 'cyc' again (shared, or a reference cycle)" in first

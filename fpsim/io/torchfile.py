@@ -23,7 +23,7 @@ import numpy as np
 from .errors import InputError
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
-from .torchpickle import pickle_free_members
+from .torchpickle import pickle_free_members, tree_leaves
 
 __all__ = ["torch_members"]
 
@@ -179,8 +179,7 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
         raise InputError(f"{p}: cannot read as a weights-only torch file ({first})") from None
     members: list[Member] = []
     notes: list[str] = []
-
-    def walk(name: str, v, depth: int) -> None:
+    for name, v in tree_leaves(obj, "" if not isinstance(obj, torch.Tensor) else "tensor", notes, p):
         if isinstance(v, torch.Tensor) and records is not None:
             members.append(_file_member(p, name, v, plain[v.dtype], records))
         elif isinstance(v, torch.Tensor):
@@ -188,16 +187,8 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
                 a = _to_numpy(v, views)
             except ValueError as e:
                 members.append(Member(name, tuple(v.shape), np.dtype("u1"), error=f"{p}: tensor {name!r} {e}"))
-                return
+                continue
             members.append(Member(name, tuple(a.shape), a.dtype, lambda a=a: ArrayStorage(a)))
-        elif isinstance(v, dict) and depth < 64:
-            for k, x in v.items():
-                walk(f"{name}.{k}" if name else str(k), x, depth + 1)
-        elif isinstance(v, (list, tuple)) and depth < 64:
-            for i, x in enumerate(v):
-                walk(f"{name}.{i}" if name else str(i), x, depth + 1)
         else:
             notes.append(f"{p}: {name or '(top level)'!r} is not a tensor ({type(v).__name__})")
-
-    walk("" if not isinstance(obj, torch.Tensor) else "tensor", obj, 0)
     return members, notes

@@ -27,7 +27,7 @@ import numpy as np
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
 
-__all__ = ["Opaque", "pickle_free_members"]
+__all__ = ["Opaque", "pickle_free_members", "tree_leaves"]
 
 
 class Opaque:
@@ -179,21 +179,39 @@ def pickle_free_members(p: Path, plain: dict, torch) -> tuple[list[Member], list
     obj = _Unpickler(io.BytesIO(raw), torch).load()
     members: list[Member] = []
     notes: list[str] = []
-
-    def walk(name: str, v, depth: int) -> None:
+    for name, v in tree_leaves(obj, "" if not isinstance(obj, _TensorDesc) else "tensor", notes, p):
         if isinstance(v, _TensorDesc):
             members.append(_member(p, name, v, plain, records))
-        elif isinstance(v, dict) and depth < 64:
-            for k, x in v.items():
-                walk(f"{name}.{k}" if name else str(k), x, depth + 1)
-        elif isinstance(v, (list, tuple)) and depth < 64:
-            for i, x in enumerate(v):
-                walk(f"{name}.{i}" if name else str(i), x, depth + 1)
         elif isinstance(v, Opaque) or isinstance(v, type) and issubclass(v, Opaque):
             notes.append(f"{p}: {name or '(top level)'!r} is a pickled {v.qualname} object, not a tensor; "
                          "fpsim does not unpickle objects")
         else:
             notes.append(f"{p}: {name or '(top level)'!r} is not a tensor ({type(v).__name__})")
-
-    walk("" if not isinstance(obj, _TensorDesc) else "tensor", obj, 0)
     return members, notes
+
+
+def tree_leaves(obj, top: str, notes: list[str], p: Path, depth_limit: int = 64):
+    """(dotted name, value) of every value under ``obj`` that is not a dict, list or tuple, depth-first in order.
+
+    A container met a second time — shared by two keys, or holding itself — is entered once and noted where it
+    recurs: walking it again would take time exponential in a file of a few kilobytes (a list holding itself 30
+    times, or 40 nested pairs of one list).  A tensor held twice (tied weights) is a leaf and yields both names.
+    Containers deeper than ``depth_limit`` are yielded as leaves (their caller notes them as not tensors)."""
+    first: dict[int, str] = {}
+    keep = []  # the containers seen, so that their ids stay theirs during the walk
+
+    def walk(name: str, v, depth: int):
+        if isinstance(v, (dict, list, tuple)) and depth < depth_limit:
+            if id(v) in first:
+                notes.append(f"{p}: {name or '(top level)'!r} is the container {first[id(v)] or '(top level)'!r} "
+                             "again (shared, or a reference cycle); its tensors are read once")
+                return
+            first[id(v)] = name
+            keep.append(v)
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            for k, x in items:
+                yield from walk(f"{name}.{k}" if name else str(k), x, depth + 1)
+        else:
+            yield name, v
+
+    yield from walk(top, obj, 0)
