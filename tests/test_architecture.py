@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 #: Training modules of fpsim.torch sit above the backend they use: the layers on the recipe, the monitor on io.
-TRAINING = {"fpsim.torch.nn": "fpsim.recipe", "fpsim.torch.monitoring": "fpsim.io"}
+TRAINING = {"fpsim.torch.nn": "fpsim.recipe", "fpsim.torch.qlinear": "fpsim.recipe",
+            "fpsim.torch.monitoring": "fpsim.io"}
 
 
 def _modules() -> dict[str, Path]:
