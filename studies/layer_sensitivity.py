@@ -60,7 +60,7 @@ def main(argv=None):
                          "value": mean, "ci95": ci, "seeds": seeds})
         for t, arr in (("input", x), ("grad_output", dy), ("weight", w)):
             rows.append({"index": i, "layer": layer, "gemm": "-", "precision": "-", "metric": f"kurtosis_{t}",
-                         "value": kurtosis(arr), "ci95": 0.0, "seeds": 0})
+                         "value": kurtosis(arr), "ci95": np.nan, "seeds": 0})  # one tensor: no interval
     df = pd.DataFrame(rows)
     write_csv(df, args.dir / f"{NAME}.csv")
 
