@@ -16,6 +16,7 @@ their tensor's ‖x‖² emptied (q_proj's sink-token gradient rows), as ``studi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -46,8 +47,52 @@ TABLE_CAPTION = (
     "`resid_max_other_tokens` in smollm2.csv):")
 
 
+def tiny_model(out: Path) -> dict:
+    """The tiny model's numbers this section compares with, read from the other studies' CSVs (``<out>/<study>/``,
+    else the committed ``reports/``) so they cannot go stale when those studies are re-run: NVFP4 − MXFP4 (rceil)
+    SQNR on the 9 captured tensors (section 1), block 32 → 16 and E8M0 → E4M3 gains on the synthetic data (section
+    2), the mean Wgrad change from RHT16 on the captured layers (section 4), the RNE and expected SR magnitude bias
+    of the captured gradients (section 6) and the scaled rule's overlap with the top Wgrad layers (section 7)."""
+    from studies import layer_sensitivity as ls
+    from studies.common import DISTRIBUTIONS, REPORTS
+
+    def csv(study: str) -> pd.DataFrame:
+        path = out / study / f"{study}.csv"
+        return pd.read_csv(path if path.exists() else REPORTS / study / f"{study}.csv")
+
+    fe = csv("format_error")
+    fe = fe[fe.data.str.startswith("real:")].pivot(index="data", columns="scheme", values="sqnr_db")
+    ds = csv("design_space")
+    ds = ds[ds.data.isin(DISTRIBUTIONS)].set_index(["data", "scale", "block"]).sqnr_db
+    nv, e8 = "E4M3 + FP32 tensor scale", "E8M0 (rceil)"
+    blocks = sorted({b for _, _, b in ds.index})
+    o = csv("outliers_rht")
+    o = o[(o.experiment == "gemm_placement") & o.data.str.startswith("real:") & (o.variant == "Wgrad (paper)")
+          & (o.metric == "wgrad_change_pct")]
+    sr = csv("stochastic_rounding")
+    sr = sr[(sr.part == "bias") & (sr.kind == "grad_output") & (sr.metric == "aligned_bias_rel_meanabs")]
+    lsd = csv("layer_sensitivity")
+    wg = lsd[(lsd.gemm == "wgrad") & (lsd.precision == "nvfp4_paper") & (lsd.metric == "rel_error")]
+    wg = wg.sort_values("index")
+    pm = ls.SCALED_RULE.precision_map(list(wg.layer))
+    rule = {nm for nm in wg.layer if pm[nm] == "bf16"}
+    top = set(wg.sort_values("value", ascending=False, kind="stable").layer[: len(rule)])
+    return {"fmt_gap": (fe["NVFP4"] - fe["MXFP4 rceil"]).to_numpy(), "n_real": len(fe),
+            "b16_vs_b32": np.array([ds[d, nv, 16] - ds[d, nv, 32] for d in DISTRIBUTIONS]),
+            "e4m3_vs_e8m0": np.array([ds[d, nv, b] - ds[d, e8, b] for d in DISTRIBUTIONS for b in blocks]),
+            "rht_wgrad_pct": float(o.value.mean()),
+            "rne_bias_pct": 100 * sr[sr["mode"] == "RNE"].value.to_numpy(),
+            "sr_bias_pct": 100 * sr[sr["mode"] == "SR exact (expected)"].value.to_numpy(),
+            "sens_overlap": len(rule & top), "sens_k": len(rule)}
+
+
 def _pct(v: float) -> str:
     return f"{100 * v:+.1f} %"
+
+
+def _to(a) -> str:
+    """'min to max' of signed values, two decimals."""
+    return f"{np.nanmin(a):.2f} to {np.nanmax(a):.2f}"
 
 
 def _rng(a, fmt="{:.2f}") -> str:
@@ -105,9 +150,11 @@ def design_text(f):
                 f"{_rng(a['e4m3_vs_e8m0'])} dB on X and {_rng(g['e4m3_vs_e8m0'])} dB on dY (means "
                 f"{np.mean(a['e4m3_vs_e8m0']):.2f} and {np.mean(g['e4m3_vs_e8m0']):.2f}).")
     both = min(map(np.min, (a["b16_vs_b32"], g["b16_vs_b32"], a["e4m3_vs_e8m0"], g["e4m3_vs_e8m0"]))) > 0
-    verdict = ("Agrees: each of NVFP4's two choices lowers the error on every SmolLM2 tensor, the E4M3 scale by "
-               "more than the smaller block, as on the synthetic data." if both else
-               "Partly agrees: see the ranges; at least one tensor goes the other way.")
+    e4_more = all(np.mean(t["e4m3_vs_e8m0"]) > np.mean(t["b16_vs_b32"]) for t in (a, g))
+    verdict = ("Agrees: each of NVFP4's two choices lowers the error on every SmolLM2 tensor"
+               + (", the E4M3 scale by more than the smaller block on average (on X and on dY)." if e4_more else
+                  "; on average the smaller block gains more than the E4M3 scale on X or on dY.")
+               if both else "Partly agrees: see the ranges; at least one tensor goes the other way.")
     return measured, verdict
 
 
@@ -163,7 +210,7 @@ def _tok_text(tok) -> str:
     return "; ".join(out)
 
 
-def rht_text(df, massive_blocks):
+def rht_text(df, massive_blocks, tiny):
     full, norht, change, tok = rht_numbers(df)
     c = change["wgrad_rel_error"]
     by_role = c.mean(axis=0)
@@ -196,18 +243,25 @@ def rht_text(df, massive_blocks):
         f"{_pct(mean_c := float(np.mean(c.to_numpy())))} on all tokens. The Wgrad copies quantized along "
         f"tokens (NVFP4, RNE), without → with RHT16, means over linears: {_tok_text(tok)}.")
     if mean_c > 0.01:
+        c_mcol = float(np.nanmean(change["wgrad_rel_error_massive_cols"].to_numpy()))
+        c_ocol = float(np.nanmean(change["wgrad_rel_error_other_cols"].to_numpy()))
         verdict = (f"Does not agree at the level of one GEMM, on a real LLM either: RHT16 on Wgrad raises SmolLM2's "
-                   f"Wgrad error by {_pct(mean_c)} on average (the tiny model: +14.5 %), {_pct(c_mass)} in the "
-                   f"blocks with massive activations and {_pct(c_early)} in the others, and for the massive "
-                   "channels' dW columns as for the rest. The reason found on the tiny model holds here: the "
+                   f"Wgrad error by {_pct(mean_c)} on average (the tiny model: {_pct(tiny['rht_wgrad_pct'] / 100)}), "
+                   f"{_pct(c_mass)} in the "
+                   f"blocks with massive activations and {_pct(c_early)} in the others"
+                   + (", and for the massive channels' dW columns as for the rest" if min(c_mcol, c_ocol) > 0.01
+                      else f" (massive channels' dW columns {_pct(c_mcol)}, the others {_pct(c_ocol)})")
+                   + ". The reason found on the tiny model holds here: the "
                    "16-point Hadamard tile is the 16-token quantization block, so rotation spreads a large value "
                    "over its block instead of moving it out, and costs the near-FP8 precision NVFP4 gives each "
                    "block maximum. ")
     elif mean_c < -0.01:
-        verdict = (f"Agrees on SmolLM2: RHT16 on Wgrad lowers its error by {_pct(-mean_c)} on average, unlike on the "
-                   "tiny model (+14.5 %). ")
+        verdict = (f"Agrees on SmolLM2: RHT16 on Wgrad lowers its error by {_pct(-mean_c)} on average, "
+                   + ("unlike" if tiny["rht_wgrad_pct"] > 0 else "as")
+                   + f" on the tiny model ({_pct(tiny['rht_wgrad_pct'] / 100)}). ")
     else:
-        verdict = f"Neutral: RHT16 changes SmolLM2's Wgrad error by {_pct(mean_c)} on average (tiny model +14.5 %). "
+        verdict = (f"Neutral: RHT16 changes SmolLM2's Wgrad error by {_pct(mean_c)} on average "
+                   f"(tiny model {_pct(tiny['rht_wgrad_pct'] / 100)}). ")
     small = max(abs(mean_drop), abs(mean_drop_r)) < 0.05
     verdict += (f"Leaving out the attention-sink tiles ({16 / 256:.2%} of the tokens) changes the Wgrad error by "
                 f"{_pct(mean_drop)} on average without RHT and by {_pct(mean_drop_r)} with it"
@@ -233,7 +287,7 @@ def _block_span(blocks) -> str:
     return f"blocks {blocks[0]}–{blocks[-1]}" if blocks else "none"
 
 
-def sr_text(df):
+def sr_text(df, tiny):
     rne, sr = pivot(df, "sr", "-", "bias_rne"), pivot(df, "sr", "-", "bias_sr")
     ci = pivot(df, "sr", "-", "bias_sr_ci95")
     ratio = (sr.abs() / rne.abs()).to_numpy().ravel()
@@ -250,7 +304,8 @@ def sr_text(df):
                 f"≤ {100 * np.nanmax(ci.to_numpy()):.3f} %, median {100 * np.nanmedian(ci.to_numpy()):.3f} %); "
                 f"|SR bias| < |RNE bias| in {less} of {sr.size} gradients (median ratio {np.median(ratio):.2f}); "
                 f"{zero}.")
-    verdict = ("Partly agrees, as on the tiny model (RNE −0.65 to −4.21 %, SR −0.23 to −0.47 %): SR cuts the "
+    verdict = (f"Partly agrees, as on the tiny model (RNE {_to(tiny['rne_bias_pct'])} %, expected SR "
+               f"{_to(tiny['sr_bias_pct'])} %): SR cuts the "
                "toward-zero bias of RNE several-fold on a real LLM's gradients but does not remove it (zero lies "
                f"outside all {sr.size} 95 % intervals: |SR bias| ≥ {margin:.3f}× the half-width"
                + (", the closest only just" if margin < 1.1 else "") + ") — what remains is the block-maximum clamp "
@@ -277,28 +332,55 @@ def sensitivity(df):
     return blk, rule, top, cover, k_lin, top_lin_blocks
 
 
-def sens_text(df):
+def sens_stats(blk: pd.Series, rule: list[int], cover) -> dict:
+    """Study 7's tests on the per-block errors: the permutation p-value of the rule's coverage (share of all
+    k-block sets covering at least as much), the chance coverage k/n, and the depth correlation with its 95 %
+    Fisher-z interval (n = blocks)."""
+    import itertools
+    import math
+
+    n, k = len(blk), len(rule)
+    sq = (blk**2).to_numpy()
+    combos = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n), k)), dtype=np.int64)
+    covers = sq[combos.reshape(-1, k)].sum(axis=1) / sq.sum()
+    p = float(np.mean(covers >= cover(rule) - 1e-12))  # the tolerance counts the rule's own set
+    r = float(np.corrcoef(np.asarray(blk.index, float), blk.to_numpy())[0, 1])
+    hw = 1.959963984540054 / math.sqrt(n - 3)
+    return {"p": p, "sets": math.comb(n, k), "chance": k / n, "r": r, "r_lo": math.tanh(math.atanh(r) - hw),
+            "r_hi": math.tanh(math.atanh(r) + hw)}
+
+
+def sens_text(df, tiny):
     blk, rule, top, cover, k_lin, top_lin_blocks = sensitivity(df)
     overlap = sorted(set(rule) & set(top))
+    st = sens_stats(blk, rule, cover)
     counts = pd.Series(top_lin_blocks).value_counts().sort_index()
     measured = (f"Wgrad error under nvfp4_paper, RMS over each block's 7 linears: {_rng(blk.to_numpy(), '{:.3f}')} "
-                f"across the 30 blocks (max/min {blk.max() / blk.min():.2f}×; correlation with depth "
-                f"{np.corrcoef(blk.index, blk.to_numpy())[0, 1]:.2f}; the largest, {blk.max():.3f}, in block "
+                f"across the 30 blocks (max/min {blk.max() / blk.min():.2f}×; correlation with depth index "
+                f"r = {st['r']:+.2f}, 95 % CI {st['r_lo']:+.2f} to {st['r_hi']:+.2f}, Fisher z, n = {len(blk)}; "
+                f"the largest, {blk.max():.3f}, in block "
                 f"{int(blk.idxmax())}). A per-block Wgrad-error rule keeping "
                 f"{len(rule)} blocks in BF16 picks blocks {', '.join(map(str, top))}; the paper's rule scaled to 30 "
                 f"blocks (first {SCALED_RULE.first}, last {SCALED_RULE.last}: {', '.join(map(str, rule))}) shares "
                 f"{len(overlap)} of them ({', '.join(map(str, overlap)) or 'none'}) and covers {cover(rule):.0%} of "
-                f"the summed squared block error, against {cover(top):.0%} for the measured top {len(rule)}. Per "
+                f"the summed squared block error, against {cover(top):.0%} for the measured top {len(rule)} and "
+                f"{st['chance']:.0%} expected for {len(rule)} blocks drawn at random ({100 * st['p']:.0f} % of all "
+                f"{st['sets']} possible {len(rule)}-block sets cover at least as much as the rule). Per "
                 f"linear, the 16 % ({k_lin}) with the largest Wgrad error lie in blocks "
                 + ", ".join(f"{i} ({n})" for i, n in counts.items()) + ".")
-    if len(overlap) == len(rule):
-        verdict = "Agrees: the measured most sensitive blocks are the first and last ones."
-    elif overlap:
-        verdict = (f"Partly agrees: the scaled rule catches {len(overlap)} of the {len(rule)} blocks a Wgrad-error "
-                   "rule would keep; on the tiny model it caught 2 of 3.")
-    else:
-        verdict = ("Does not agree on SmolLM2: none of the blocks with the largest Wgrad error is a first or last "
-                   "block; a per-layer Wgrad-error rule would keep other blocks in BF16.")
+    # Study 7's rule: the rule's pick against chance (p ≤ 0.05) and the depth trend against its interval.
+    better = st["p"] <= 0.05
+    rises, falls = st["r_lo"] > 0, st["r_hi"] < 0
+    ci = f"r = {st['r']:+.2f}, 95 % CI {st['r_lo']:+.2f} to {st['r_hi']:+.2f}"
+    head = ("Agrees" if better and rises else "Does not agree on SmolLM2" if not better and falls else "Partly agrees")
+    verdict = (f"{head}: the scaled rule keeps {len(overlap)} of the {len(rule)} blocks a Wgrad-error rule would "
+               f"keep (on the tiny model {tiny['sens_overlap']} of {tiny['sens_k']}), and its coverage of the "
+               f"squared block error ({cover(rule):.0%}) is " + ("better than" if better else "no better than")
+               + f" {len(rule)} blocks drawn at random ({st['chance']:.0%}; p = {st['p']:.2f}). The \"final layers "
+               "most sensitive\" part is " + ("supported: Wgrad error rises with depth" if rises else
+                                               "contradicted: Wgrad error falls with depth" if falls else
+                                               "not resolved: the depth trend is indistinguishable from none")
+               + f" ({ci}).")
     verdict += (" Caveats: one captured step of 512 tokens, SR seed 0 only, single-GEMM error as the proxy; the "
                 "paper's rule rests on training-loss behaviour of a 12B model.")
     return measured, verdict, blk, rule, top
@@ -339,9 +421,10 @@ def main(argv=None):
     f = section_format(df)
     fm, fv = fmt_text(f)
     dm, dv = design_text(f)
-    rm, rv, change = rht_text(df, massive)
-    sm, sv = sr_text(df)
-    lm, lv, blk, rule, top = sens_text(df)
+    tiny = tiny_model(args.out)
+    rm, rv, change = rht_text(df, massive, tiny)
+    sm, sv = sr_text(df, tiny)
+    lm, lv, blk, rule, top = sens_text(df, tiny)
     summary = pd.DataFrame({"block": blk.index, "wgrad_rms_rel_error": blk.to_numpy(),
                             "rht_change_mean_pct": 100 * change.mean(axis=1).to_numpy(),
                             "resid_max_first_token": [res[i]["max_abs_first_token"] for i in blk.index],
@@ -365,19 +448,23 @@ def main(argv=None):
         f"so nothing here measures weight quantization: weights and the GEMMs that read them (Fprop, Dgrad) are "
         f"left out; Wgrad = dYᵀX is weight-free.")
     parts = [("a. Format error", "NVFP4 (1×16 blocks, E4M3 scales, FP32 tensor scale) has lower quantization "
-              "error than MXFP4 (1×32, E8M0).", "Section 1: NVFP4 beats MXFP4 by 1.1–5.6 dB on the 9 captured "
-              "tensors.", fm, fv),
+              "error than MXFP4 (1×32, E8M0).",
+              f"Section 1: NVFP4 beats MXFP4 (rceil) by {_rng(tiny['fmt_gap'], '{:.1f}')} dB on the "
+              f"{tiny['n_real']} captured tensors.", fm, fv),
              ("b. Design space", "Both the smaller block and the finer E4M3 scale contribute.", "Section 2 "
-              "(synthetic): block 32 → 16 gains 0.58–2.38 dB, E4M3 over E8M0 1.00–6.92 dB.", dm, dv),
+              f"(synthetic): block 32 → 16 gains {_rng(tiny['b16_vs_b32'])} dB, E4M3 over E8M0 "
+              f"{_rng(tiny['e4m3_vs_e8m0'])} dB.", dm, dv),
              ("c. Outliers and RHT on Wgrad", "A 16-point random Hadamard transform on the Wgrad operands (along "
               "the token axis) spreads outliers and improves 4-bit training; Fprop/Dgrad do not need it at this "
-              "scale.", "Section 4: RHT16 raised the captured layers' Wgrad error by 14.5 % on average.", rm, rv),
+              "scale.", "Section 4: RHT16 changed the captured layers' Wgrad error by "
+              f"{_pct(tiny['rht_wgrad_pct'] / 100)} on average.", rm, rv),
              ("d. Stochastic rounding of gradients", "SR makes gradient quantization unbiased; RNE's bias toward "
-              "zero accumulates.", "Section 6: RNE bias −0.65 to −4.21 % of mean|g|, SR −0.23 to −0.47 % (the "
-              "block-max clamp).", sm, sv),
+              "zero accumulates.", f"Section 6: RNE bias {_to(tiny['rne_bias_pct'])} % of mean|g|, expected SR bias "
+              f"{_to(tiny['sr_bias_pct'])} % (the block-max clamp).", sm, sv),
              ("e. Layer sensitivity", "Keep the first and last blocks in BF16 (2 + 8 of 62 in the 12B); per-layer "
-              "Wgrad error is a proposed criterion.", "Section 7: the scaled rule caught 2 of the 3 layers with "
-              "the largest Wgrad error.", lm, lv)]
+              "Wgrad error is a proposed criterion.",
+              f"Section 7: the scaled rule caught {tiny['sens_overlap']} of the "
+              f"{tiny['sens_k']} layers with the largest Wgrad error.", lm, lv)]
     lines = ["## 9. SmolLM2-135M: the tensor studies on a real LLM", "", intro, ""]
     for title, claim, tiny, measured, verdict in parts:
         lines += [f"### {title}", "", f"**Paper's claim.** {claim}", "", f"**Tiny model.** {tiny}", "",
