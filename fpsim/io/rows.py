@@ -7,6 +7,11 @@ A tensor ``x`` of shape ``S`` analysed along axis ``k`` is viewed as ``moveaxis(
 for whole ``K × B`` slabs where the range covers them and for ``K`` strided runs of ``j - i``
 elements otherwise, so a chunk of rows costs memory proportional to the chunk along every axis
 (``--axis 0`` on a 1 GB tensor reads 64 MB at a time, never the whole tensor or its transpose).
+The runs are read :data:`_TILE_BYTES` at a time and transposed :data:`_STEP` lines at a time, in cache;
+a file reads each run alone (one ``preadv``) unless its stride is short (:data:`_RUN_BYTES`), so a scan
+along a leading axis reads each byte about once (it read every stride whole for every chunk: 8x the
+tensor for 8 chunks) — 0.19 s per 256 MiB float32 scan along axis 0 against 0.6-1.0 s before, 0.07 s
+along the last axis.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from .errors import InputError
 __all__ = ["RowSource", "FileStorage", "ArrayStorage", "Member"]
 
 _GROUP_BYTES = 8 << 20  # bytes read per call when gathering short strided runs
+_RUN_BYTES = 16 << 10  # a stride this short is read whole with its neighbours (about the cost of a system call)
+_TILE_BYTES = 256 << 10  # bytes of the runs read at a time along a leading axis (then transposed in cache)
+_STEP = 16  # runs transposed at a time: 16 elements written per row of the output, about one cache line
 
 
 class FileStorage:
@@ -48,9 +56,10 @@ class FileStorage:
         """``n`` runs of ``count`` elements, run ``t`` starting at element ``start + t·stride``: an n × count array."""
         out = np.empty((n, count), self.dtype)
         isz = self.dtype.itemsize
-        if n > 1 and stride * isz <= _GROUP_BYTES // 16 and count:
-            # short, close runs (rows of a K × B slab, B small): read groups of whole strides in one call and
-            # keep the first `count` of each — a few large reads instead of n small ones
+        if n > 1 and count and stride * isz <= max(_RUN_BYTES, 2 * count * isz):
+            # short, close runs: read groups of whole strides in one call and keep the first `count` of each — a
+            # few large reads instead of n small ones; only where a stride holds little besides its run, since the
+            # bytes in between are read too (a run far shorter than its stride is read alone, below)
             g = max(1, _GROUP_BYTES // (stride * isz))
             buf = np.empty(min(g, n) * stride, self.dtype)
             with self._open() as f:
@@ -62,11 +71,29 @@ class FileStorage:
                         raise InputError(f"{self.path}: tensor data is truncated")
                     out[t0 : t0 + m] = buf[: m * stride].reshape(m, stride)[:, :count]
             return out
+        if not count:
+            return out
         with self._open() as f:
+            raw = memoryview(out.view(np.uint8)).cast("B")
+            size = count * isz
+            pread = getattr(os, "preadv", None)
+            fd = f.fileno() if pread is not None and hasattr(f, "fileno") else None
+            if fd is not None and self.fileobj is not None and hasattr(f, "flush"):
+                f.flush()  # a file written through Python's buffer (an inflated npz member): reads below bypass it
             for t in range(n):
-                f.seek(self.offset + (start + t * stride) * isz)
-                got = f.readinto(memoryview(out[t].view(np.uint8))) if count else 0
-                if got != count * isz:
+                pos = self.offset + (start + t * stride) * isz
+                dst = raw[t * size : (t + 1) * size]
+                if fd is not None:  # one system call per run, no seek (a buffered seek + read costs 5x more)
+                    got = 0
+                    while got < size:  # a regular file reads short only at its end (then 0): retry to be sure
+                        k = pread(fd, [dst[got:]], pos + got)
+                        if k <= 0:
+                            break
+                        got += k
+                else:
+                    f.seek(pos)
+                    got = f.readinto(dst)
+                if got != size:
                     raise InputError(f"{self.path}: tensor data is truncated")
         return out
 
@@ -136,6 +163,16 @@ def _flat_range(arr: np.ndarray, start: int, count: int) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def _transpose_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` with its last two axes swapped, :data:`_STEP` lines of ``src`` at a time: numpy's
+    transposing copy of the whole writes one element per output row in turn, a page apart (4-10x slower)."""
+    if src.shape[-1] == 1 or src.shape[-2] == 1:  # a line: the same elements in the same order
+        dst[...] = src.reshape(dst.shape)
+        return
+    for k in range(0, src.shape[-2], _STEP):
+        dst[..., k : k + _STEP] = src[..., k : k + _STEP, :].swapaxes(-1, -2)
+
+
 class RowSource:
     """A tensor read in row ranges of its 2-D view along ``axis`` (see the module docstring).
 
@@ -192,19 +229,24 @@ class RowSource:
         K, B = self._K, self._B
         out = np.empty((j - i, K), self.dtype)
         st = self.storage
+        isz = self.dtype.itemsize
         pos = i
         while pos < j:
             a, b0 = divmod(pos, B)
             if b0 == 0 and j - pos >= B:  # whole K × B slabs: one contiguous read
                 na = (j - pos) // B
                 slab = st.read_runs(a * K * B, 1, 0, na * K * B).reshape(na, K, B)
-                out[pos - i : pos - i + na * B] = slab.transpose(0, 2, 1).reshape(na * B, K)
+                dst = out[pos - i : pos - i + na * B].reshape(na, B, K)
+                _transpose_into(dst, slab)
                 pos += na * B
-            else:  # part of one slab: K strided runs of (b1 - b0) elements
-                b1 = min(B, b0 + (j - pos))
-                runs = st.read_runs(a * K * B + b0, K, B, b1 - b0)
-                out[pos - i : pos - i + (b1 - b0)] = runs.T
-                pos += b1 - b0
+            else:  # part of one slab: K strided runs of w = b1 - b0 elements, read and transposed a tile at a time
+                w = min(B - b0, j - pos)
+                dst = out[pos - i : pos - i + w]
+                t = max(1, _TILE_BYTES // max(1, w * isz * _STEP)) * _STEP
+                for k0 in range(0, K, t):
+                    runs = st.read_runs((a * K + k0) * B + b0, min(t, K - k0), B, w)
+                    _transpose_into(dst[:, k0 : k0 + len(runs)], runs)
+                pos += w
         return out
 
     def __array__(self, dtype=None, copy=None):

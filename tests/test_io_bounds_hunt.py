@@ -1,0 +1,128 @@
+"""Readers: bounds on memory and work, and the oracle's file loader.  Each defect test failed before its fix.
+
+* rows along a leading axis (``--axis 0`` of a C-ordered tensor) re-read the whole slab for every chunk of rows
+  and transposed each chunk in one numpy copy (0.6-1.0 s per scan of 256 MiB against 0.07 s along the last axis);
+  values along every axis are checked against numpy's ``moveaxis`` bit for bit, the work by the bytes the process
+  reads (``/proc/self/io``) and the memory by tracemalloc's peak — never by a time;
+References: numpy's own arrays (``np.moveaxis``, ``np.load``), torch's tensors' bytes.
+"""
+
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+import fpsim.io.rows as rows_mod
+from fpsim.io import open_tensors, write_safetensors
+from fpsim.io.rows import ArrayStorage, FileStorage, RowSource
+from tests.test_hostile import peak
+
+# --- rows along a leading axis --------------------------------------------------------------------------------
+
+
+def _bits(rng, shape, dt) -> np.ndarray:
+    """Random bytes viewed as ``dt``: every bit pattern (NaN payloads, -0, subnormals) — compared as bytes."""
+    n = int(np.prod(shape)) * np.dtype(dt).itemsize
+    return rng.integers(0, 256, size=n, dtype=np.uint8).view(dt).reshape(shape)
+
+
+def _files(tmp_path, x, tag):
+    """x saved as .npz (stored and deflated), .safetensors and .pt (when torch is there): {kind: path}."""
+    out = {"npz": tmp_path / f"{tag}.npz", "npzc": tmp_path / f"{tag}c.npz", "st": tmp_path / f"{tag}.safetensors"}
+    np.savez(out["npz"], w=x)
+    np.savez_compressed(out["npzc"], w=x)
+    write_safetensors(out["st"], {"w": x})
+    try:
+        import torch
+    except ImportError:
+        return out
+    out["pt"] = tmp_path / f"{tag}.pt"
+    bf16 = x.dtype.name == "bfloat16"
+    t = torch.from_numpy(np.ascontiguousarray(x).view(np.int16) if bf16 else np.ascontiguousarray(x))
+    torch.save({"w": t.view(torch.bfloat16) if bf16 else t}, out["pt"])
+    return out
+
+
+@pytest.mark.parametrize("tile", [16, 200, 256 << 10])  # tiles of 1 run (then one step), a few, the default
+@pytest.mark.parametrize("run_bytes", [0, 16 << 10])  # every run read alone / short strides read in groups
+def test_rows_along_every_axis_are_numpys_bit_for_bit(tmp_path, monkeypatch, tile, run_bytes):
+    """Every axis of 1-D to 4-D tensors (tall, wide, a dimension of 1), float32/float16/bfloat16/float64, every
+    storage (a file read in place, an inflated member in memory and spilled to a file), chunks of 1 row, of a few
+    rows across slab boundaries, and of everything, equal ``np.moveaxis(x, axis, -1)`` in 2-D byte for byte."""
+    import ml_dtypes
+
+    import fpsim.io.npz as npz
+
+    monkeypatch.setattr(rows_mod, "_TILE_BYTES", tile, raising=False)
+    monkeypatch.setattr(rows_mod, "_RUN_BYTES", run_bytes, raising=False)
+    rng = np.random.default_rng(7)
+    cases = [((37,), np.float32), ((5, 300), np.float16), ((300, 5), np.float32), ((3, 40, 33), ml_dtypes.bfloat16),
+             ((2, 1, 17, 50), np.float64), ((64, 48), np.float32), ((1, 70), np.float32), ((70, 1), np.float16)]
+    for k, (shape, dt) in enumerate(cases):
+        x = _bits(rng, shape, dt)
+        for spill in (False, True):
+            monkeypatch.setattr(npz, "SPILL_BYTES", 0 if spill else 64 << 20)
+            for kind, p in _files(tmp_path, x, f"x{k}{int(spill)}").items():
+                (ref,) = open_tensors([str(p)])
+                for axis in range(x.ndim):
+                    want = np.moveaxis(x, axis, -1).reshape(-1, shape[axis])
+                    src = ref.row_source(axis).as_2d()
+                    for chunk in (1, 7, src.rows):
+                        got = np.concatenate([src[i : i + chunk] for i in range(0, src.rows, chunk)])
+                        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (kind, shape, axis, chunk)
+
+
+def test_storages_in_memory_and_in_a_file_agree_along_every_axis(monkeypatch):
+    """The same rows from an in-memory array (contiguous and a strided view) and from a file at an offset."""
+    import tempfile
+
+    monkeypatch.setattr(rows_mod, "_TILE_BYTES", 64, raising=False)
+    x = _bits(np.random.default_rng(3), (6, 34, 20), np.float32)
+    view = np.asfortranarray(x)  # not C-contiguous: ArrayStorage copies only the runs asked for
+    with tempfile.TemporaryFile() as f:
+        f.write(b"pad" + x.tobytes())
+        for st in (ArrayStorage(x), ArrayStorage(view), FileStorage("<tmp>", 3, x.dtype, fileobj=f)):
+            for axis in range(3):
+                src = RowSource(st, x.shape, axis).as_2d()
+                got = np.concatenate([src[i : i + 9] for i in range(0, src.rows, 9)])
+                assert got.tobytes() == np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis]).tobytes()
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc/self/io")
+def test_rows_along_axis_0_read_each_byte_about_once(tmp_path):
+    """--axis 0 of a C-ordered (1024, 8192) float32 tensor in chunks of 1024 rows: each chunk read every K-line of
+    the tensor whole (8 KiB strides gathered in 8 MiB reads) to keep a quarter of each — 8 chunks read 256 MiB for
+    a 32 MiB tensor, the work growing with the square of the tensor's size.  Now each chunk reads its runs only."""
+    x = np.arange(1024 * 8192, dtype=np.float32).reshape(1024, 8192)
+    for p in _files(tmp_path, x, "big").values():
+        if p.suffix == ".npz" and zipfile.ZipFile(p).infolist()[0].compress_type != zipfile.ZIP_STORED:
+            continue  # inflated into memory: no file reads to count
+        (ref,) = open_tensors([str(p)])
+        src = ref.row_source(0).as_2d()
+        before = _bytes_read()
+        for i in range(0, src.rows, 1024):
+            c = src[i : i + 1024]
+            assert c[0, 0] == x[0, i] and c[-1, -1] == x[-1, i + 1023]
+        assert _bytes_read() - before < 1.25 * x.nbytes, p  # was 8.0 x
+
+
+def test_rows_along_axis_0_cost_about_one_chunk_of_memory(tmp_path):
+    """A 4 MiB chunk of rows along axis 0 held a second copy of itself (the runs before their transpose) and an
+    8 MiB gathering buffer (16 MiB traced); now the chunk and a 256 KiB tile."""
+    x = np.ones((2048, 2048), np.float32)
+    p = tmp_path / "s.safetensors"
+    write_safetensors(p, {"w": x})
+    (ref,) = open_tensors([str(p)])
+    src = ref.row_source(0).as_2d()
+    chunk = 512
+
+    def one():
+        assert src[0:chunk].all()
+
+    assert peak(one) < 1.5 * chunk * 2048 * 4
