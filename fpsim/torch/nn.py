@@ -24,6 +24,16 @@ any leading shape (batch × seq × features; the token count a multiple of the W
 runs) and returns the input's dtype (the autocast dtype where autocast is on), so optimizers, clipping, DDP and
 FSDP see a plain linear layer.  It is differentiable once (a double backward through it is refused) and
 refuses torch.func transforms.
+
+``torch.compile``: in a compiled model each fpsim layer with a recipe runs eagerly, as above, behind a graph break
+(its copies, Philox streams and host GEMMs are no graph code: ``forward`` hands itself to a
+``torch.compiler.disable``'d call when ``torch.compiler.is_compiling()``, the eager path's only cost), and
+everything between the layers compiles (embeddings, norms, activations, residuals, the head, the loss), with any
+backend and mode; a new step compiles nothing anew.  The outputs and gradients are the uncompiled model's bit for
+bit wherever the compiled parts keep ATen's arithmetic (the ``eager`` and ``aot_eager`` backends always;
+inductor where it does not reorder a reduction, as it does in LayerNorm's backward).  ``fullgraph=True`` admits
+no graph break and stops with one error saying so.  Capturing a whole step as a CUDA graph is
+:mod:`fpsim.torch.graphs`, apart from this.
 """
 
 from __future__ import annotations
@@ -95,6 +105,8 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe is None:
             return super().forward(x)
+        if torch.compiler.is_compiling():  # under torch.compile: a graph break, the layer runs eagerly
+            return _run_eagerly(self, x)
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         if not x.is_floating_point():
@@ -137,6 +149,17 @@ class Linear(torch.nn.Linear):
             if self.bias is not None:
                 y = y + self.bias.to(torch.float32)
         return y.to(out_dtype)
+
+
+def _eager_forward(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    return layer.forward(x)
+
+
+#: What a compiled model calls for an fpsim layer: the layer's forward run eagerly, outside the graph (its copies,
+#: Philox streams and host GEMMs are no graph code), with the graph broken before and after it.
+_run_eagerly = torch.compiler.disable(_eager_forward, reason=(
+    "fpsim.torch.Linear runs eagerly between the compiled parts of a model (a graph break around each layer); "
+    "torch.compile(fullgraph=True) allows no graph break: compile without fullgraph=True"))
 
 
 def _block_index(name: str) -> int | None:
