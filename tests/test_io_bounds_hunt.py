@@ -126,3 +126,88 @@ def test_rows_along_axis_0_cost_about_one_chunk_of_memory(tmp_path):
         assert src[0:chunk].all()
 
     assert peak(one) < 1.5 * chunk * 2048 * 4
+
+
+# --- the oracle's loader (fpsim diff / explain --block): paths that are not files, pickled members --------------
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from fpsim_cli.main import main
+
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert "Traceback" not in r.output and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+    return r.exit_code, [ln for ln in r.output.splitlines() if ln.startswith("error")], r.output
+
+
+class _Planted:
+    """Unpickled, it would create the file ``path`` (``open(path, "w")``)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+@pytest.fixture
+def oracle_files(tmp_path):
+    import fpsim
+
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    q = fpsim.quantize(x, "nvfp4")
+    np.savez(tmp_path / "good.npz", codes=q.data, scales=q.scales, amax=q.amax)
+    return tmp_path
+
+
+def test_oracle_path_that_is_a_directory_device_or_fifo_says_what_it_is(oracle_files):
+    """`fpsim diff --input DIR`, a candidate /dev/null, `explain --block FIFO:x:0` said "no such file" for a path
+    that exists; now what it is, as `fpsim analyze` says it (diff: exit 2; explain: exit 1, its unusable input)."""
+    from fpsim.oracle import load_arrays
+
+    t = oracle_files
+    (t / "d.npz").mkdir()
+    os.mkfifo(t / "f.npz")
+    cases = ((t / "d.npz", "a directory"), (os.devnull, "a character device"), (t / "f.npz", "a FIFO"))
+    for path, what in cases:
+        want = f"error: {path}: {what}, not a regular file; refusing to read it"
+        assert _cli("diff", t / "good.npz", "--input", path)[:2] == (2, [want])
+        assert _cli("diff", path, "--input", t / "x.npz")[:2] == (2, [want])
+        assert _cli("explain", "--block", f"{path}:x:0")[:2] == (1, [want])
+        with pytest.raises(ValueError, match=what):
+            load_arrays(path)
+    code, lines, _ = _cli("diff", t / "good.npz", "--input", t / "missing.npz")
+    assert code == 2 and lines == [f"error: {t / 'missing.npz'}: no such file or directory"]
+
+
+def test_one_pickled_npz_member_does_not_make_the_others_unusable(oracle_files):
+    """An npz with an object array beside the input: the whole file was "refusing to load pickled data", even for
+    `--input F:x`.  Now x is read and only the pickled member is refused (by name) when asked for; it is never
+    unpickled (the planted object would create a file)."""
+    from fpsim.oracle import load_arrays
+
+    t = oracle_files
+    x = np.load(t / "x.npz")["x"]
+    marker = t / "unpickled"
+    np.savez(t / "mixed.npz", x=x, meta=np.array([_Planted(str(marker)), None], dtype=object))
+    g = np.load(t / "good.npz")
+    np.savez(t / "cand.npz", codes=g["codes"], scales=g["scales"], amax=g["amax"],
+             note=np.array([_Planted(str(marker))], dtype=object))
+    code, lines, out = _cli("diff", t / "good.npz", "--input", f"{t / 'mixed.npz'}:x")
+    assert code == 0 and not lines and "IDENTICAL" in out, out
+    code, lines, out = _cli("diff", t / "good.npz", "--input", t / "mixed.npz")  # no name: the key x
+    assert code == 0 and not lines, out
+    code, lines, out = _cli("diff", t / "cand.npz", "--input", t / "x.npz")  # the candidate's extra member
+    assert code == 0 and not lines, out
+    code, lines, _ = _cli("diff", t / "good.npz", "--input", f"{t / 'mixed.npz'}:meta")
+    assert code == 2 and len(lines) == 1 and "mixed.npz" in lines[0] and "'meta'" in lines[0]
+    assert "refusing to load pickled data" in lines[0]
+    code, lines, _ = _cli("explain", "--block", f"{t / 'mixed.npz'}:x:0")
+    assert code == 0 and not lines
+    arrays = load_arrays(t / "mixed.npz")
+    assert sorted(arrays) == ["meta", "x"] and "meta" in arrays and np.array_equal(arrays["x"], x)
+    with pytest.raises(ValueError, match=r"mixed\.npz: refusing to load pickled data .*member 'meta'"):
+        arrays["meta"]
+    assert not marker.exists()  # the planted object was never built

@@ -5,7 +5,16 @@ npz (:mod:`.npz`), torch files (:mod:`.torchfile`), quantized tensors (:mod:`.qu
 from .errors import InputError
 from .files import OutputError, atomic_write, check_writable, dumps, to_json
 from .quantized import load_quantized, save_quantized
-from .readers import SUFFIXES, RowSource, TensorRef, dump_iteration, open_file, open_tensors, unique_labels
+from .readers import (
+    SUFFIXES,
+    RowSource,
+    TensorRef,
+    check_input_file,
+    dump_iteration,
+    open_file,
+    open_tensors,
+    unique_labels,
+)
 from .safetensors import SAFETENSORS_DTYPES, write_safetensors
 
 __all__ = [
@@ -17,6 +26,7 @@ __all__ = [
     "SUFFIXES",
     "TensorRef",
     "atomic_write",
+    "check_input_file",
     "check_writable",
     "dumps",
     "open_file",

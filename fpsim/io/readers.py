@@ -38,7 +38,7 @@ from .rows import ArrayStorage, FileStorage, Member, RowSource
 from .safetensors import SAFETENSORS_DTYPES, read_entry, read_header, write_safetensors
 from .torchfile import torch_members
 
-__all__ = ["InputError", "TensorRef", "RowSource", "open_tensors", "open_file", "unique_labels",
+__all__ = ["InputError", "TensorRef", "RowSource", "open_tensors", "open_file", "check_input_file", "unique_labels",
            "SAFETENSORS_DTYPES", "write_safetensors", "SUFFIXES", "dump_iteration"]
 
 #: File suffixes fpsim reads, each with its reader.
@@ -147,6 +147,22 @@ def _stat_error(p: str, e: OSError) -> str:
     if e.errno == errno.ENOENT:
         return f"{p}: no such file or directory"
     return f"{p}: cannot access ({e.strerror or type(e).__name__})"
+
+
+def check_input_file(path: str | os.PathLike) -> None:
+    """:class:`InputError` with one line naming ``path`` unless it is a readable regular file: what it is instead
+    (a directory, a character device such as ``/dev/null``, a FIFO, a socket), or why it cannot be reached
+    (missing, a broken link, a link loop, an unsearchable directory, no read permission).  Nothing is opened, so
+    a FIFO cannot block."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise InputError(_stat_error(p, e)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{p}: {_kind(st.st_mode)}, not a regular file; refusing to read it")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{p}: not readable (permission denied)")
 
 
 def _walk(d: str, files: list[Path], notes: list[str], errors: list[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ..formats import FormatSpec
 
 __all__ = ["F32", "FLT_MAX", "code_bits", "code_info", "f32_fields", "fmin_nan", "f32_class", "hex32",
            "load_arrays", "positive_codes", "max_load_bytes", "check_load_size",
-           "MAX_BYTES_ENV"]
+           "MAX_BYTES_ENV", "FileArrays"]
 
 F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)
@@ -203,54 +204,104 @@ def _npy(p: Path) -> dict[str, np.ndarray]:
     return {"": np.ascontiguousarray(arr)}
 
 
-def _tensors(p: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a ``.npz`` or ``.safetensors`` file through :func:`fpsim.io.open_file` (members and headers
+class FileArrays(Mapping):
+    """The arrays of one ``.npz`` or ``.safetensors`` file by name, each read when it is first asked for.
+
+    Listing the names reads nothing but the file's index.  An array that cannot be read — a pickled npz member
+    (never unpickled), a truncated or corrupt one, one larger than :func:`max_load_bytes` — is refused when asked
+    for, with one line naming the file and the array (``ValueError``); the file's other arrays stay readable.
+    The arrays read from one file are also within :func:`max_load_bytes` together."""
+
+    def __init__(self, path: Path, refs):
+        self.path, self._refs, self._got, self._total = path, {r.name: r for r in refs}, {}, 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._got:
+            return self._got[name]
+        r = self._refs[name]  # KeyError: no such array
+        from ..io import InputError
+
+        p = self.path
+        try:
+            if r.error:
+                raise InputError(r.error)
+            check_load_size(f"{p}: array {r.name!r}", r.nbytes, f"shape {list(r.shape)} of {r.dtype}")
+            if self._got:
+                check_load_size(f"{p}", self._total + r.nbytes, f"its {len(self._got) + 1} arrays read together")
+            arr = np.asarray(r.load())
+        except (InputError, ValueError) as e:
+            raise ValueError(_one_line(p, e)) from None
+        except MemoryError:
+            raise ValueError(f"{p}: array {name!r}: out of memory while reading it") from None
+        except Exception as e:  # OSError (the file removed meanwhile) …: one line, no traceback
+            raise ValueError(f"{p}: array {name!r}: cannot read ({exception_line(e)})") from None
+        self._total += r.nbytes
+        self._got[name] = arr
+        return arr
+
+    def __contains__(self, name) -> bool:
+        return name in self._refs
+
+    def __iter__(self):
+        return iter(self._refs)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+def _one_line(p: Path, e: Exception) -> str:
+    """The one-line message of a refused file or array, naming the file (pickles said so in numpy's words)."""
+    msg = str(e).splitlines()[0] if str(e) else "cannot read"
+    why = msg[len(str(p)) + 2:] if msg.startswith(f"{p}: ") else msg  # the reason, not the path (which may say it)
+    if "pickle" in why.lower() and "pickled" not in why:  # fpsim.io's "… holds Python objects (a pickle) …"
+        return f"{p}: refusing to load pickled data (allow_pickle=False): {why}"
+    return msg if msg.startswith(str(p)) else f"{p}: cannot read: {msg}"
+
+
+def _tensors(p: Path) -> FileArrays:
+    """The arrays of a ``.npz`` or ``.safetensors`` file through :func:`fpsim.io.open_file` (members and headers
     checked against the file before any data is read: zip bombs, truncated members and offsets past the end are
-    refused), each and all together within :func:`max_load_bytes` before one is loaded."""
+    refused by name when asked for), read one by one as asked, each and all read together within
+    :func:`max_load_bytes`."""
     from ..io import InputError, open_file
 
     try:
         refs, _ = open_file(p)
-        for r in refs:
-            if r.error:
-                raise InputError(r.error)
-        total = 0
-        for r in refs:
-            check_load_size(f"{p}: array {r.name!r}", r.nbytes, f"shape {list(r.shape)} of {r.dtype}")
-            total += r.nbytes
-        if len(refs) > 1:
-            check_load_size(f"{p}", total, f"its {len(refs)} arrays together")
-        return {r.name: np.asarray(r.load()) for r in refs}
     except InputError as e:
         raise ValueError(str(e).splitlines()[0] if str(e) else f"{p}: cannot read") from None
+    return FileArrays(p, refs)
 
 
-def load_arrays(path) -> dict[str, np.ndarray]:
-    """All arrays of a ``.npz``, ``.npy`` or ``.safetensors`` file; never unpickles, never over-allocates.
+def load_arrays(path) -> Mapping[str, np.ndarray]:
+    """The arrays of a ``.npz``, ``.npy`` or ``.safetensors`` file by name; never unpickles, never over-allocates.
 
     Every array's declared size is checked before it is allocated: against the file (a truncated ``.npy``, an
     npz member that inflates to more or less than its ``.npy`` header says or more than deflate can produce, a
     safetensors entry whose offsets run past the file) and against :func:`max_load_bytes`.  ``.npz`` and
     ``.safetensors`` go through :func:`fpsim.io.open_file` (names printable; a ``|V2`` npz member is bfloat16,
-    F4/F6 safetensors tensors are unpacked to one element per byte).  ``.npy`` arrays are keyed ``""``.
+    F4/F6 safetensors tensors are unpacked to one element per byte) and give a :class:`FileArrays`: each array is
+    read when asked for, so a pickled or corrupt member is refused by name without making the file's other arrays
+    unusable.  ``.npy`` arrays are keyed ``""``.
 
-    Raises ``ValueError`` with a one-line message naming the file (and the array) for a missing, unreadable,
-    pickled, inconsistent or too large file.
+    Raises ``ValueError`` with a one-line message naming the file (and the array) for a path that is not a
+    readable regular file (missing, a directory, a device, a FIFO: said as :func:`fpsim.io.check_input_file` says
+    it), an unsupported suffix, an unreadable file index, and — when it is asked for — a pickled, inconsistent or
+    too large array.
     """
+    from ..io import InputError, check_input_file
+
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{p}: no such file")
+    try:
+        check_input_file(p)
+    except InputError as e:
+        raise ValueError(str(e)) from None
     suffix = p.suffix.lower()
     if suffix not in (".npz", ".npy", ".safetensors"):
         raise ValueError(f"{p}: unsupported file type {suffix!r} (use .npz, .npy or .safetensors)")
     try:
         return _npy(p) if suffix == ".npy" else _tensors(p)
     except ValueError as e:
-        msg = str(e).splitlines()[0] if str(e) else "cannot read"
-        if "pickle" in msg.lower() and "pickled" not in msg:  # fpsim.io's "… holds Python objects (a pickle) …"
-            why = msg[len(str(p)) + 2:] if msg.startswith(f"{p}: ") else msg
-            raise ValueError(f"{p}: refusing to load pickled data (allow_pickle=False): {why}") from None
-        raise ValueError(msg if msg.startswith(str(p)) else f"{p}: cannot read: {msg}") from None
+        raise ValueError(_one_line(p, e)) from None
     except MemoryError:
         raise ValueError(f"{p}: out of memory while reading it") from None
     except Exception as e:  # OSError, EOFError, struct.error …: one line, no traceback
