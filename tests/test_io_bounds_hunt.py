@@ -211,3 +211,139 @@ def test_one_pickled_npz_member_does_not_make_the_others_unusable(oracle_files):
     with pytest.raises(ValueError, match=r"mixed\.npz: refusing to load pickled data .*member 'meta'"):
         arrays["meta"]
     assert not marker.exists()  # the planted object was never built
+
+
+# --- legacy (non-zip) .pt files ----------------------------------------------------------------------------------
+
+_LEGACY_RSS = """
+import sys
+import numpy as np
+import torch  # noqa: F401 - imported before the baseline, as the reader imports it
+from fpsim.io import open_tensors
+
+def hwm():  # this process's peak resident memory (ru_maxrss would include the parent's, kept across exec)
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) * 1024
+
+base = hwm()
+(ref,) = open_tensors([sys.argv[1]])
+for axis in (-1, 0):
+    src = ref.row_source(axis).as_2d()
+    step = max(1, (1 << 20) // (4 * src.shape[1]))
+    total = 0.0
+    for i in range(0, src.rows, step):
+        total += float(src[i : i + step].sum(dtype=np.float64))
+    assert total == float(src.rows * src.shape[1]), total
+print(hwm() - base)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc/self/status")
+def test_legacy_pt_is_read_in_bounded_memory(tmp_path):
+    """A legacy-format file (torch.save(..., _use_new_zipfile_serialization=False), every file of torch < 1.6) was
+    read whole by torch.load (it cannot memory-map that format): 96 MiB of peak memory for a 96 MiB tensor read in
+    1 MiB chunks, unbounded for a larger file.  Its storages are now found in the file and read in place."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    p = tmp_path / "legacy.pt"
+    torch.save({"w": torch.ones(3072, 8192)}, p, _use_new_zipfile_serialization=False)  # 96 MiB
+    assert p.read_bytes()[:2] != b"PK"
+    r = subprocess.run([sys.executable, "-c", _LEGACY_RSS, str(p)], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr[-800:]
+    assert int(r.stdout.split()[-1]) < 24 << 20, r.stdout  # was 100 MiB
+
+
+def _legacy_and_zip(tmp_path, obj, name):
+    import torch
+
+    out = []
+    for legacy in (True, False):
+        p = tmp_path / f"{name}{'_legacy' if legacy else ''}.pt"
+        torch.save(obj, p, _use_new_zipfile_serialization=not legacy)
+        out.append(p)
+    return out
+
+
+def test_legacy_pt_tensors_equal_torchs_bit_for_bit(tmp_path):
+    """Nested dicts and lists, tied weights, a slice and a transposed view of a storage, a Parameter, a scalar, an
+    empty tensor, float32/64/16, bfloat16, ints and bool, read from the legacy file, equal torch.load's tensors
+    (and the zip file's names and notes); float8, which torch writes in the legacy format but cannot read back, is
+    read from its bytes."""
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 40, generator=g)
+    obj = {"model": {"fc": {"weight": base, "tied": base, "slice": base[2:5], "t": base.t()},
+                     "p": torch.nn.Parameter(torch.randn(3, 7, generator=g))},
+           "opt": [torch.randn(5, generator=g).double(), torch.randn(4, 16, generator=g).half(),
+                   torch.randn(8, 3, generator=g).bfloat16(), torch.arange(-5, 7, dtype=torch.int32).reshape(3, 4),
+                   torch.tensor([True, False, True])],
+           "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4), "step": 7}
+    legacy, zipped = _legacy_and_zip(tmp_path, obj, "ckpt")
+    want = torch.load(legacy, weights_only=True)
+    notes_l, notes_z = [], []
+    refs = {r.name: r for r in open_tensors([str(legacy)], on_note=notes_l.append)}
+    zrefs = {r.name: r for r in open_tensors([str(zipped)], on_note=notes_z.append)}
+    assert sorted(refs) == sorted(zrefs) and len(refs) == 12
+    assert [n.replace("ckpt_legacy", "ckpt") for n in notes_l] == notes_z == [f"{zipped}: 'step' is not a tensor (int)"]
+
+    def get(o, dotted):
+        for k in dotted.split("."):
+            o = o[int(k)] if isinstance(o, list) else o[k]
+        return o
+
+    for name, ref in refs.items():
+        t = get(want, name).detach()
+        raw = t.contiguous().view(torch.int16) if t.dtype == torch.bfloat16 else t.contiguous()
+        assert ref.error is None and ref.shape == tuple(t.shape), name
+        assert ref.load().tobytes() == raw.numpy().tobytes(), name
+        if t.ndim:
+            for axis in range(t.ndim):
+                src = ref.row_source(axis).as_2d()
+                got = np.concatenate([src[i : i + 2] for i in range(0, src.rows, 2)]) if src.rows else src[0:0]
+                mv = raw.movedim(axis, -1).reshape(-1, t.shape[axis]).numpy() if t.numel() else got
+                assert got.tobytes() == mv.tobytes(), (name, axis)
+    x8 = torch.randn(4, 32, generator=g).to(torch.float8_e4m3fn)
+    (p8,) = _legacy_and_zip(tmp_path, {"x": x8}, "f8")[:1]
+    (ref,) = open_tensors([str(p8)])
+    assert ref.load().tobytes() == x8.view(torch.uint8).numpy().tobytes()
+
+
+class _Obj:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_legacy_pt_objects_are_named_never_built_and_damage_is_one_line(tmp_path):
+    """A pickled object beside the tensors (here one that would create a file) is noted by its class, never
+    built; a legacy file cut short names each tensor whose bytes are missing and reads the others; a file that is
+    neither format is one line."""
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    marker = tmp_path / "built"
+    p = tmp_path / "obj.pt"
+    a, b = torch.arange(64.0).reshape(4, 16), torch.full((4, 16), 3.0)
+    torch.save({"a": a, "hook": _Obj(str(marker)), "b": b}, p, _use_new_zipfile_serialization=False)
+    notes = []
+    refs = {r.name: r for r in open_tensors([str(p)], on_note=notes.append)}
+    assert not marker.exists() and sorted(refs) == ["a", "b"]
+    assert notes == [f"{p}: 'hook' is a pickled io.open object, not a tensor; fpsim does not unpickle objects"]
+    assert np.array_equal(refs["a"].load(), a.numpy()) and np.array_equal(refs["b"].load(), b.numpy())
+    raw = p.read_bytes()
+    p.write_bytes(raw[:-100])  # the last storage (b, in key order or a) loses its tail
+    refs = {r.name: r for r in open_tensors([str(p)])}
+    bad = [n for n, r in refs.items() if r.error]
+    assert len(bad) == 1 and "truncated or corrupt" in refs[bad[0]].error and f"tensor {bad[0]!r}" in refs[bad[0]].error
+    good = ({"a", "b"} - set(bad)).pop()
+    assert np.array_equal(refs[good].load(), {"a": a, "b": b}[good].numpy())
+    q = tmp_path / "junk.pt"
+    q.write_bytes(b"not a torch file at all\n" * 10)
+    from fpsim.io import InputError
+
+    with pytest.raises(InputError) as e:
+        open_tensors([str(q)])
+    assert str(e.value).startswith(f"{q}: cannot read as a torch file") and "\n" not in str(e.value)

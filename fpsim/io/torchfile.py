@@ -4,7 +4,8 @@ A zip-format checkpoint (what ``torch.save`` writes since torch 1.6) is loaded o
 dtypes and file offsets, no data; when every tensor is dense, contiguous and of a dtype whose bytes are read
 as they are, each is read from its zip record with plain reads (checked against the record's size), so a file
 truncated while it is read is an error, never a SIGBUS.  Other files are loaded again by torch with
-``mmap=True`` (storages mapped, not read); a legacy (non-zip) file is read whole.
+``mmap=True`` (storages mapped, not read).  A legacy (non-zip) file, which torch can only read whole, is read
+by :func:`fpsim.io.torchpickle.legacy_members`: its pickles through inert stand-ins, its storages in place.
 Nested containers are walked: ``{"state_dict": {"fc.weight": t}}`` gives ``state_dict.fc.weight``, list
 items get their index.  dtypes numpy lacks are viewed bit for bit as their ml_dtypes twin (bfloat16,
 float8 E4M3/E5M2/E8M0 and the FNUZ variants; packed ``float4_e2m1fn_x2`` unpacked to two elements per
@@ -23,7 +24,7 @@ import numpy as np
 from .errors import InputError
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
-from .torchpickle import pickle_free_members, tree_leaves
+from .torchpickle import legacy_members, pickle_free_members, tree_leaves
 
 __all__ = ["torch_members"]
 
@@ -120,8 +121,8 @@ def _load(path: Path, plain: dict):
     """The file's object.  Its tensors are on the meta device (shape, dtype and file offset, no data) when every
     one can be read in place: those are then read with plain reads, so a file truncated while it is analysed
     (a training run rewriting its dump) is a "truncated" error, not a SIGBUS that kills the whole run as a
-    memory mapping would.  Other files (strided views, packed FP4, quantized, sparse, legacy format) are loaded
-    by torch, memory-mapped where it can."""
+    memory mapping would.  Other zip files (strided views, packed FP4, quantized, sparse) are loaded by torch,
+    memory-mapped."""
     import torch
 
     # torch's own deprecation notices while rebuilding storages (TypedStorage, ComplexHalf, quantized
@@ -135,12 +136,7 @@ def _load(path: Path, plain: dict):
                 return obj, records
         except Exception:  # noqa: BLE001 - the load below reports what is wrong with the file
             pass
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True), None
-        except RuntimeError as e:
-            if "mmap" not in str(e):
-                raise
-        return torch.load(path, map_location="cpu", weights_only=True), None  # legacy (non-zip) format: no mmap
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True), None
 
 
 def _file_member(p: Path, name: str, t, dt: np.dtype, records: dict[int, int]) -> Member:
@@ -167,6 +163,15 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
         raise InputError(f"{p}: reading .pt/.pth needs torch (pip install 'fpsim[torch]')") from None
     views = _ml_views()
     plain = _plain_dtypes(views)
+    with open(p, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"  # torch's own test of the format
+    if not zipped:  # the legacy format: torch would read it whole (no mmap); read here in place, never unpickled
+        try:
+            return legacy_members(p, plain, torch)
+        except Exception as e:  # noqa: BLE001 - a file that is not one: one line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+            raise InputError(f"{p}: cannot read as a torch file: not a zip archive (torch >= 1.6) nor torch's "
+                             f"legacy format ({first})") from None
     try:
         obj, records = _load(p, plain)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files

@@ -27,7 +27,7 @@ import numpy as np
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
 
-__all__ = ["Opaque", "pickle_free_members", "tree_leaves"]
+__all__ = ["Opaque", "legacy_members", "pickle_free_members", "tree_leaves"]
 
 
 class Opaque:
@@ -92,6 +92,7 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, f, torch):
         super().__init__(f)
         self.torch = torch
+        self.storage_dtypes = {}  # storage key -> dtype of its first persistent id (None: untyped, bytes)
 
     def find_class(self, module, name):
         torch = self.torch
@@ -103,19 +104,33 @@ class _Unpickler(pickle.Unpickler):
             return fixed[(module, name)]
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if (module, name) in (("torch.storage", "UntypedStorage"), ("torch", "UntypedStorage")):
+            return _StorageType(None)
         if module == "torch" and name.endswith("Storage") and hasattr(torch, name):
             with warnings.catch_warnings():  # torch's notice that TypedStorage is deprecated
                 warnings.simplefilter("ignore")
-                return _StorageType(getattr(torch, name).dtype)
-        if (module, name) == ("torch.storage", "UntypedStorage"):
-            return _StorageType(None)
+                dtype = getattr(getattr(torch, name), "dtype", None)
+            if isinstance(dtype, torch.dtype):
+                return _StorageType(dtype)
         return type("Opaque", (Opaque,), {"qualname": f"{module}.{name}"})
 
     def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType) and isinstance(pid[4], int)):
+        # zip format: ("storage", type, key, location, numel); legacy format: the same and a view (always None
+        # since torch 1.0), or ("module", class, source file, source) for a pickled nn.Module's class
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module" and _is_opaque(pid[1]):
+            return pid[1]
+        if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"
+                and isinstance(pid[1], _StorageType) and type(pid[4]) is int):
             raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
-        return _Storage(str(pid[2]), pid[1].dtype, pid[4])
+        key = str(pid[2])
+        self.storage_dtypes.setdefault(key, pid[1].dtype)  # the first one met is the one the legacy format wrote
+        if len(pid) == 6 and pid[5] is not None:  # a storage view of torch < 1.0's files: not read (named below)
+            return _Storage(f"{key} (a storage view)", pid[1].dtype, pid[4])
+        return _Storage(key, pid[1].dtype, pid[4])
+
+
+def _is_opaque(v) -> bool:
+    return isinstance(v, Opaque) or isinstance(v, type) and issubclass(v, Opaque)
 
 
 def _records(zf: zipfile.ZipFile, fh) -> tuple[bytes, dict[str, tuple[int, int]], bool]:
@@ -176,18 +191,70 @@ def pickle_free_members(p: Path, plain: dict, torch) -> tuple[list[Member], list
         raw, records, little = _records(zf, fh)
     if not little:
         raise pickle.UnpicklingError("a big-endian file")
-    obj = _Unpickler(io.BytesIO(raw), torch).load()
+    return _members_of(p, _Unpickler(io.BytesIO(raw), torch).load(), plain, records)
+
+
+def _members_of(p: Path, obj, plain: dict, records: dict) -> tuple[list[Member], list[str]]:
     members: list[Member] = []
     notes: list[str] = []
     for name, v in tree_leaves(obj, "" if not isinstance(obj, _TensorDesc) else "tensor", notes, p):
         if isinstance(v, _TensorDesc):
             members.append(_member(p, name, v, plain, records))
-        elif isinstance(v, Opaque) or isinstance(v, type) and issubclass(v, Opaque):
+        elif _is_opaque(v):
             notes.append(f"{p}: {name or '(top level)'!r} is a pickled {v.qualname} object, not a tensor; "
                          "fpsim does not unpickle objects")
         else:
             notes.append(f"{p}: {name or '(top level)'!r} is not a tensor ({type(v).__name__})")
     return members, notes
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of torch's legacy (non-zip) format, then its version
+_LEGACY_VERSION = 1001
+
+
+def legacy_members(p: Path, plain: dict, torch) -> tuple[list[Member], list[str]]:
+    """Members and notes of a torch file in the legacy format (``torch.save(..., _use_new_zipfile_serialization=
+    False)``, and every file of torch < 1.6), read in bounded memory: torch itself reads such a file whole (it
+    cannot memory-map it).  The format is a run of pickles — magic number, version, system info, the object, the
+    sorted storage keys — then each storage as its element count (8 bytes, little-endian) and its bytes
+    (little-endian).  The pickles go through the same inert :class:`_Unpickler` as a zip file's (no global of the
+    file is ever called); each storage's place is found by reading its 8-byte count and seeking past its bytes,
+    and its tensors are then read in place like a zip file's.  Raises ``pickle.UnpicklingError`` and the like when
+    the file is not one."""
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        if _Unpickler(f, torch).load() != _LEGACY_MAGIC:
+            raise pickle.UnpicklingError("no zip archive and no legacy magic number")
+        version = _Unpickler(f, torch).load()
+        if version != _LEGACY_VERSION:
+            raise pickle.UnpicklingError(f"legacy format version {str(version)[:20]}, not {_LEGACY_VERSION}")
+        info = _Unpickler(f, torch).load()
+        if isinstance(info, dict) and info.get("little_endian") is False:
+            raise pickle.UnpicklingError("a big-endian file")
+        up = _Unpickler(f, torch)
+        obj = up.load()
+        keys = _Unpickler(f, torch).load()
+        if not isinstance(keys, list):
+            raise pickle.UnpicklingError("corrupt storage list")
+        records, pos = {}, f.tell()
+        for key in map(str, keys):
+            if key not in up.storage_dtypes:
+                raise pickle.UnpicklingError(f"storage {key[:30]!r} is listed but no tensor uses it")
+            dt = up.storage_dtypes[key]
+            f.seek(pos)
+            head = f.read(8)
+            numel = int.from_bytes(head, "little", signed=True) if len(head) == 8 else 0
+            if numel < 0:
+                raise pickle.UnpicklingError(f"storage {key[:30]!r} has a negative size")
+            nbytes = numel * (1 if dt is None else _itemsize(dt, torch))
+            records[key] = (pos + 8, max(0, min(nbytes, size - pos - 8)))  # short: its tensors say "truncated"
+            pos += 8 + nbytes
+    return _members_of(p, obj, plain, records)
+
+
+def _itemsize(dtype, torch) -> int:
+    n = getattr(dtype, "itemsize", None)  # torch >= 2.1
+    return int(n) if n else torch.empty((), dtype=dtype).element_size()
 
 
 def tree_leaves(obj, top: str, notes: list[str], p: Path, depth_limit: int = 64):
