@@ -4,7 +4,10 @@
   and transposed each chunk in one numpy copy (0.6-1.0 s per scan of 256 MiB against 0.07 s along the last axis);
   values along every axis are checked against numpy's ``moveaxis`` bit for bit, the work by the bytes the process
   reads (``/proc/self/io``) and the memory by tracemalloc's peak — never by a time;
-References: numpy's own arrays (``np.moveaxis``, ``np.load``), torch's tensors' bytes.
+* the oracle's ``load_arrays`` called a directory, ``/dev/null`` or a FIFO "no such file", and one pickled npz
+  member made every array of the file unusable;
+* legacy (non-zip) ``.pt`` files were read whole by ``torch.load`` (peak resident memory grew by the file's size).
+References: numpy's own arrays (``np.moveaxis``, ``np.load``), torch's tensors' bytes (``torch.load``).
 """
 
 import os
