@@ -1,5 +1,6 @@
 """torch.compile of a model holding fpsim.torch.Linear layers: each layer runs eagerly behind a graph break, the rest
-of the model compiles, and the forward output and every gradient equal the uncompiled model's bit for bit."""
+of the model compiles, and the forward output and every gradient equal the uncompiled model's bit for bit.
+Also the two gaps a user meets building layers by hand: unnamed layers sharing one stream of random bits."""
 
 from __future__ import annotations
 
@@ -157,3 +158,78 @@ def test_compiled_model_on_cuda_fast_path(mode):
 def test_compiled_model_on_cuda_eager_backends():
     """aot_eager on CUDA: every gradient bit for bit, the embedding and LayerNorms included."""
     _compare("cuda", "blas", backend="aot_eager")
+
+
+# --- unnamed layers: one shared stream of SR bits and seeded RHT signs ------------------------------------------
+
+def _unnamed_pair(recipe="nvfp4_paper", names=("", ""), seed=0):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(fnn.Linear(D, D, recipe=recipe, name=names[0], seed=seed), torch.nn.ReLU(),
+                               fnn.Linear(D, D, recipe=recipe, name=names[1], seed=seed))
+
+
+def _fwd_bwd(model, grad=True):
+    x = torch.randn(BATCH * SEQ, D, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        y = model(x)
+    if grad:
+        y.sum().backward()
+
+
+@pytest.fixture
+def fresh_unnamed(monkeypatch):
+    """A process in which no unnamed layer has drawn bits yet (the warning is once per process)."""
+    monkeypatch.setattr(fnn, "_UNNAMED", {}, raising=False)
+    monkeypatch.setattr(fnn, "_unnamed_warned", False, raising=False)
+
+
+def test_two_unnamed_layers_drawing_random_bits_are_warned_of_once(fresh_unnamed):
+    """Two fpsim layers built with name="" (same seed) draw the same SR bits and per-layer RHT signs: correlated
+    rounding errors, so the first forward that shows it warns once, naming the remedy; a second model is quiet."""
+    from fpsim.recipe import operand_steps
+
+    rec = get_recipe("nvfp4_paper")
+    a, b = (operand_steps(rec.wgrad_dy, seed=0, layer="", step=0, role="wgrad_dy") for _ in range(2))
+    assert a.seed is not None and a == b  # the shared stream the warning is about
+    with pytest.warns(UserWarning, match=r"no name.*same stochastic-rounding bits.*name=.*convert\(model"):
+        _fwd_bwd(_unnamed_pair())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _fwd_bwd(_unnamed_pair())  # once per process
+
+
+@pytest.mark.parametrize("case", ["named", "one_layer", "no_random_bits", "no_grad_rne_forward", "other_seeds",
+                                  "converted"])
+def test_no_warning_where_no_two_layers_share_bits(fresh_unnamed, case):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if case == "named":
+            _fwd_bwd(_unnamed_pair(names=("a", "b")))
+        elif case == "one_layer":  # one unnamed layer, called twice (the documented same-step reuse)
+            lin = fnn.Linear(D, D, recipe="nvfp4_paper")
+            _fwd_bwd(torch.nn.Sequential(lin, lin))
+        elif case == "no_random_bits":  # RNE everywhere, the recipe's fixed RHT signs
+            _fwd_bwd(_unnamed_pair(get_recipe("nvfp4_paper").without("sr")))
+        elif case == "no_grad_rne_forward":  # inference: only the RNE forward copies are made
+            _fwd_bwd(_unnamed_pair(), grad=False)
+        elif case == "other_seeds":
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(fnn.Linear(D, D, seed=1), fnn.Linear(D, D, seed=2))
+            _fwd_bwd(m)
+        else:  # convert names fpsim layers that are already fpsim layers by their module path
+            m = fnn.convert(_unnamed_pair(), "nvfp4_paper", keep_bf16=[])
+            assert [n for n, _, _ in fnn.summary(m)] == ["0", "2"]
+            _fwd_bwd(m)
+    if case == "no_grad_rne_forward":  # the same pair with gradients: now their bits are shared
+        with pytest.warns(UserWarning, match="no name"):
+            _fwd_bwd(_unnamed_pair())
+
+
+def test_per_layer_rht_signs_alone_are_warned_of(fresh_unnamed):
+    """A recipe without SR whose Wgrad RHT signs are per-layer seeded (mxfp4) still shares the signs."""
+    with pytest.warns(UserWarning, match="RHT signs"):
+        _fwd_bwd(_unnamed_pair(get_recipe("mxfp4").without("sr")))

@@ -17,7 +17,9 @@ It is not in the ``state_dict`` (which stays ``nn.Linear``'s): after resuming, :
 A layer called more than once in a step (one module reused, weight sharing, and every micro-batch of gradient
 accumulation when the step advances per optimizer step) draws the same bits and signs on every call of that
 step, so the stochastic roundings of those calls are not independent; a module per use (its own name) gives
-each use its own stream.
+each use its own stream.  So do layers of one name: :func:`convert` names every layer (one converted before too)
+by its module path, and where two layers built with the default ``name=""`` and one seed draw SR bits or seeded
+RHT signs, the first call that shows it warns (once per process) naming the remedy.
 
 Parameters stay ordinary ``nn.Parameter``; the layer computes in float32 from inputs of any float dtype and
 any leading shape (batch × seq × features; the token count a multiple of the Wgrad RHT size where a Wgrad
@@ -43,6 +45,7 @@ import logging
 import operator
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 
 import torch
@@ -75,7 +78,8 @@ class Linear(torch.nn.Linear):
     ``in_features``, ``out_features``, ``bias``, ``device``, ``dtype``: as ``torch.nn.Linear``.  ``recipe``: a
     preset name of :data:`fpsim.RECIPES`, a :class:`~fpsim.Recipe` (e.g. ``get_recipe("nvfp4_paper")
     .without("sr")``), or ``None`` for the plain high-precision layer.  ``name``: the layer's name in the seed
-    derivation (:func:`convert` sets the module path; layers of one name draw the same bits).  ``seed``: the run
+    derivation (:func:`convert` sets the module path; layers of one name draw the same bits, and two unnamed
+    ones that draw random bits are warned of).  ``seed``: the run
     seed of stochastic rounding and seeded RHT signs.  ``gemm``: ``"fp32"`` (bit-defined, equal to
     :func:`fpsim.linear`) or ``"blas"`` (fast; see the module docstring).
     """
@@ -136,6 +140,8 @@ class Linear(torch.nn.Linear):
             # the fast path's sums are FP32 in the hardware's order; running it would silently drop the model
             raise ValueError(f"layer {self.name or '<unnamed>'}: recipe {self.recipe.name} asks for the {acc!r} "
                              f"accumulator, which gemm='fp32' runs (gemm='blas' accumulates in FP32)")
+        if not self.name and not _unnamed_warned:
+            _note_unnamed(self, torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         with torch.autocast(dev, enabled=False):
             if self.gemm == "blas" and fp.enabled(x2d) and not (OBSERVERS and recording(self.step)):
                 # The GEMM writes the output dtype itself unless a bias is added in float32 first.
@@ -149,6 +155,49 @@ class Linear(torch.nn.Linear):
             if self.bias is not None:
                 y = y + self.bias.to(torch.float32)
         return y.to(out_dtype)
+
+
+#: Per run seed, the unnamed layer seen first drawing name-derived random bits; a second one is warned of, once.
+_UNNAMED: dict[int, weakref.ref] = {}
+_unnamed_warned = False
+
+
+def _random_roles(rec: Recipe, grad: bool) -> tuple[list[str], list[str]]:
+    """The roles of a call (the forward's two, with ``grad`` all six) whose random bits derive from the layer's
+    name: those with stochastic rounding, and those with per-layer / per-call seeded RHT signs."""
+    sr, signs = [], []
+    for role in ROLES if grad else ROLES[:2]:
+        pol = rec.policy(role)
+        sch = pol.resolved()
+        if sch is not None and sch.rounding.value == "sr":
+            sr.append(role)
+        if pol.rht and pol.rht_signs in ("per_layer", "per_call"):
+            signs.append(role)
+    return sr, signs
+
+
+def _note_unnamed(layer: Linear, grad: bool) -> None:
+    """Warn (once per process) when a second unnamed layer of one run seed draws name-derived random bits: the
+    two draw the same SR bits and RHT signs, so their rounding errors are correlated."""
+    global _unnamed_warned
+    sr, signs = _random_roles(layer.recipe, grad)
+    if not (sr or signs):
+        return
+    ref = _UNNAMED.get(layer.seed)
+    first = None if ref is None else ref()
+    if first is None or first.name or first.recipe is None:  # none alive, or it has been named since
+        _UNNAMED[layer.seed] = weakref.ref(layer)
+        return
+    if first is layer:
+        return
+    _unnamed_warned = True
+    what = " and ".join(f"{kind} ({', '.join(roles)})" for kind, roles in
+                        (("stochastic-rounding bits", sr), ("seeded RHT signs", signs)) if roles)
+    warnings.warn(f"fpsim.torch.Linear: two or more layers have no name (name='') and seed {layer.seed}, so they "
+                  f"draw the same {what} and their rounding errors are correlated; give each layer its own name= "
+                  f"(its module path, say), or run fpsim.torch.convert(model, recipe), which names every fpsim "
+                  f"layer by its module path (and sets its recipe). Warned once per process", UserWarning,
+                  stacklevel=3)
 
 
 def _eager_forward(layer: Linear, x: torch.Tensor) -> torch.Tensor:
