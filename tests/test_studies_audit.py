@@ -153,9 +153,11 @@ def test_sr_bias_table_matches_an_independent_nvfp4_reference(rt):
         d = ref_rne(x) - x64
         lo, hi, p, up8, a = ref_sr(x)
         e24, e8 = lo + p * (hi - lo), lo + up8 * (hi - lo)
-        # clamp: x beyond its block's largest code; flush: both neighbours decode to 0 (zero or underflowing scale)
-        clamp = (a >= 6) & (np.abs(x64) > np.abs(lo))
-        flush = (lo == 0) & (hi == 0) & (x64 != 0)
+        # clamp: x beyond its block's largest code; flush: x ≠ 0 that k = 24 SR can only round to 0 (zero or
+        # underflowing scale, or |x·enc| too small for even the largest 24-bit random value to reach 0.5)
+        clamp = (a >= 6) & (lo != 0) & (np.abs(x64) > np.abs(lo))
+        up24 = (a.astype(F32) + F32((2**24 - 1) / 2**24) * F32(0.5)).astype(F32) >= 0.5  # spec §3, r = 2^24 − 1
+        flush = (lo == 0) & ((hi == 0) | ~up24) & (x64 != 0)
         aligned = np.sign(x64) * d / mabs
         want = {
             ("RNE", "aligned_bias_rel_meanabs"): aligned.mean(),

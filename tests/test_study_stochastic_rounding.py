@@ -58,9 +58,11 @@ def test_noisy_gap_wording_follows_the_measured_ratio(quick_run):
 
 def test_verdict_criterion_is_the_printed_identical_update_ratio(quick_run):
     # the old rule (fitted slopes, SR < RNE − 0.2) called 0.8012 vs 0.79999998 "only partly agrees"
-    assert sr.verdict_text(6.9, 0.72, 0.05, 4096, [3.1, 5.2]).startswith("Mostly agrees")
-    assert sr.verdict_text(1.5, 0.72, 0.05, 4096, [3.1, 5.2]).startswith("Only partly agrees")
-    assert sr.verdict_text(6.9, 0.72, 0.05, 4096, [-0.1, 5.2]).startswith("Only partly agrees")
+    # 'agrees' also needs the gap to survive step-to-step noise (the measured 0.72 ± 0.05 reverses it)
+    assert sr.verdict_text(6.9, 0.72, 0.05, 4096, [3.1, 5.2]).startswith("Partly agrees")
+    assert sr.verdict_text(6.9, 1.5, 0.05, 4096, [3.1, 5.2]).startswith("Agrees")
+    assert sr.verdict_text(1.5, 0.72, 0.05, 4096, [3.1, 5.2]).startswith("Does not agree")
+    assert sr.verdict_text(6.9, 1.5, 0.05, 4096, [-0.1, 5.2]).startswith("Partly agrees")
     df, text = quick_run
     r = df[(df.part == "accumulation_expected") & (df.metric == "error_ratio")]["value"].iloc[0]
     assert f"criterion: with identical updates RNE's expected accumulated error at N = 256 is ≥ 2× SR's — " \
