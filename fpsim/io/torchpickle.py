@@ -88,7 +88,10 @@ def _parameter(data, *rest):
     return data
 
 
-class _Unpickler(pickle.Unpickler):
+class _Unpickler(pickle._Unpickler):  # noqa: SLF001
+    """The pure-Python unpickler: its memo is a dict.  The C one sizes an array to the largest memo index a
+    pickle names (a 13-byte file asking for index 2**32 - 1 made it allocate 64 GiB)."""
+
     def __init__(self, f, torch):
         super().__init__(f)
         self.torch = torch
@@ -227,7 +230,8 @@ def legacy_members(p: Path, plain: dict, torch) -> tuple[list[Member], list[str]
             raise pickle.UnpicklingError("no zip archive and no legacy magic number")
         version = _Unpickler(f, torch).load()
         if version != _LEGACY_VERSION:
-            raise pickle.UnpicklingError(f"legacy format version {str(version)[:20]}, not {_LEGACY_VERSION}")
+            shown = version if type(version) is int else type(version).__name__  # never print a pickled container
+            raise pickle.UnpicklingError(f"legacy format version {str(shown)[:20]}, not {_LEGACY_VERSION}")
         info = _Unpickler(f, torch).load()
         if isinstance(info, dict) and info.get("little_endian") is False:
             raise pickle.UnpicklingError("a big-endian file")
