@@ -60,3 +60,29 @@ def test_a_legacy_version_that_is_a_shared_container_dag_is_one_line_not_a_hang(
     out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "legacy format version" in out.stdout and len(out.stdout) < 400
+
+
+def _dag(n: int = 40) -> bytes:
+    """Pickle ops pushing n nested pairs of one tuple: printing it takes 2**n steps."""
+    body = b")q\x00"
+    for i in range(n):
+        body += b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86q" + bytes([i + 1])
+    return body
+
+
+@pytest.mark.parametrize("where", ["pid", "key"])
+def test_a_persistent_id_or_storage_key_that_is_a_dag_is_one_line_not_a_hang(tmp_path, where):
+    head = _MAGIC + pickle.dumps(1001, protocol=2) + pickle.dumps({}, protocol=2)
+    if where == "pid":  # BINPERSID on the tuple itself
+        body = b"\x80\x02" + _dag() + b"Q."
+    else:  # ("storage", FloatStorage, key, "cpu", 4): the key a container
+        key = _dag()
+        body = b"\x80\x02(X\x07\x00\x00\x00storagectorch\nFloatStorage\n" + key + b"X\x03\x00\x00\x00cpuK\x04tQ."
+    keys = b"\x80\x02(X\x01\x00\x00\x000t."
+    p = tmp_path / "dag.pt"
+    p.write_bytes(head + body + keys)
+    prog = ("from fpsim.io.torchfile import torch_members\nfrom fpsim.io import InputError\n"
+            f"try:\n    print(torch_members({str(p)!r}))\nexcept InputError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(out.stdout) < 400, out.stdout[:400]

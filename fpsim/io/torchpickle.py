@@ -123,8 +123,9 @@ class _Unpickler(pickle._Unpickler):  # noqa: SLF001
         if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module" and _is_opaque(pid[1]):
             return pid[1]
         if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType) and type(pid[4]) is int):
-            raise pickle.UnpicklingError(f"unexpected persistent id {str(pid)[:60]}")
+                and isinstance(pid[1], _StorageType) and type(pid[2]) is str and type(pid[4]) is int):
+            # named by type only: printing a pickled container can take time exponential in its size
+            raise pickle.UnpicklingError(f"unexpected persistent id (a {type(pid).__name__})")
         key = str(pid[2])
         self.storage_dtypes.setdefault(key, pid[1].dtype)  # the first one met is the one the legacy format wrote
         if len(pid) == 6 and pid[5] is not None:  # a storage view of torch < 1.0's files: not read (named below)
