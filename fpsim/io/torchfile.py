@@ -24,7 +24,7 @@ import numpy as np
 from .errors import InputError
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
-from .torchpickle import legacy_members, pickle_free_members, tree_leaves
+from .torchpickle import HostileKey, check_keys, legacy_members, pickle_free_members, tree_leaves
 
 __all__ = ["torch_members"]
 
@@ -168,12 +168,17 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
     if not zipped:  # the legacy format: torch would read it whole (no mmap); read here in place, never unpickled
         try:
             return legacy_members(p, plain, torch)
+        except HostileKey as e:
+            raise InputError(f"{p}: cannot read as a torch file: {e}") from None
         except Exception as e:  # noqa: BLE001 - a file that is not one: one line
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
             raise InputError(f"{p}: cannot read as a torch file: not a zip archive (torch >= 1.6) nor torch's "
                              f"legacy format ({first})") from None
     try:
+        check_keys(p, torch)  # torch's loader would hash them and hang
         obj, records = _load(p, plain)
+    except HostileKey as e:
+        raise InputError(f"{p}: cannot read as a torch file: {e}") from None
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
         if isinstance(e, pickle.UnpicklingError):  # a pickled object beside the tensors (a TE DumpTensors file)
             try:

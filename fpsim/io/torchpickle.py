@@ -27,7 +27,7 @@ import numpy as np
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
 
-__all__ = ["Opaque", "legacy_members", "pickle_free_members", "tree_leaves"]
+__all__ = ["HostileKey", "Opaque", "check_hashable", "check_keys", "key_text", "legacy_members", "pickle_free_members", "tree_leaves"]
 
 
 class Opaque:
@@ -88,9 +88,72 @@ def _parameter(data, *rest):
     return data
 
 
+class HostileKey(pickle.UnpicklingError):
+    """A dict key or set item whose hashing would hang or crash the reader."""
+
+
+_KEY_LIMIT = 100_000  # expanded size of a hashed tuple; a real file's keys are strings, ints, short tuples
+_KEY_DEPTH = 64
+
+
+def check_hashable(key) -> None:
+    """Raise ``pickle.UnpicklingError`` unless hashing ``key`` is cheap and safe.
+
+    A tuple's hash walks its items every time, shared or not: 40 nested pairs of one tuple (a few hundred bytes
+    of pickle, memo references) take 2**40 steps, and a tuple nested 10**6 deep overflows the C stack.  The
+    check walks each distinct tuple (or frozenset) once, summing expanded sizes, so it is linear in the
+    pickle."""
+    size: dict[int, int] = {}
+    keep = []  # the containers sized, so that their ids stay theirs
+
+    def expanded(v, depth: int) -> int:
+        if type(v) not in (tuple, frozenset):
+            return 1
+        if depth > _KEY_DEPTH:
+            raise HostileKey(f"a dict key or set item nested more than {_KEY_DEPTH} deep")
+        n = size.get(id(v))
+        if n is None:
+            n = 1 + sum(expanded(x, depth + 1) for x in v)
+            size[id(v)] = n
+            keep.append(v)
+            if n > _KEY_LIMIT:
+                raise HostileKey(f"a dict key or set item of more than {_KEY_LIMIT} items once its "
+                                             "shared parts are expanded (hashing it would take that long)")
+        return n
+
+    expanded(key, 0)
+
+
+def _checked(load, keys):
+    def run(self):
+        for k in keys(self.stack):
+            check_hashable(k)
+        load(self)
+
+    return run
+
+
+def _ordered_dict(*args, **kwargs):
+    if args:
+        for item in args[0]:
+            check_hashable(item[0] if type(item) is tuple and item else item)
+    return OrderedDict(*args, **kwargs)
+
+
 class _Unpickler(pickle._Unpickler):  # noqa: SLF001
     """The pure-Python unpickler: its memo is a dict.  The C one sizes an array to the largest memo index a
-    pickle names (a 13-byte file asking for index 2**32 - 1 made it allocate 64 GiB)."""
+    pickle names (a 13-byte file asking for index 2**32 - 1 made it allocate 64 GiB).  Every key it hashes
+    (dict keys, set items) is checked first by :func:`check_hashable`."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # noqa: SLF001
+    dispatch[pickle.SETITEM[0]] = _checked(pickle._Unpickler.load_setitem, lambda s: s[-2:-1])  # noqa: SLF001
+    for _op, _load in ((pickle.SETITEMS, pickle._Unpickler.load_setitems),  # noqa: SLF001
+                       (pickle.DICT, pickle._Unpickler.load_dict)):  # noqa: SLF001
+        dispatch[_op[0]] = _checked(_load, lambda s: s[0::2])  # the items since the mark: key, value, ...
+    for _op, _load in ((pickle.ADDITEMS, pickle._Unpickler.load_additems),  # noqa: SLF001
+                       (pickle.FROZENSET, pickle._Unpickler.load_frozenset)):  # noqa: SLF001
+        dispatch[_op[0]] = _checked(_load, lambda s: s)
+    del _op, _load
 
     def __init__(self, f, torch):
         super().__init__(f)
@@ -102,7 +165,7 @@ class _Unpickler(pickle._Unpickler):  # noqa: SLF001
         fixed = {("torch._utils", "_rebuild_tensor_v2"): _v2, ("torch._utils", "_rebuild_tensor_v3"): _v3,
                  ("torch._utils", "_rebuild_parameter"): _parameter,
                  ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
-                 ("collections", "OrderedDict"): OrderedDict}
+                 ("collections", "OrderedDict"): _ordered_dict}
         if (module, name) in fixed:
             return fixed[(module, name)]
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
@@ -157,9 +220,10 @@ def _member(p: Path, name: str, t: _TensorDesc, plain: dict, records: dict) -> M
     if not all(type(v) is int for v in ints) or len(t.stride) != len(t.shape) or any(s < 0 for s in t.shape):
         return Member(name, error=f"{p}: tensor {name!r} has a corrupt record (shape, strides or offset)")
     shape = t.shape
-    dt = plain.get(t.dtype)
+    dt = None if isinstance(t.dtype, (tuple, frozenset)) else plain.get(t.dtype)  # the file's: never hash a tuple
     if dt is None:
-        return Member(name, shape, error=f"{p}: tensor {name!r} has dtype {t.dtype}, which fpsim does not read from "
+        shown = t.dtype if hasattr(t.dtype, "is_floating_point") else f"a {type(t.dtype).__name__}"  # never print a container
+        return Member(name, shape, error=f"{p}: tensor {name!r} has dtype {shown}, which fpsim does not read from "
                                          "a file holding pickled objects")
     rec = records.get(t.storage.key)
     if rec is None:
@@ -186,6 +250,23 @@ def _member(p: Path, name: str, t: _TensorDesc, plain: dict, records: dict) -> M
         return ArrayStorage(view.view(dt))
 
     return Member(name, shape, dt, strided)
+
+
+def check_keys(p: Path, torch) -> None:
+    """Raise :class:`HostileKey` when the pickle of the zip-format torch file ``p`` holds a dict key or set item
+    that would hang or crash whoever hashes it (torch's own weights-only loader included); every other problem
+    is left for the loader to report.  The pickle is run through the inert :class:`_Unpickler`: no object of
+    the file is built."""
+    try:
+        with zipfile.ZipFile(p) as zf:
+            pkl = [i for i in zf.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
+            raw = zf.read(pkl[0]) if len(pkl) == 1 else b""
+        if raw:
+            _Unpickler(io.BytesIO(raw), torch).load()
+    except HostileKey:
+        raise
+    except Exception:  # noqa: BLE001, S110 - not this check's to report
+        pass
 
 
 def pickle_free_members(p: Path, plain: dict, torch) -> tuple[list[Member], list[str]]:
@@ -262,6 +343,17 @@ def _itemsize(dtype, torch) -> int:
     return int(n) if n else torch.empty((), dtype=dtype).element_size()
 
 
+def key_text(k, i: int) -> str:
+    """A dict key as part of a tensor's name: strings and small numbers as they are, anything else by its type
+    and position (printing a pickled container can take time exponential in its size, and a huge int cannot be
+    printed at all)."""
+    if type(k) is str:
+        return k
+    if type(k) in (int, bool) and abs(k) < 10**18 or type(k) is float or k is None:
+        return str(k)
+    return f"<{type(k).__name__} key #{i}>"
+
+
 def tree_leaves(obj, top: str, notes: list[str], p: Path, depth_limit: int = 64):
     """(dotted name, value) of every value under ``obj`` that is not a dict, list or tuple, depth-first in order.
 
@@ -281,8 +373,9 @@ def tree_leaves(obj, top: str, notes: list[str], p: Path, depth_limit: int = 64)
             first[id(v)] = name
             keep.append(v)
             items = v.items() if isinstance(v, dict) else enumerate(v)
-            for k, x in items:
-                yield from walk(f"{name}.{k}" if name else str(k), x, depth + 1)
+            for i, (k, x) in enumerate(items):
+                k = key_text(k, i)
+                yield from walk(f"{name}.{k}" if name else k, x, depth + 1)
         else:
             yield name, v
 
