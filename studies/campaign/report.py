@@ -264,7 +264,7 @@ def _scaling_block(groups: dict[tuple[str, int], dict[str, dict[int, float]]], o
     if len({(r["size"], r["tokens"]) for r in rows}) < 2:
         return ("Gap against the token budget and the model size: needs a second budget or size with two or more "
                 "seeds of BF16 and the recipe (the horizon plan, 100 tokens per parameter, and the size plan, "
-                "19.3 M parameters; neither has such runs yet)."), None
+                "19.3 M parameters; neither has such runs yet)." + _bf16_elsewhere(groups, main_size, main_budget)), None
     # the change from the main budget, paired per seed
     moves = []
     main = groups.get((main_size, main_budget), {})
@@ -308,6 +308,25 @@ def _scaling_block(groups: dict[tuple[str, int], dict[str, dict[int, float]]], o
         text += ("\n\nHow the gap moves from the main budget (per seed: gap there − gap at the main budget; the "
                  "literature expects it to grow with tokens):\n\n" + md_table(pd.DataFrame(moves), "+.4f"))
     return text, name
+
+
+def _bf16_elsewhere(groups: dict, main_size: str, main_budget: int) -> str:
+    """BF16's final loss at each other (size, budget) with two or more seeds, and its paired change from the main
+    budget's BF16 on the same seeds (the same seed fixes the data order at every size and budget): what the scaling
+    plans say before their recipe runs exist."""
+    main = groups.get((main_size, main_budget), {}).get("bf16", {})
+    parts = []
+    for (size, budget), fin in sorted(groups.items()):
+        b = fin.get("bf16", {})
+        if (size, budget) == (main_size, main_budget) or len(b) < 2:
+            continue
+        d = _pair(b, main)
+        mean = sum(b.values()) / len(b)
+        text = f"{size}, {budget / 1e6:,.0f} M tokens: {mean:.4f} nats/byte ({len(b)} seeds)"
+        if has_interval(d):
+            text += f", {d.mean:+.4f} {_ci(d)} from {main_size}, {main_budget / 1e6:,.0f} M on the same seeds"
+        parts.append(text)
+    return (" BF16's final validation loss so far: " + "; ".join(parts) + ".") if parts else ""
 
 
 def _how_run(rec: dict) -> str:
