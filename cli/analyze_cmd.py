@@ -95,6 +95,11 @@ def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: 
         refs = {r.name: r for r in open_file(source)[0]}
     except InputError as e:
         return [([], f"error: {e}")] * len(items)
+    except MemoryError:
+        return [([], f"error: {label}:{name}: out of memory opening the file") for name, label, _ in items]
+    except Exception as e:  # noqa: BLE001 - a defect in the reader: the worker is fine, so say what it is (as serially)
+        why = f"internal error opening the file, please report it ({type(e).__name__}: {_first_line(e)})"
+        return [([], f"error: {label}:{name}: {why}") for name, label, _ in items]
     gone = "the file changed while it was being analysed"
     return [_analyze_ref(refs[name], label, axis, kw, role) if name in refs else ([], f"error: {source}:{name}: {gone}")
             for name, label, role in items]

@@ -259,3 +259,21 @@ def test_ctrl_c_with_workers_cancels_the_queued_batches(tmp_path, monkeypatch):
     r = invoke("analyze", tmp_path / "g.npz", *FAST, "--workers", "2")
     assert r.exit_code == 130 and error_lines(r) == ["error: interrupted"], r.output
     assert shutdowns[0] is True and len(terminated) == 2, (shutdowns, terminated)
+
+
+@pytest.mark.parametrize("exc, says", [(RuntimeError("a reader bug"), "internal error opening the file, please "
+                                        "report it (RuntimeError: a reader bug)"),
+                                       (MemoryError(), "out of memory opening the file")])
+def test_a_reader_bug_in_a_worker_is_not_called_a_worker_failure(monkeypatch, exc, says):
+    # with --workers / --scheduler each batch reopens its file in the worker; a reader that raised there escaped the
+    # task, and the run reported "not analysed: its worker failed", though the worker was fine
+    import fpsim.io
+    from cli import analyze_cmd
+
+    def broken(path):
+        raise exc
+
+    monkeypatch.setattr(fpsim.io, "open_file", broken)
+    items = [("w", "f.npz", None), ("x", "f.npz", None)]
+    out = analyze_cmd._task("f.npz", items, -1, {})
+    assert out == [([], f"error: f.npz:w: {says}"), ([], f"error: f.npz:x: {says}")]
