@@ -75,6 +75,13 @@ def bias_seed(seed, s):
     return derive_seed(seed, "bias", s)
 
 
+def noise_seed(seed, i):
+    """The seed of noise realisation ``i`` of the noisy accumulation (its noise and its SR bits): derived from the
+    run's ``--seed``, so that runs with neighbouring seeds share no realisation (``seed + i`` made ``--seed 0`` and
+    ``--seed 1`` share three of four)."""
+    return derive_seed(seed, "noise", i)
+
+
 def tensor_bias(name, x, seeds, rows, seed=0):
     """Bias / MSE rows for one tensor (all modes); SR draw s uses :func:`bias_seed` (seed, s)."""
     kind = name.split(".", 1)[1]
@@ -263,8 +270,9 @@ def main(argv=None):
     for noise in (0.0, 1.0):
         runs = []
         for i in range(noise_seeds if noise else 1):
-            progress(f"[{NAME}] accumulation N ≤ {n_max}, noise {noise}, seed {args.seed + i}")
-            ns, r = accumulation(g, n_max, noise, args.seed + i, full=g_full)
+            seed = noise_seed(args.seed, i) if noise else args.seed
+            progress(f"[{NAME}] accumulation N ≤ {n_max}, noise {noise}, seed {seed}")
+            ns, r = accumulation(g, n_max, noise, seed, full=g_full)
             runs.append(r)
         res = {m: np.mean([r[m] for r in runs], axis=0) for m in runs[0]}
         curves[noise] = (ns, res)
@@ -484,8 +492,9 @@ def main(argv=None):
     lo, hi = ranges["low"], ranges["high"]
     measured = (
         f"Seeds (--seed {args.seed}): SR seeds derive_seed({args.seed}, 'bias', s), s = 0…{seeds - 1} for the "
-        f"gradients' bias table (s = 0…{max(4, seeds // 4) - 1} for weights and activations); accumulation noise "
-        f"seeds {args.seed}…{args.seed + noise_seeds - 1}; GEMM seed {args.seed}. "
+        f"gradients' bias table (s = 0…{max(4, seeds // 4) - 1} for weights and activations); accumulation: seed {args.seed} "
+        f"for identical updates, derive_seed({args.seed}, 'noise', i), i = 0…{noise_seeds - 1} for the noisy "
+        f"realisations (noise and SR bits); GEMM seed {args.seed}. "
         f"Per captured gradient tensor ({min(rows, 128)}×256), RNE's magnitude bias mean(sign(x)(x̂−x)) is "
         f"{signed_range(rne_b)} % of mean|x|"
         + (" (negative: values pulled toward zero)" if max(rne_b) < 0 else "")

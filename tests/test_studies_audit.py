@@ -267,7 +267,7 @@ def test_sr_noisy_ratio_interval_is_a_t_interval_over_the_noise_seeds(sr_quick, 
     full = rt["fc2.grad_output"]
     ratios = []
     for i in range(2):  # --quick: 2 noise seeds, rows 4, N ≤ 256
-        ns, r = stochastic_rounding.accumulation(full[:4], 256, 1.0, i, full=full)
+        ns, r = stochastic_rounding.accumulation(full[:4], 256, 1.0, stochastic_rounding.noise_seed(0, i), full=full)
         ratios.append(r["RNE"][-1] / r["SR exact (k=24)"][-1])
     m, hw = t_ci(ratios)
     row = pick(df, part="accumulation_noise1", metric="error_ratio")
@@ -303,7 +303,7 @@ def test_sr_report_states_its_seeds_and_one_seed_gives_one_csv(sr_quick, tmp_pat
     out7, df7, text7 = run_quick(stochastic_rounding, tmp_path_factory, seed=7)
     again = stochastic_rounding.main(["--quick", "--seed", "7", "--out", str(tmp_path_factory.mktemp("again"))])
     assert (again / "stochastic_rounding.csv").read_bytes() == (out7 / "stochastic_rounding.csv").read_bytes()
-    assert "--seed 7" in text7 and "derive_seed(7, 'bias', s)" in text7
+    assert "--seed 7" in text7 and "derive_seed(7, 'bias', s)" in text7 and "derive_seed(7, 'noise', i)" in text7
     # --seed drives every random part, the SR bias draws included
     df0 = sr_quick[1]
     sel = (df0.part == "bias") & (df0["mode"] == "SR k=8") & (df0.metric == "aligned_bias_rel_meanabs")
@@ -486,3 +486,10 @@ def test_weight_2d_report_states_its_seed_and_one_seed_gives_one_csv(tmp_path_fa
     assert (again / "weight_2d.csv").read_bytes() == (out7 / "weight_2d.csv").read_bytes()
     _, committed_text = committed("weight_2d")
     assert "--seed 0" in committed_text
+
+
+def test_sr_noise_realisations_of_neighbouring_run_seeds_are_disjoint():
+    # the noisy accumulation used seeds --seed + i: --seed 0 and --seed 1 shared three of their four realisations
+    a = {stochastic_rounding.noise_seed(0, i) for i in range(4)}
+    b = {stochastic_rounding.noise_seed(1, i) for i in range(4)}
+    assert len(a) == len(b) == 4 and not a & b and 0 not in a
