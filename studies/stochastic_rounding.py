@@ -492,9 +492,9 @@ def main(argv=None):
     lo, hi = ranges["low"], ranges["high"]
     measured = (
         f"Seeds (--seed {args.seed}): SR seeds derive_seed({args.seed}, 'bias', s), s = 0…{seeds - 1} for the "
-        f"gradients' bias table (s = 0…{max(4, seeds // 4) - 1} for weights and activations); accumulation: seed {args.seed} "
-        f"for identical updates, derive_seed({args.seed}, 'noise', i), i = 0…{noise_seeds - 1} for the noisy "
-        f"realisations (noise and SR bits); GEMM seed {args.seed}. "
+        f"gradients' bias table (s = 0…{max(4, seeds // 4) - 1} for weights and activations); accumulation: "
+        f"seed {args.seed} for identical updates, derive_seed({args.seed}, 'noise', i), i = 0…{noise_seeds - 1} "
+        f"for the noisy realisations (noise and SR bits); GEMM seed {args.seed}. "
         f"Per captured gradient tensor ({min(rows, 128)}×256), RNE's magnitude bias mean(sign(x)(x̂−x)) is "
         f"{signed_range(rne_b)} % of mean|x|"
         + (" (negative: values pulled toward zero)" if max(rne_b) < 0 else "")

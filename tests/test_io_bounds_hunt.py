@@ -350,3 +350,35 @@ def test_legacy_pt_objects_are_named_never_built_and_damage_is_one_line(tmp_path
     with pytest.raises(InputError) as e:
         open_tensors([str(q)])
     assert str(e.value).startswith(f"{q}: cannot read as a torch file") and "\n" not in str(e.value)
+
+
+def test_a_temp_disk_that_fills_while_a_member_inflates_is_not_called_a_corrupt_member(tmp_path, monkeypatch):
+    # a deflated member larger than SPILL_BYTES is inflated into an unnamed file in TMPDIR; when that disk filled
+    # part-way (ENOSPC from write) the OSError was caught as a bad archive: "member 'w' is truncated or corrupt"
+    import errno
+    import tempfile
+
+    import fpsim.io.npz as npz_mod
+
+    p = tmp_path / "big.npz"
+    np.savez_compressed(p, w=np.arange(4096, dtype=np.float32))
+    monkeypatch.setattr(npz_mod, "SPILL_BYTES", 1024)
+    real = tempfile.TemporaryFile
+
+    class Full:
+        def __init__(self, **kw):
+            self.f = real(**kw)
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", Full)
+    (m,) = open_tensors(str(p))
+    from fpsim.io import InputError
+
+    with pytest.raises(InputError, match=r"has not that much free space") as e:
+        np.asarray(m.row_source(-1))
+    assert "corrupt" not in str(e.value)

@@ -125,6 +125,37 @@ def _inflate_into(path, info, head_len, sink, need):
         f.read(1)  # reach the end so zipfile checks the CRC
 
 
+def _spill(path, name: str, need: int, fill):
+    """An unnamed temporary file of ``need`` bytes in TMPDIR, its blocks reserved, then written by ``fill(file)``;
+    closed (and so freed) if anything fails.  A TMPDIR without the space is an :class:`InputError` that says so —
+    before the work, or when the disk fills while it is written — never a "corrupt member", and never a SIGBUS in
+    a mapping of the file."""
+    tmpdir = tempfile.gettempdir()
+    no_space = InputError(f"{path}: member {name!r} inflates to {need} bytes; {tmpdir} (TMPDIR) has not that much "
+                          "free space")
+    if shutil.disk_usage(tmpdir).free < need + (64 << 20):
+        raise no_space
+    tmp = tempfile.TemporaryFile(dir=tmpdir)
+    try:
+        try:  # blocks reserved now: a disk filling up later is an error here, not a SIGBUS in a mapping
+            os.posix_fallocate(tmp.fileno(), 0, need)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise no_space from None
+            tmp.truncate(need)  # a file system without fallocate: the free-space check above must do
+        try:
+            fill(tmp)
+            tmp.flush()
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise no_space from None
+            raise
+    except BaseException:
+        tmp.close()
+        raise
+    return tmp
+
+
 def _inflating_storage(path, info, head_len, dt, need):
     def storage():
         try:
@@ -136,12 +167,7 @@ def _inflating_storage(path, info, head_len, dt, need):
 
                 _inflate_into(path, info, head_len, _Sink, need)
                 return ArrayStorage(np.frombuffer(bytes(buf), dt))
-            tmpdir = tempfile.gettempdir()
-            if shutil.disk_usage(tmpdir).free < need + (64 << 20):
-                raise InputError(f"{path}: member {info.filename[:-4]!r} inflates to {need} bytes; {tmpdir} "
-                                 "(TMPDIR) has not that much free space")
-            tmp = tempfile.TemporaryFile(dir=tmpdir)
-            _inflate_into(path, info, head_len, tmp, need)
+            tmp = _spill(path, info.filename[:-4], need, lambda f: _inflate_into(path, info, head_len, f, need))
             return FileStorage(f"{path}:{info.filename}", 0, dt, fileobj=tmp)
         except InputError:
             raise
@@ -217,27 +243,13 @@ def _fortran_storage(path, info, head_len, dt, shape):
                 out = np.empty(shape, dt)
                 _reorder_into(path, info, head_len, out)
                 return ArrayStorage(out)
-            tmpdir = tempfile.gettempdir()
-            if shutil.disk_usage(tmpdir).free < need + (64 << 20):
-                raise InputError(f"{path}: member {name!r} inflates to {need} bytes; {tmpdir} "
-                                 "(TMPDIR) has not that much free space")
-            tmp = tempfile.TemporaryFile(dir=tmpdir)
-            try:
-                try:  # blocks reserved now: a disk filling up later is an error here, not a SIGBUS in the mapping
-                    os.posix_fallocate(tmp.fileno(), 0, need)
-                except OSError as e:
-                    if e.errno == errno.ENOSPC:
-                        raise InputError(f"{path}: member {name!r} inflates to {need} bytes; {tmpdir} "
-                                         "(TMPDIR) has not that much free space") from None
-                    tmp.truncate(need)  # a file system without fallocate: the free-space check above must do
-                mm = np.memmap(tmp, dt, mode="r+", shape=tuple(shape))
+
+            def fill(f):
+                mm = np.memmap(f, dt, mode="r+", shape=tuple(shape))
                 _reorder_into(path, info, head_len, mm)
                 mm.flush()
-                del mm
-            except BaseException:
-                tmp.close()
-                raise
-            return FileStorage(f"{path}:{info.filename}", 0, dt, fileobj=tmp)
+
+            return FileStorage(f"{path}:{info.filename}", 0, dt, fileobj=_spill(path, name, need, fill))
         except InputError:
             raise
         except _BAD as e:

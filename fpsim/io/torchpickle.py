@@ -27,7 +27,8 @@ import numpy as np
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
 
-__all__ = ["HostileKey", "Opaque", "check_hashable", "check_keys", "key_text", "legacy_members", "pickle_free_members", "tree_leaves"]
+__all__ = ["HostileKey", "Opaque", "check_hashable", "check_keys", "key_text", "legacy_members", "pickle_free_members",
+           "tree_leaves"]
 
 
 class Opaque:
@@ -222,7 +223,8 @@ def _member(p: Path, name: str, t: _TensorDesc, plain: dict, records: dict) -> M
     shape = t.shape
     dt = None if isinstance(t.dtype, (tuple, frozenset)) else plain.get(t.dtype)  # the file's: never hash a tuple
     if dt is None:
-        shown = t.dtype if hasattr(t.dtype, "is_floating_point") else f"a {type(t.dtype).__name__}"  # never print a container
+        # never print a container the file gave as the dtype (its text can be exponential in its size)
+        shown = t.dtype if hasattr(t.dtype, "is_floating_point") else f"a {type(t.dtype).__name__}"
         return Member(name, shape, error=f"{p}: tensor {name!r} has dtype {shown}, which fpsim does not read from "
                                          "a file holding pickled objects")
     rec = records.get(t.storage.key)

@@ -264,7 +264,8 @@ def _scaling_block(groups: dict[tuple[str, int], dict[str, dict[int, float]]], o
     if len({(r["size"], r["tokens"]) for r in rows}) < 2:
         return ("Gap against the token budget and the model size: needs a second budget or size with two or more "
                 "seeds of BF16 and the recipe (the horizon plan, 100 tokens per parameter, and the size plan, "
-                "19.3 M parameters; neither has such runs yet)." + _bf16_elsewhere(groups, main_size, main_budget)), None
+                "19.3 M parameters; neither has such runs yet)."
+                + _bf16_elsewhere(groups, main_size, main_budget)), None
     # the change from the main budget, paired per seed
     moves = []
     main = groups.get((main_size, main_budget), {})
