@@ -17,10 +17,8 @@ and checked before any data is touched:
 
 from __future__ import annotations
 
-import errno
 import math
 import os
-import shutil
 import struct
 import tempfile
 import zipfile
@@ -30,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
-from .rows import ArrayStorage, FileStorage, Member
+from .rows import ArrayStorage, FileStorage, Member, temp_file
 
 __all__ = ["npz_members", "read_npy_header", "npy_dtype", "zip_data_offset", "SPILL_BYTES", "MAX_DEFLATE_RATIO"]
 
@@ -126,33 +124,12 @@ def _inflate_into(path, info, head_len, sink, need):
 
 
 def _spill(path, name: str, need: int, fill):
-    """An unnamed temporary file of ``need`` bytes in TMPDIR, its blocks reserved, then written by ``fill(file)``;
-    closed (and so freed) if anything fails.  A TMPDIR without the space is an :class:`InputError` that says so —
-    before the work, or when the disk fills while it is written — never a "corrupt member", and never a SIGBUS in
-    a mapping of the file."""
-    tmpdir = tempfile.gettempdir()
-    no_space = InputError(f"{path}: member {name!r} inflates to {need} bytes; {tmpdir} (TMPDIR) has not that much "
-                          "free space")
-    if shutil.disk_usage(tmpdir).free < need + (64 << 20):
-        raise no_space
-    tmp = tempfile.TemporaryFile(dir=tmpdir)
-    try:
-        try:  # blocks reserved now: a disk filling up later is an error here, not a SIGBUS in a mapping
-            os.posix_fallocate(tmp.fileno(), 0, need)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise no_space from None
-            tmp.truncate(need)  # a file system without fallocate: the free-space check above must do
-        try:
-            fill(tmp)
-            tmp.flush()
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise no_space from None
-            raise
-    except BaseException:
-        tmp.close()
-        raise
+    """:func:`fpsim.io.rows.temp_file`, or an :class:`InputError` saying that TMPDIR has not the space (never a
+    "corrupt member")."""
+    tmp = temp_file(need, fill)
+    if tmp is None:
+        raise InputError(f"{path}: member {name!r} inflates to {need} bytes; {tempfile.gettempdir()} (TMPDIR) has "
+                         "not that much free space")
     return tmp
 
 
