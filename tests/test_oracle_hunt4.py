@@ -235,3 +235,23 @@ def test_rht_other_signs_and_swapped_nibbles_is_an_equivalent_sign_vector():
     flip = np.tile([1.0, -1.0], 8)
     text = " ".join("+" if v > 0 else "−" for v in sign_vector(16, 1234) * flip)
     assert f"[{text}]" in rep.findings[0]
+
+
+@pytest.mark.parametrize("orientation", ["view", "transpose"])
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_wrong_axis_and_swapped_nibbles_together_are_both_named(shape, scheme, orientation):
+    """A kernel with two bugs: blocks down the columns and element 2j in the high nibble.  Before, the nibble
+    reading took the bytes it could (both nibbles wrong) and the rest — 14 % of MXFP4's, the wrong-axis codes —
+    were "other"; the wrong-axis reading did not consider swapped nibbles."""
+    x = _x(shape, 1)
+    if scheme == "nvfp4":
+        c, s, amax = _nvfp4_down_columns(x)
+    else:
+        q = fpsim.quantize(x, scheme, axis=0)
+        c, s, amax = np.ascontiguousarray(unpack_fp4(q.data)[:, : shape[0]].T), np.ascontiguousarray(q.scales.T), None
+    pc, ps = _stored(c, s, orientation)
+    rep = diff(((pc >> 4) | (pc << 4)).astype(np.uint8), ps, x, scheme, candidate_amax=amax)
+    assert rep.causes == {"quantized along the wrong axis": _total(rep)}, rep.causes
+    assert "with the two nibbles of each byte swapped" in rep.findings[0]
+    assert f"reproduces {_total(rep)} of the {_total(rep)} differing bytes" in rep.findings[0]

@@ -129,6 +129,13 @@ def axis_reading(candidate_codes, candidate_scales, X: np.ndarray, sch: BlockSch
         b = pack(np.ascontiguousarray(m)).reshape(-1)
         if b.size == raw.size:
             opts_c.append((name, _read_codes(b, R, C, widths, is_packed)[0]))
+    if is_packed:  # the same kernel writing element 2j in the high nibble: both bugs at once (after: no tie wins)
+        for name, m in mats.items():
+            b = pack(np.ascontiguousarray(m)).reshape(-1)
+            if b.size == raw.size:
+                b = ((b >> 4) | (b << 4)).astype(np.uint8)
+                opts_c.append((f"{name} with the two nibbles of each byte swapped (element 2j in the high nibble; "
+                               "fpsim, cvt.*.e2m1x2 and cuBLAS: low nibble)", _read_codes(b, R, C, widths, True)[0]))
     sw = swizzled and sch.kind is not Kind.FP32
     opts_s = []
     for name, m in ((f"[{C}, {sT.shape[1]}] (the transpose's layout)", sT),
