@@ -47,9 +47,11 @@ def _files(tmp_path, x, tag):
     return out
 
 
-@pytest.mark.parametrize("tile", [16, 200, 256 << 10])  # tiles of 1 run (then one step), a few, the default
-@pytest.mark.parametrize("run_bytes", [0, 16 << 10])  # every run read alone / short strides read in groups
-@pytest.mark.parametrize("copy_after", [4, 10**12])  # short strides from a row-ordered copy / read in place
+# tiles of 1 run (then one step), a few, the default; every run read alone / short strides read in groups; short
+# strides read in place (10**12) or from the row-ordered copy (4, which reads whole rows: tiles and runs do not matter)
+@pytest.mark.parametrize("tile, run_bytes, copy_after",
+                         [(t, r, 10**12) for t in (16, 200, 256 << 10) for r in (0, 16 << 10)]
+                         + [(256 << 10, 16 << 10, 4)])
 def test_rows_along_every_axis_are_numpys_bit_for_bit(tmp_path, monkeypatch, tile, run_bytes, copy_after):
     """Every axis of 1-D to 4-D tensors (tall, wide, a dimension of 1), float32/float16/bfloat16/float64, every
     storage (a file read in place, an inflated member in memory and spilled to a file), chunks of 1 row, of a few

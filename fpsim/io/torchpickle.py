@@ -63,8 +63,9 @@ class Opaque:
 
 
 class _Storage:
-    def __init__(self, key: str, dtype, numel: int):
+    def __init__(self, key: str, dtype, numel: int, base: int = 0, size: int | None = None):
         self.key, self.dtype, self.numel = key, dtype, numel
+        self.base, self.size = base, size  # a view of torch < 1.0: elements base .. base + size of storage `key`
 
 
 class _StorageType:
@@ -192,8 +193,12 @@ class _Unpickler(pickle._Unpickler):  # noqa: SLF001
             raise pickle.UnpicklingError(f"unexpected persistent id (a {type(pid).__name__})")
         key = str(pid[2])
         self.storage_dtypes.setdefault(key, pid[1].dtype)  # the first one met is the one the legacy format wrote
-        if len(pid) == 6 and pid[5] is not None:  # a storage view of torch < 1.0's files: not read (named below)
-            return _Storage(f"{key} (a storage view)", pid[1].dtype, pid[4])
+        view = pid[5] if len(pid) == 6 else None
+        if view is not None:  # torch < 1.0: (view key, offset, size) in elements of the root storage `key`
+            if not (type(view) is tuple and len(view) == 3 and all(type(v) is int and v >= 0 for v in view[1:])):
+                raise pickle.UnpicklingError(f"a storage view record that is not (key, offset, size) "
+                                             f"(a {type(view).__name__})")
+            return _Storage(key, pid[1].dtype, pid[4], view[1], view[2])
         return _Storage(key, pid[1].dtype, pid[4])
 
 
@@ -235,6 +240,13 @@ def _member(p: Path, name: str, t: _TensorDesc, plain: dict, records: dict) -> M
     if any(s < 0 for s in t.stride) or t.offset < 0:
         return Member(name, shape, dt, error=f"{p}: tensor {name!r}: negative offset or strides {t.stride}")
     last = t.offset + sum((s - 1) * st for s, st in zip(shape, t.stride)) + 1 if n else 0
+    view = t.storage.size is not None
+    if n and view and last > t.storage.size:
+        return Member(name, shape, dt, error=f"{p}: tensor {name!r}: shape {list(shape)} needs {last} elements of "
+                                             f"its storage view, which has {t.storage.size}: corrupt")
+    first = t.storage.base  # elements before the view in its storage (0 but for torch < 1.0's views)
+    off += first * isz
+    have = max(0, have - first * isz)
     if n and last * isz > have:
         return Member(name, shape, dt, error=f"{p}: tensor {name!r}: shape {list(shape)} needs {last * isz} bytes "
                                              f"of its storage, the file holds {have}: truncated or corrupt")
