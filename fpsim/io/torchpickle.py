@@ -317,9 +317,10 @@ def legacy_members(p: Path, plain: dict, torch) -> tuple[list[Member], list[str]
     cannot memory-map it).  The format is a run of pickles — magic number, version, system info, the object, the
     sorted storage keys — then each storage as its element count (8 bytes, little-endian) and its bytes
     (little-endian); files of torch < 1.0 may give a tensor a view of a storage (a view key, an offset and a size
-    in its persistent id), read at that offset and bounded by that size.  The pickles go through the same inert :class:`_Unpickler` as a zip file's (no global of the
-    file is ever called); each storage's place is found by reading its 8-byte count and seeking past its bytes,
-    and its tensors are then read in place like a zip file's.  Raises ``pickle.UnpicklingError`` and the like when
+    in its persistent id), read at that offset and bounded by that size.  The pickles go through the same inert
+    :class:`_Unpickler` as a zip file's (no global of the file is ever called); each storage's place is found by
+    reading its 8-byte count and seeking past its bytes, and its tensors are then read in place like a zip
+    file's.  Raises ``pickle.UnpicklingError`` and the like when
     the file is not one."""
     size = p.stat().st_size
     with open(p, "rb") as f:
