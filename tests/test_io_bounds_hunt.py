@@ -237,12 +237,13 @@ def test_one_pickled_npz_member_does_not_make_the_others_unusable(oracle_files):
     from fpsim.oracle import load_arrays
 
     t = oracle_files
-    x = np.load(t / "x.npz")["x"]
+    with np.load(t / "x.npz") as z:  # closed here: numpy's NpzFile is freed by the cyclic GC, whose finalizers run
+        x = z["x"]  # in any order, so its file could warn "unclosed" in a later test (a flaky failure)
     marker = t / "unpickled"
     np.savez(t / "mixed.npz", x=x, meta=np.array([_Planted(str(marker)), None], dtype=object))
-    g = np.load(t / "good.npz")
-    np.savez(t / "cand.npz", codes=g["codes"], scales=g["scales"], amax=g["amax"],
-             note=np.array([_Planted(str(marker))], dtype=object))
+    with np.load(t / "good.npz") as g:
+        np.savez(t / "cand.npz", codes=g["codes"], scales=g["scales"], amax=g["amax"],
+                 note=np.array([_Planted(str(marker))], dtype=object))
     code, lines, out = _cli("diff", t / "good.npz", "--input", f"{t / 'mixed.npz'}:x")
     assert code == 0 and not lines and "IDENTICAL" in out, out
     code, lines, out = _cli("diff", t / "good.npz", "--input", t / "mixed.npz")  # no name: the key x
