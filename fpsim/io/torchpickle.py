@@ -206,19 +206,25 @@ def _is_opaque(v) -> bool:
     return isinstance(v, Opaque) or isinstance(v, type) and issubclass(v, Opaque)
 
 
-def _records(zf: zipfile.ZipFile, fh) -> tuple[bytes, dict[str, tuple[int, int]], bool]:
-    """The pickle, {storage key: (absolute offset, size)} of the stored data records, little-endian or not."""
+def _pickle_record(zf: zipfile.ZipFile) -> zipfile.ZipInfo:
+    """The archive's one ``data.pkl`` record (``pickle.UnpicklingError`` when there is not exactly one)."""
     pkl = [i for i in zf.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
     if len(pkl) != 1:
         raise pickle.UnpicklingError("no single data.pkl record")
-    prefix = pkl[0].filename[: -len("data.pkl")]
+    return pkl[0]
+
+
+def _records(zf: zipfile.ZipFile, fh) -> tuple[bytes, dict[str, tuple[int, int]], bool]:
+    """The pickle, {storage key: (absolute offset, size)} of the stored data records, little-endian or not."""
+    pkl = _pickle_record(zf)
+    prefix = pkl.filename[: -len("data.pkl")]
     data, little = {}, True
     for info in zf.infolist():
         if info.filename == prefix + "byteorder":
             little = zf.read(info).strip() == b"little"
         elif info.filename.startswith(prefix + "data/") and info.compress_type == zipfile.ZIP_STORED:
             data[info.filename[len(prefix) + 5 :]] = (zip_data_offset(fh, info), info.file_size)
-    return zf.read(pkl[0]), data, little
+    return zf.read(pkl), data, little
 
 
 def _member(p: Path, name: str, t: _TensorDesc, plain: dict, records: dict) -> Member:
@@ -273,10 +279,8 @@ def check_keys(p: Path, torch) -> None:
     the file is built."""
     try:
         with zipfile.ZipFile(p) as zf:
-            pkl = [i for i in zf.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
-            raw = zf.read(pkl[0]) if len(pkl) == 1 else b""
-        if raw:
-            _Unpickler(io.BytesIO(raw), torch).load()
+            raw = zf.read(_pickle_record(zf))
+        _Unpickler(io.BytesIO(raw), torch).load()
     except HostileKey:
         raise
     except Exception:  # noqa: BLE001, S110 - not this check's to report
