@@ -166,12 +166,12 @@ def test_format_error_gap_intervals_and_verdict_follow_from_the_draws():
     assert ("**Verdict.** Agrees:" in txt) == agrees
 
 
-def test_format_error_seed_rows_are_deterministic():
+def test_format_error_seed_rows_are_deterministic(tmp_path):
     from studies.common import write_csv
     from studies.format_error import gap_seed_rows
 
     a, b = (pd.DataFrame(gap_seed_rows((8, 64), 3)) for _ in range(2))
-    pa, pb = Path("/tmp") / "audit2_a.csv", Path("/tmp") / "audit2_b.csv"
+    pa, pb = tmp_path / "audit2_a.csv", tmp_path / "audit2_b.csv"
     write_csv(a, pa)
     write_csv(b, pb)
     assert pa.read_bytes() == pb.read_bytes()
