@@ -39,12 +39,18 @@ bench-gpu:
 
 # On the H200 device, each in one command of under ten minutes (OUT, default /tmp/gpu, receives the tables; a
 # failing test does not stop the benchmark: read the output).
+# The GPU test targets run their tests in GPU_TEST_WORKERS processes sharing the one GPU (the device machine has 16
+# cores; in one process the GPU waits while the host compiles and launches: `make test-gpu`'s tests with two more
+# files ran past 470 s in one process on 2026-12-05, where six workers beside a campaign batch had run the
+# fast-path, Triton, graph and kernel-tuning files (353 tests) in 261 s).  The benchmarks after them run alone.
+GPU_TEST_WORKERS ?= 8
+
 # test-gpu: the torch side's GPU tests (compiled kernels, direct launches, CUDA graphs), the fused GEMM's tiling
 # sweep, and the training-step benchmark without its slow bit-defined arm (its fused-GEMM arm on the sweep's
 # fastest tiling).
 test-gpu:
 	mkdir -p $(OUT)
-	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
+	-$(PYTHON) -m pytest -q -n $(GPU_TEST_WORKERS) -p no:benchmark -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
 		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py \
 		tests/test_campaign.py tests/test_bench_scaled_mm.py tests/test_torch_cublaslt.py tests/test_torch_nn_hunt.py \
 		tests/test_torch_compile.py
@@ -58,8 +64,10 @@ test-gpu:
 # test-gpu-backend: the backend's GPU tests, a small seeded Triton sample of the plan-parity test, the kernel table.
 test-gpu-backend:
 	mkdir -p $(OUT)
-	-$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_torch_backend.py tests/test_triton.py tests/test_parity_hunt.py
-	-FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_plan_parity.py -k sampled
+	-$(PYTHON) -m pytest -q -n $(GPU_TEST_WORKERS) -p no:benchmark -p no:cacheprovider tests/test_torch_backend.py \
+		tests/test_triton.py tests/test_parity_hunt.py
+	-FPSIM_TRITON_PLANS=4 $(PYTHON) -m pytest -q -n $(GPU_TEST_WORKERS) -p no:benchmark -p no:cacheprovider \
+		tests/test_plan_parity.py -k sampled
 	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
 
 # bench-gpu-ab: the GPU kernel table of the tree in OLD (e.g. `mkdir .old && git archive REV fpsim studies
