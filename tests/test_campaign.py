@@ -909,3 +909,95 @@ def test_two_finished_records_of_one_run_are_refused_not_one_silently_kept(tmp_p
         load_runs(tmp_path)
     _fake_run(tmp_path / "size", "bf16", 0, 1.2, status="stopped")  # an unfinished copy is no conflict
     assert len(load_runs(tmp_path)[1]) == 2
+
+
+def test_also_queues_another_plans_runs_in_the_same_command_and_archive(tmp_path, monkeypatch):
+    """``--also size=1`` queues the size plan's run 1 after the horizon plan's runs in one command: both train in
+    the one train_many call, each under its own plan's folder; the ledger entry names both; the one archive
+    (named after --plan) holds both folders.  A done run of --also is skipped; a malformed --also, or --also with
+    --gpus, is refused before anything runs."""
+    import tarfile
+
+    from studies.campaign import batch, data
+
+    calls = []
+
+    def fake_many(specs, *, parallel, on_done, **kw):
+        calls.append([(s["out"].name, s["arm"], s["size"]) for s in specs])
+        for s in specs:
+            rid = crun.run_id(s["arm"], s["seed"], s["size"], s["tokens"])
+            s["out"].mkdir(parents=True, exist_ok=True)
+            rec = {"run": rid, "status": "done", "arm": s["arm"], "seed": s["seed"], "size": s["size"],
+                   "tokens_budget": s["tokens"], "tokens_done": s["tokens"], "lr": s["lr"], "seconds_total": 1.0,
+                   "device": "cpu"}
+            (s["out"] / f"{rid}.json").write_text(json.dumps(rec))
+            (s["out"] / f"{rid}.csv").write_text("step\n")
+            on_done(s, rec)
+
+    monkeypatch.setattr(crun, "train_many", fake_many)
+    monkeypatch.setattr(data, "python_sources", lambda holdout=None: "corpus")
+    man = tmp_path / "manifest.json"
+    man.write_text(json.dumps({"size/s20m-bf16-s0-t482m": {"status": "done"}}))
+    argv = ["--plan", "horizon", "--runs", "1", "--also", "size=1,0", "--work", str(tmp_path / "w"), "--out",
+            str(tmp_path / "o"), "--parallel", "1", "--streams", "--manifest", str(man)]
+    batch.main(argv)
+    assert calls == [[("horizon", "nvfp4", "s10m"), ("size", "nvfp4", "s20m")]]  # size run 0 (BF16) was done
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["horizon.tar"]
+    with tarfile.open(tmp_path / "o" / "horizon.tar") as tf:
+        names = sorted(tf.getnames())
+        tf.extractall(tmp_path / "x", filter="data")
+    assert names == ["horizon/ledger.json", "horizon/s10m-nvfp4-s0-t1062m.csv", "horizon/s10m-nvfp4-s0-t1062m.json",
+                     "size/s20m-nvfp4-s0-t482m.csv", "size/s20m-nvfp4-s0-t482m.json"]
+    entry = json.loads((tmp_path / "x" / "horizon" / "ledger.json").read_text())
+    assert entry["result"] == {"horizon/s10m-nvfp4-s0-t1062m": "done", "size/s20m-nvfp4-s0-t482m": "done"}
+    upd = batch.update_manifest(tmp_path / "x", man)
+    assert upd["size/s20m-nvfp4-s0-t482m"]["status"] == "done" and "horizon/s10m-nvfp4-s0-t1062m" in upd
+    for bad, msg in ((["--also", "size"], "expected PLAN=RUNS"), (["--also", "nope=1"], "expected PLAN=RUNS"),
+                     (["--also", "size=9"], "past the plan"), (["--also", "size=1", "--also", "size=1"], "twice"),
+                     (["--also", "size=1", "--gpus", "2"], "one plan per command")):
+        with pytest.raises(SystemExit, match=msg):
+            batch.main(["--plan", "horizon", "--runs", "2", *bad, "--work", str(tmp_path / "w"), "--out",
+                        str(tmp_path / "o2"), "--streams", "--manifest", str(man)])
+    assert len(calls) == 1 and not (tmp_path / "o2").exists()
+
+
+def test_the_todo_list_packs_every_left_run_into_sessions_and_its_commands_run_exactly_those(tmp_path):
+    """``python -m studies.campaign.spend``: from a manifest, the runs not done (a partial run costed from zero),
+    packed first-fit by decreasing length into queues of at most SESSION_S; with the horizon plan's eight runs and
+    the size plan's six recipe runs left that is 7 sessions, where one plan per session needs 9 (no two of the
+    recipe's horizon runs fit one, each fits beside a size run).  Each queue's printed command, parsed by the batch
+    driver's own rules, selects exactly the queue's runs."""
+    import shlex
+
+    from studies.campaign import batch, spend
+
+    man = tmp_path / "manifest.json"
+    man.write_text(json.dumps({"horizon/s10m-bf16-s0-t1062m": {"status": "done"},
+                               "horizon/s10m-nvfp4-s0-t1062m": {"status": "partial", "tokens_done": 611_123_200},
+                               **{f"size/s20m-bf16-s{s}-t482m": {"status": "done"} for s in range(3)}}))
+    left = spend.todo("horizon", man) + spend.todo("size", man)
+    assert len(left) == 14 and left[0]["key"] == "horizon/s10m-nvfp4-s0-t1062m"
+    assert left[0]["seconds"] == pytest.approx(1_062e6 / 1.10e6)  # the partial run is costed from zero
+    queues = spend.session_queues(left)
+    assert len(queues) == 7
+    assert sum(len(spend.session_queues(spend.todo(p, man))) for p in ("horizon", "size")) == 9  # one plan each
+    assert sorted(t["key"] for q in queues for t in q) == sorted(t["key"] for t in left)
+    assert all(sum(t["seconds"] for t in q) <= spend.SESSION_S for q in queues)
+    for q in queues:
+        cmd = shlex.split(spend.queue_command(q).split("; ", 1)[1].split(" 2>&1")[0])
+        args = cmd[cmd.index("studies.campaign.batch") + 1:]
+        plan = args[args.index("--plan") + 1]
+        runs = plan_runs_of(plan)
+        got = [batch.run_key(plan, runs[i]) for i in batch.select_indices(len(runs), args[args.index("--runs") + 1])]
+        also = [args[i + 1] for i, w in enumerate(args) if w == "--also"]
+        got += [batch.run_key(p, r) for p, r in batch._also_runs(also, None)]
+        assert got == [t["key"] for t in sorted(q, key=lambda t: t["plan"] != plan)]
+    text = spend.todo_text(("horizon", "size"), man)
+    assert "7 session(s)" in text and "size: 6 of 9 runs left" in text
+    assert "partial at 611 M tokens; restarts from zero" in text
+
+
+def plan_runs_of(plan):
+    from studies.campaign.batch import plan_runs
+
+    return plan_runs(plan)

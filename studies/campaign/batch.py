@@ -66,6 +66,12 @@ resuming call's machine was taken back and the checkpoint went with it.  Size ru
 BF16 alone makes 1.17 M tokens/s and the recipe 0.80 M) take ~410–610 s alone, one command each: BF16 seed 0
 (``--plan size --runs 0 --parallel 1 --streams --cuda-graph --max-seconds 540``) took 437 s.
 
+``--also PLAN=RUNS`` queues another plan's runs behind this plan's in the same command (one archive, named after
+``--plan``, with both plans' folders; one ledger entry): no two of the recipe's horizon runs (948–965 s alone) fit
+one session's ~1,650 s of runs, but each fits beside a size run (595–606 s), so the runs left after 2026-12-05
+take 7 sessions packed this way against 9 one plan at a time.  ``python -m studies.campaign.spend`` prints that
+packing from the committed manifest, with each session's command.
+
 ``--gpus N`` is for a machine of several GPUs (the device kinds nvidia-h200-x2/x4, when they are lent): the
 selected runs go round robin to N child batches, one per GPU (``CUDA_VISIBLE_DEVICES``), each with this command's
 other options (so ``--parallel 2 --streams`` means two runs on streams per GPU); their files come back in the one
@@ -91,7 +97,8 @@ from pathlib import Path
 from fpsim.io import atomic_write, dumps
 from studies.campaign.run import MIN_START_S, NOT_STARTED, run_id, too_late
 
-__all__ = ["PARAMS", "PLANS", "plan_runs", "select_indices", "select_runs", "update_manifest", "add_ledger", "main"]
+__all__ = ["PARAMS", "PLANS", "plan_runs", "run_key", "select_indices", "select_runs", "update_manifest", "add_ledger",
+           "main"]
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "campaign"
 
@@ -171,7 +178,7 @@ def select_runs(runs: list[dict], spec: str) -> list[dict]:
 
 def _run_records(root: Path):
     """(key, record) of every run record (a JSON object with a "run") below ``root``, in path order; the key is
-    its folder below ``root`` / run id, as :func:`_key` names it.  Other JSON files (the ledger, checkpoints'
+    its folder below ``root`` / run id, as :func:`run_key` names it.  Other JSON files (the ledger, checkpoints'
     step files) are passed over."""
     for p in sorted(root.rglob("*.json")):
         rec = json.loads(p.read_text())
@@ -217,16 +224,26 @@ def main(argv=None) -> None:
                     help="runs this manifest lists as done are skipped, as are runs whose record under --work says "
                          "done (default: the committed manifest)")
     ap.add_argument("--redo", action="store_true", help="run the selected runs even if they are done")
+    ap.add_argument("--also", action="append", default=[], metavar="PLAN=RUNS",
+                    help="queue another plan's runs after this plan's (repeatable), e.g. --also size=1: one session "
+                         "can then hold a long run of one plan and a shorter run of another "
+                         "(python -m studies.campaign.spend packs them); one archive, named after --plan")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(argv)
     plan = plan_runs(a.plan, a.lr)
     idx = select_indices(len(plan), a.runs) if a.runs else list(range(len(plan)))
+    also = _also_runs(a.also, a.lr)
+    if also and a.gpus > 1:
+        raise SystemExit("batch: --also queues runs on one GPU; with --gpus, send one plan per command")
     if not a.redo:  # a done run started again would train from zero (its checkpoint is gone) to the same bits
         done = _done_keys(a)
-        for i in [i for i in idx if _key(a.plan, plan[i]) in done]:
-            print(f"{_key(a.plan, plan[i])}: done already, skipped (--redo runs it again)", flush=True)
-        idx = [i for i in idx if _key(a.plan, plan[i]) not in done]
-    runs = [plan[i] for i in idx]
+        for i in [i for i in idx if run_key(a.plan, plan[i]) in done]:
+            print(f"{run_key(a.plan, plan[i])}: done already, skipped (--redo runs it again)", flush=True)
+        idx = [i for i in idx if run_key(a.plan, plan[i]) not in done]
+        for p, r in [(p, r) for p, r in also if run_key(p, r) in done]:
+            print(f"{run_key(p, r)}: done already, skipped (--redo runs it again)", flush=True)
+        also = [(p, r) for p, r in also if run_key(p, r) not in done]
+    runs = [(a.plan, plan[i]) for i in idx] + also
     t0 = time.perf_counter()
     if a.gpus > 1:
         exits = _over_gpus(a, argv, plan, idx)
@@ -248,16 +265,34 @@ def main(argv=None) -> None:
     (a.out / a.plan).mkdir(parents=True, exist_ok=True)
     atomic_write(a.out / a.plan / "ledger.json", dumps(entry))
     if not a.loose:
-        _archive(a.out, a.plan)
+        _archive(a.out, a.plan, sorted({p for p, _ in also} - {a.plan}))
 
 
-def _key(plan: str, r: dict) -> str:
+def _also_runs(specs: list[str], lr: float | None) -> list[tuple[str, dict]]:
+    """(plan, run) of each ``--also PLAN=RUNS``, in the order given; RUNS as ``--runs`` takes them."""
+    out: list[tuple[str, dict]] = []
+    for spec in specs:
+        name, sep, sel = spec.partition("=")
+        if not sep or name not in PLANS or not sel:
+            raise SystemExit(f"batch: --also {spec!r}: expected PLAN=RUNS with PLAN one of {', '.join(PLANS)}")
+        runs = plan_runs(name, lr)
+        try:
+            out += [(name, runs[i]) for i in select_indices(len(runs), sel)]
+        except ValueError as e:
+            raise SystemExit(f"batch: --also {spec!r}: {e}") from None
+    keys = [run_key(p, r) for p, r in out]
+    if len(set(keys)) != len(keys):
+        raise SystemExit("batch: --also names a run twice")
+    return out
+
+
+def run_key(plan: str, r: dict) -> str:
     """A run's key in the ledger and the manifest: its plan folder / run id."""
     return f"{_dir(plan, r)}/{run_id(r['arm'], r['seed'], r['size'], r['tokens'])}"
 
 
 def _done_keys(a) -> set[str]:
-    """Keys (:func:`_key`) of the runs that are done: in ``a.manifest``, or by their record under ``a.work`` (a
+    """Keys (:func:`run_key`) of the runs that are done: in ``a.manifest``, or by their record under ``a.work`` (a
     run finished by an earlier command of this session, not yet in the committed manifest)."""
     man = json.loads(a.manifest.read_text()) if a.manifest.exists() else {}
     done = {k for k, v in man.items() if v.get("status") == "done"}
@@ -307,13 +342,13 @@ def _over_gpus(a, argv: list[str], plan: list[dict], idx: list[int]) -> dict:
             f.replace(dest)
         shutil.rmtree(out_k, ignore_errors=True)
         for i in sub:  # a run whose child died before writing its record is "exit N, no record" in the ledger
-            exits[_key(a.plan, plan[i])] = code
+            exits[run_key(a.plan, plan[i])] = code
     return exits
 
 
-def _collect(a, r: dict) -> str:
-    """Copy a stopped run's CSV and JSON from --work to --out; returns its key (:func:`_key`)."""
-    key = _key(a.plan, r)
+def _collect(a, plan: str, r: dict) -> str:
+    """Copy a stopped run's CSV and JSON from --work to --out; returns its key (:func:`run_key`)."""
+    key = run_key(plan, r)
     (a.out / key).parent.mkdir(parents=True, exist_ok=True)
     for ext in (".csv", ".json"):
         if (a.work / f"{key}{ext}").exists():
@@ -321,61 +356,62 @@ def _collect(a, r: dict) -> str:
     return key
 
 
-def _in_process(a, runs: list[dict]) -> dict:
-    """The runs side by side in this process (run.train_many); {key: 0 or 1 (an error status)}."""
+def _in_process(a, runs: list[tuple[str, dict]]) -> dict:
+    """The runs ((plan, run)) side by side in this process (run.train_many); {key: 0 or 1 (an error status)}."""
     from studies.campaign.data import python_sources
     from studies.campaign.run import train_many
 
     hold = tuple(a.holdout.split(",")) if a.holdout else None
     corpus = python_sources(holdout=hold) if hold else python_sources()
     specs = [{"arm": r["arm"], "seed": r["seed"], "size": r["size"], "tokens": r["tokens"], "lr": r["lr"],
-              "out": a.work / _dir(a.plan, r)} for r in runs]
+              "out": a.work / _dir(p, r)} for p, r in runs]
     exits = {}
 
     def done(spec, rec):
-        r = runs[next(i for i, sp in enumerate(specs) if sp is spec)]
+        p, r = runs[next(i for i, sp in enumerate(specs) if sp is spec)]
         status = str(rec.get("status", ""))
         print(f"{rec['run']}: {status}", flush=True)
         if status.startswith(NOT_STARTED):  # nothing new under --work: its status goes to the ledger as it is
-            exits[_key(a.plan, r)] = status
+            exits[run_key(p, r)] = status
             return
-        exits[_collect(a, r)] = 1 if status.startswith("error") else 0
+        exits[_collect(a, p, r)] = 1 if status.startswith("error") else 0
 
     train_many(specs, parallel=a.parallel, on_done=done, batch=BATCH, max_seconds=a.max_seconds, corpus=corpus,
                cuda_graph=a.cuda_graph)
     return exits
 
 
-def _processes(a, runs: list[dict]) -> dict:
-    """The runs as --parallel processes at a time; {key: exit code, or the status of a run not started}.  A run
-    started when another ends gets what is left of --max-seconds (none with less than MIN_START_S)."""
+def _processes(a, runs: list[tuple[str, dict]]) -> dict:
+    """The runs ((plan, run)) as --parallel processes at a time; {key: exit code, or the status of a run not
+    started}.  A run started when another ends gets what is left of --max-seconds (none with less than
+    MIN_START_S)."""
     procs, pending, exits = [], list(runs), {}
     deadline = time.perf_counter() + a.max_seconds
     while pending or procs:
         while pending and len(procs) < a.parallel:  # keep --parallel runs going: start one as soon as one ends
-            r = pending.pop(0)
+            p, r = pending.pop(0)
             left = deadline - time.perf_counter()
             if status := too_late(left):
-                exits[_key(a.plan, r)] = status
-                print(f"{_key(a.plan, r)}: {status}", flush=True)
+                exits[run_key(p, r)] = status
+                print(f"{run_key(p, r)}: {status}", flush=True)
                 continue
             cmd = [sys.executable, "-m", "studies.campaign.run", "--arm", r["arm"], "--seed", str(r["seed"]),
                    "--size", r["size"], "--tokens", str(r["tokens"]), "--lr", str(r["lr"]), "--batch", str(BATCH),
-                   "--max-seconds", f"{left:.1f}", "--out", str(a.work / _dir(a.plan, r))]
+                   "--max-seconds", f"{left:.1f}", "--out", str(a.work / _dir(p, r))]
             if a.holdout:
                 cmd += ["--holdout", a.holdout]
             if a.cuda_graph:
                 cmd.append("--cuda-graph")
-            procs.append((r, subprocess.Popen(cmd)))
-        done = [(r, p) for r, p in procs if p.poll() is not None]
+            procs.append((p, r, subprocess.Popen(cmd)))
+        done = [t for t in procs if t[2].poll() is not None]
         if not done:
             time.sleep(POLL_S)
             continue
-        r, p = done[0]
-        procs.remove((r, p))
-        key = _collect(a, r)
-        print(f"{key}: exit {p.returncode}", flush=True)
-        exits[key] = p.returncode
+        procs.remove(done[0])
+        p, r, proc = done[0]
+        key = _collect(a, p, r)
+        print(f"{key}: exit {proc.returncode}", flush=True)
+        exits[key] = proc.returncode
     return exits
 
 
@@ -391,17 +427,19 @@ def add_ledger(entry_file: Path, ledger: Path = DATA / "sessions.json", gpu: str
     return entries
 
 
-def _archive(out: Path, plan: str) -> Path:
-    """Move the plan's result files under ``out`` into one tar archive ``out/<plan>.tar`` (written atomically)."""
-    src = out / plan
-    files = sorted(f for f in src.rglob("*") if f.is_file()) if src.exists() else []
+def _archive(out: Path, plan: str, others: list[str] = ()) -> Path:
+    """Move the result files of ``plan`` (and of the ``others`` plans an ``--also`` queued) under ``out`` into
+    one tar archive ``out/<plan>.tar`` (written atomically)."""
+    srcs = [out / p for p in (plan, *others)]
+    files = [f for src in srcs if src.exists() for f in sorted(f for f in src.rglob("*") if f.is_file())]
     dest = out / f"{plan}.tar"
     tmp = dest.with_suffix(".tar.tmp")
     with tarfile.open(tmp, "w") as tf:
         for f in files:
             tf.add(f, arcname=f.relative_to(out).as_posix())
     tmp.replace(dest)
-    shutil.rmtree(src, ignore_errors=True)
+    for src in srcs:
+        shutil.rmtree(src, ignore_errors=True)
     return dest
 
 

@@ -1,6 +1,10 @@
 """Study 8's account of the campaign's device time (issue 20): the plans and the GPU time they still need at the
 measured rates, and the ledger of device commands (``studies/data/campaign/sessions.json``) with its summed wall
 time.  :mod:`studies.campaign.report` renders these blocks into the section.
+
+``python -m studies.campaign.spend`` prints, for a session that has a GPU, the runs still to do from the committed
+manifest: plan index, run, device seconds at the measured rate alone, and the device command that runs it (one
+command, or two chained at once where a run outlasts one command).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from studies.campaign.arms import ARMS
-from studies.campaign.batch import plan_runs
+from studies.campaign.batch import DATA, plan_runs, run_key
 
 
 def _plan_text() -> str:
@@ -71,7 +75,7 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
         runs = plan_runs(plan, lr=1.0)
         left = [r for r in runs if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
         sec = sum(_run_seconds(r) for r in left)
-        n = math.ceil(sec / SESSION_S)
+        n = len(session_queues([{"seconds": _run_seconds(r)} for r in left]))
         parts.append(f"{plan}: all {len(runs)} runs done" if not left else
                      f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
                      f"(~{n} session{'' if n == 1 else 's'})")
@@ -87,6 +91,13 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
             + ", ".join(f"{ARMS[a].label} {v / 1e6:.2f} M" for a, v in S20M_ALONE_TOKENS_PER_S.items())
             + f", other arms at their s10m rate × {_s20m_ratio():.2f}, the recipe's measured ratio) and "
             f"~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
+    left = [{"plan": p, "key": run_key(p, r), "seconds": _run_seconds(r)} for p in ("horizon", "size", "main")
+            for r in plan_runs(p, lr=1.0) if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
+    if left:
+        n = len(session_queues(left))
+        text += (f" Packed together, first fit by decreasing length (a run of one plan queued behind another's in "
+                 f"one command with `batch --also`; `python -m studies.campaign.spend` prints each session's "
+                 f"command), the runs left take {n} session{'' if n == 1 else 's'}.")
     if chained:
         text += (f" Runs longer than one command's ~{COMMAND_S} s ({', '.join(chained)}) resume from their "
                  f"checkpoint when their batch is run again at once; if the session ends first, the checkpoint "
@@ -151,3 +162,102 @@ def _ledger_table(ledger: Path, md_table) -> str:
                      "result": str(res).replace("|", "\\|")})  # a '|' would end the Markdown cell
     return ("The ledger, one row per device command (`studies/data/campaign/sessions.json`; wall s: the command's "
             "own wall time, without the machine's start or the transfers):\n\n" + md_table(pd.DataFrame(rows)))
+
+
+#: The device command of one run alone (the shape every size and horizon run has used: streams and graph steps,
+#: ``timeout`` 15 s above ``--max-seconds`` so a stuck run still returns the archive's other files).
+COMMAND = ("nvidia-smi --query-gpu=name --format=csv,noheader; PYTHONUNBUFFERED=1 timeout {timeout} python3 -m "
+           "studies.campaign.batch --plan {plan} --runs {index} --work /tmp/campaign --out $OUT --parallel 1 "
+           "--streams --cuda-graph --max-seconds {max_s} 2>&1 | tail -15")
+MAX_S = 560
+
+
+def todo(plan: str, manifest: Path = DATA / "manifest.json") -> list[dict]:
+    """The runs of ``plan`` not done in ``manifest``, in plan order: {plan, index, key, seconds (device seconds
+    alone at the measured rate, :func:`_run_seconds`), status (the manifest's, or "not run"), tokens_done}.  A
+    partial run's checkpoint stayed on a machine that is gone, so it is costed from zero."""
+    man = json.loads(Path(manifest).read_text()) if Path(manifest).exists() else {}
+    left = []
+    for i, r in enumerate(plan_runs(plan)):
+        rec = man.get(run_key(plan, r), {})
+        if rec.get("status") != "done":
+            left.append({"plan": plan, "index": i, "key": run_key(plan, r), "seconds": _run_seconds(r),
+                         "status": rec.get("status", "not run"), "tokens_done": rec.get("tokens_done", 0)})
+    return left
+
+
+def session_queues(left: list[dict]) -> list[list[dict]]:
+    """The runs ``left`` (:func:`todo` of one or more plans) packed into queues of one session each, first fit by
+    decreasing length: a run goes into the first queue whose seconds stay within ``SESSION_S`` with it, else into
+    a new queue.  A queue is one command sent again and again (a run starts when the one before it ends, within
+    the same command), so a run's last minutes share a command with the next run's first instead of taking a short
+    command of their own; a queue stays within a session because a checkpoint does not outlive its machine.
+    Packing the plans together matters: no two of the recipe's horizon runs (948–965 s) fit a session, but each
+    fits beside a size run (595–606 s)."""
+    queues: list[list[dict]] = []
+    for t in sorted(left, key=lambda t: -t["seconds"]):  # sorted() is stable: plan order among equal lengths
+        q = next((q for q in queues if sum(u["seconds"] for u in q) + t["seconds"] <= SESSION_S), None)
+        if q is None:
+            queues.append([t])
+        else:
+            q.append(t)
+    return queues
+
+
+def queue_command(q: list[dict]) -> str:
+    """The device command of a queue (:func:`session_queues`): the first run's plan is ``--plan``, the other
+    plans' runs follow with ``--also PLAN=RUNS``."""
+    plan = q[0]["plan"]
+    mine = ",".join(str(t["index"]) for t in q if t["plan"] == plan)
+    others: dict[str, list[str]] = {}
+    for t in q:
+        if t["plan"] != plan:
+            others.setdefault(t["plan"], []).append(str(t["index"]))
+    also = "".join(f" --also {p}={','.join(v)}" for p, v in others.items())
+    return COMMAND.format(plan=plan, index=mine + also, max_s=MAX_S, timeout=MAX_S + 15)
+
+
+def todo_text(plans=("horizon", "size", "main"), manifest: Path = DATA / "manifest.json") -> str:
+    """What :func:`todo` finds for each plan, then the session queues (:func:`session_queues`) with their device
+    command, as text."""
+    lines, left = [], []
+    for plan in plans:
+        mine = todo(plan, manifest)
+        left += mine
+        if not mine:
+            lines.append(f"{plan}: every run done")
+            continue
+        lines.append(f"{plan}: {len(mine)} of {len(plan_runs(plan))} runs left, "
+                     f"{sum(t['seconds'] for t in mine):,.0f} s alone at the measured rates")
+        for t in mine:
+            state = ("" if t["status"] == "not run" else
+                     f" ({t['status']} at {t['tokens_done'] / 1e6:,.0f} M tokens; restarts from zero: its checkpoint "
+                     f"went with its machine)")
+            lines.append(f"  {t['index']:>2}  {t['key']}  ~{t['seconds']:,.0f} s{state}")
+    queues = session_queues(left)
+    if queues:
+        lines.append(f"{len(queues)} session(s) of at most ~{SESSION_S:,} s of runs; in each, send its command, and "
+                     f"the same command again as soon as it returns, until the batch prints every run of it done (no "
+                     f"pause between them: the machine is released 30 s after a command ends, and /tmp/campaign, "
+                     f"the checkpoints, with it):")
+    for k, q in enumerate(queues, 1):
+        sec = sum(t["seconds"] for t in q)
+        lines.append(f"  session {k}: {', '.join(t['key'] for t in q)}: ~{sec:,.0f} s, "
+                     f"~{math.ceil(sec / MAX_S)} command(s)")
+        lines.append("      " + queue_command(q))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="The campaign's runs still to do and the device command of each.")
+    ap.add_argument("--plan", action="append", choices=("main", "horizon", "size"),
+                    help="a plan to list (repeatable; default: horizon, size, main)")
+    ap.add_argument("--manifest", type=Path, default=DATA / "manifest.json")
+    a = ap.parse_args(argv)
+    print(todo_text(tuple(a.plan) if a.plan else ("horizon", "size", "main"), a.manifest))
+
+
+if __name__ == "__main__":
+    main()
