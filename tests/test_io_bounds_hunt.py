@@ -428,3 +428,17 @@ def test_a_temp_disk_that_fills_while_a_member_inflates_is_not_called_a_corrupt_
     with pytest.raises(InputError, match=r"has not that much free space") as e:
         np.asarray(m.row_source(-1))
     assert "corrupt" not in str(e.value)
+
+
+@pytest.mark.parametrize("step_elems", [1, 64, 4096])
+def test_the_transposing_copy_is_numpys_for_short_and_long_lines(monkeypatch, step_elems):
+    """fpsim.io.rows._transpose_into, the one transposing copy of the strided reads and of the row-ordered copy:
+    16 lines a step, more where lines are short (at least _STEP_ELEMS elements a step), ragged last steps,
+    leading axes, lines of 1; equal numpy's swapaxes byte for byte."""
+    monkeypatch.setattr(rows_mod, "_STEP_ELEMS", step_elems)
+    rng = np.random.default_rng(3)
+    for shape in [(1000, 3), (300, 16), (17, 257), (2, 33, 40), (3, 1, 50), (50, 1), (4, 2, 5, 7)]:
+        src = rng.standard_normal(shape).astype(np.float32)
+        dst = np.full(shape[:-2] + (shape[-1], shape[-2]), np.nan, np.float32)
+        rows_mod._transpose_into(dst, src)
+        assert dst.tobytes() == np.ascontiguousarray(src.swapaxes(-1, -2)).tobytes(), shape
