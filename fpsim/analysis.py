@@ -380,9 +380,13 @@ def analyze_tensor(
     role = role or guess_role(name)
     x2d = _as_2d(arr)
     rows, cols = x2d.shape
-    chunk_rows = max(16, (chunk_bytes // max(4 * cols, 1)) // 128 * 128 or 16)
+    chunk_rows = _chunk_rows(cols, chunk_bytes)
     base = {"tensor": name, "role": role, "shape": [int(n) for n in arr.shape], "numel": int(arr.size)}
-    mom = _moments(x2d, chunk_rows)
+    # The moments do not depend on the blocks' axis, so they are summed in the stored order (a file's tensor read
+    # along its last axis): equal bit for bit whichever --axis, where the axis-moved rows' order changed the last
+    # digits (float64 sums in another order).
+    stored = arr.stored_2d() if hasattr(arr, "stored_2d") else x2d
+    mom = _moments(stored, _chunk_rows(stored.shape[1], chunk_bytes))
     stats0 = _stats(base, mom)
     wide = mom["beyond_f32"]
     if wide:  # the analysis runs on float32, where these are ±inf: say so rather than let inf_count mislead
@@ -404,6 +408,11 @@ def analyze_tensor(
     if recipe:
         out += _recipe_rows(name, x2d, role, recipe, stats0, seeds, recipe_max_bytes)
     return [_finish(r) for r in out]
+
+
+def _chunk_rows(cols: int, chunk_bytes: int) -> int:
+    """Rows of ``cols`` float32 elements per chunk: about ``chunk_bytes``, a multiple of 128, at least 16."""
+    return max(16, (chunk_bytes // max(4 * cols, 1)) // 128 * 128 or 16)
 
 
 def _chunks(x2d, chunk_rows: int, d: int = 0) -> Iterator[np.ndarray]:

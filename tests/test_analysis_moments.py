@@ -42,3 +42,27 @@ def test_an_axis_out_of_range_names_the_tensor_and_a_non_float_tensor_is_skipped
     assert r.exit_code == 1  # one tensor in error, the rest reported
     r = run(p, "--axis", "0", "--formats", "bf16", "--select", "ints")
     assert r.exit_code == 3 and "note: skipped" in r.output and "axis" not in r.output  # nothing analysed
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "npz", "float16"])
+def test_the_tensor_statistics_are_the_same_bits_along_every_axis(tmp_path, kind):
+    """kurtosis, max|x|/std and the NaN/inf counts are properties of the tensor, not of the axis its blocks run
+    along: a file's tensor analysed with its blocks along each axis, in several chunks, gives the same bits (the
+    last digits of the kurtosis differed: float64 sums taken in the axis-moved rows' order)."""
+    from safetensors.numpy import save_file
+
+    from fpsim.io import open_tensors
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_t(4, (96, 80, 72)) * 3 + 0.5).astype(np.float16 if kind == "float16" else np.float32)
+    x[3, 4, 5], x[50, 7, 1] = np.nan, -np.inf
+    p = tmp_path / ("w.npz" if kind == "npz" else "w.safetensors")
+    np.savez(p, w=x) if kind == "npz" else save_file({"w": x}, str(p))
+    (ref,) = open_tensors([str(p)])
+    got = {}
+    for axis in (-1, 0, 1):
+        r = analyze_tensor("w", ref.row_source(axis), schemes=("nvfp4",), chunk_bytes=1 << 16)[0]
+        got[axis] = [np.float64(r["kurtosis"]).tobytes(), np.float64(r["amax_over_std"]).tobytes(), r["nan_count"],
+                     r["inf_count"]]
+        assert r["shape"] == list(np.moveaxis(x, axis, -1).shape) and r["nan_count"] == 1 and r["inf_count"] == 1
+    assert got[0] == got[-1] and got[1] == got[-1]

@@ -249,6 +249,11 @@ class RowSource:
         """The ``rows × cols`` view (same storage)."""
         return RowSource(self.storage, self.orig_shape, self.axis, two_d=True, label=self.label)
 
+    def stored_2d(self) -> RowSource:
+        """The tensor in its stored order (rows along its last axis, whatever ``axis`` is), 2-D: for what does not
+        depend on the order, read contiguously and the same way for every ``axis``."""
+        return RowSource(self.storage, self.orig_shape, -1, two_d=True, label=self.label)
+
     def __len__(self) -> int:
         return self.shape[0]
 
