@@ -245,6 +245,12 @@ def todo_text(plans=("horizon", "size", "main"), manifest: Path = DATA / "manife
         lines.append(f"  session {k}: {', '.join(t['key'] for t in q)}: ~{sec:,.0f} s, "
                      f"~{math.ceil(sec / MAX_S)} command(s)")
         lines.append("      " + queue_command(q))
+    if queues:
+        lines.append("After each command, here: tar -xf <files_at>/<plan>.tar -C studies/data/campaign/ (the --plan's "
+                     "name; the archive holds the --also plans' folders too), then python -c \"from "
+                     "studies.campaign.batch import DATA, add_ledger, update_manifest; update_manifest(DATA); "
+                     "add_ledger(DATA / '<plan>' / 'ledger.json', gpu='<GPU name the command printed>')\", remove "
+                     "that ledger.json, commit, and python -m studies.run_all --only training.")
     return "\n".join(lines)
 
 
