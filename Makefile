@@ -50,8 +50,8 @@ GPU_TEST_WORKERS ?= 8
 # fastest tiling).
 test-gpu:
 	mkdir -p $(OUT)
-	-$(PYTHON) -m pytest -q -n $(GPU_TEST_WORKERS) -p no:benchmark -p no:cacheprovider tests/test_torch_fastpath.py tests/test_torch_nn.py \
-		tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py \
+	-$(PYTHON) -m pytest -q -n $(GPU_TEST_WORKERS) -p no:benchmark -p no:cacheprovider tests/test_torch_fastpath.py \
+		tests/test_torch_nn.py tests/test_torch_monitor.py tests/test_torch_launch.py tests/test_torch_gemm.py tests/test_torch_graphs.py \
 		tests/test_campaign.py tests/test_bench_scaled_mm.py tests/test_torch_cublaslt.py tests/test_torch_nn_hunt.py \
 		tests/test_torch_compile.py
 	$(PYTHON) -m studies.bench_scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles

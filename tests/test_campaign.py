@@ -914,8 +914,8 @@ def test_two_finished_records_of_one_run_are_refused_not_one_silently_kept(tmp_p
 def test_also_queues_another_plans_runs_in_the_same_command_and_archive(tmp_path, monkeypatch):
     """``--also size=1`` queues the size plan's run 1 after the horizon plan's runs in one command: both train in
     the one train_many call, each under its own plan's folder; the ledger entry names both; the one archive
-    (named after --plan) holds both folders.  A done run of --also is skipped; a malformed --also, or --also with
-    --gpus, is refused before anything runs."""
+    (named after --plan) holds both folders.  A done run of --also is skipped; a malformed --also, a run named
+    twice (by --also, or by --runs and --also), or --also with --gpus, is refused before anything runs."""
     import tarfile
 
     from studies.campaign import batch, data
@@ -954,6 +954,7 @@ def test_also_queues_another_plans_runs_in_the_same_command_and_archive(tmp_path
     assert upd["size/s20m-nvfp4-s0-t482m"]["status"] == "done" and "horizon/s10m-nvfp4-s0-t1062m" in upd
     for bad, msg in ((["--also", "size"], "expected PLAN=RUNS"), (["--also", "nope=1"], "expected PLAN=RUNS"),
                      (["--also", "size=9"], "past the plan"), (["--also", "size=1", "--also", "size=1"], "twice"),
+                     (["--also", "horizon=2"], "twice"),
                      (["--also", "size=1", "--gpus", "2"], "one plan per command")):
         with pytest.raises(SystemExit, match=msg):
             batch.main(["--plan", "horizon", "--runs", "2", *bad, "--work", str(tmp_path / "w"), "--out",

@@ -235,15 +235,17 @@ def main(argv=None) -> None:
     also = _also_runs(a.also, a.lr)
     if also and a.gpus > 1:
         raise SystemExit("batch: --also queues runs on one GPU; with --gpus, send one plan per command")
+    runs = [(a.plan, plan[i]) for i in idx] + also  # (plan, run); the first len(idx) are --plan's runs idx
+    keys = [run_key(p, r) for p, r in runs]
+    if len(set(keys)) != len(keys):  # two copies of one run would train side by side into the same files
+        raise SystemExit("batch: --runs and --also name a run twice")
     if not a.redo:  # a done run started again would train from zero (its checkpoint is gone) to the same bits
         done = _done_keys(a)
-        for i in [i for i in idx if run_key(a.plan, plan[i]) in done]:
-            print(f"{run_key(a.plan, plan[i])}: done already, skipped (--redo runs it again)", flush=True)
-        idx = [i for i in idx if run_key(a.plan, plan[i]) not in done]
-        for p, r in [(p, r) for p, r in also if run_key(p, r) in done]:
-            print(f"{run_key(p, r)}: done already, skipped (--redo runs it again)", flush=True)
-        also = [(p, r) for p, r in also if run_key(p, r) not in done]
-    runs = [(a.plan, plan[i]) for i in idx] + also
+        for k in keys:
+            if k in done:
+                print(f"{k}: done already, skipped (--redo runs it again)", flush=True)
+        idx = [i for i, k in zip(idx, keys) if k not in done]
+        runs = [t for t, k in zip(runs, keys) if k not in done]
     t0 = time.perf_counter()
     if a.gpus > 1:
         exits = _over_gpus(a, argv, plan, idx)
@@ -265,7 +267,7 @@ def main(argv=None) -> None:
     (a.out / a.plan).mkdir(parents=True, exist_ok=True)
     atomic_write(a.out / a.plan / "ledger.json", dumps(entry))
     if not a.loose:
-        _archive(a.out, a.plan, sorted({p for p, _ in also} - {a.plan}))
+        _archive(a.out, a.plan, sorted({p for p, _ in runs} - {a.plan}))
 
 
 def _also_runs(specs: list[str], lr: float | None) -> list[tuple[str, dict]]:
@@ -280,9 +282,6 @@ def _also_runs(specs: list[str], lr: float | None) -> list[tuple[str, dict]]:
             out += [(name, runs[i]) for i in select_indices(len(runs), sel)]
         except ValueError as e:
             raise SystemExit(f"batch: --also {spec!r}: {e}") from None
-    keys = [run_key(p, r) for p, r in out]
-    if len(set(keys)) != len(keys):
-        raise SystemExit("batch: --also names a run twice")
     return out
 
 

@@ -3,8 +3,8 @@ measured rates, and the ledger of device commands (``studies/data/campaign/sessi
 time.  :mod:`studies.campaign.report` renders these blocks into the section.
 
 ``python -m studies.campaign.spend`` prints, for a session that has a GPU, the runs still to do from the committed
-manifest: plan index, run, device seconds at the measured rate alone, and the device command that runs it (one
-command, or two chained at once where a run outlasts one command).
+manifest (plan index, run, device seconds at the measured rate alone), packed into sessions (:func:`session_queues`),
+each with the device command that runs its queue.
 """
 
 from __future__ import annotations
@@ -70,12 +70,14 @@ def _run_seconds(r: dict) -> float:
 def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
     """GPU time still needed by each plan at the measured rates, from the runs ``done`` ((arm, size, seed,
     tokens)), and which plans' runs take more than one command or more than one session."""
-    parts, chained, long_runs = [], [], []
+    parts, chained, long_runs, left_all = [], [], [], []
     for plan in ("main", "horizon", "size"):
         runs = plan_runs(plan, lr=1.0)
-        left = [r for r in runs if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
-        sec = sum(_run_seconds(r) for r in left)
-        n = len(session_queues([{"seconds": _run_seconds(r)} for r in left]))
+        left = [{"plan": plan, "seconds": _run_seconds(r)} for r in runs
+                if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
+        left_all += left
+        sec = sum(t["seconds"] for t in left)
+        n = len(session_queues(left))
         parts.append(f"{plan}: all {len(runs)} runs done" if not left else
                      f"{plan} {len(runs) - len(left)} of {len(runs)} runs done, {sec / 3600:.1f} h left "
                      f"(~{n} session{'' if n == 1 else 's'})")
@@ -91,10 +93,8 @@ def _budget_text(done: set[tuple[str, str, int, int]]) -> str:
             + ", ".join(f"{ARMS[a].label} {v / 1e6:.2f} M" for a, v in S20M_ALONE_TOKENS_PER_S.items())
             + f", other arms at their s10m rate × {_s20m_ratio():.2f}, the recipe's measured ratio) and "
             f"~{SESSION_S:,} s of runs per session: " + "; ".join(parts) + ".")
-    left = [{"plan": p, "key": run_key(p, r), "seconds": _run_seconds(r)} for p in ("horizon", "size", "main")
-            for r in plan_runs(p, lr=1.0) if (r["arm"], r["size"], r["seed"], r["tokens"]) not in done]
-    if left:
-        n = len(session_queues(left))
+    if left_all:
+        n = len(session_queues(left_all))
         text += (f" Packed together, first fit by decreasing length (a run of one plan queued behind another's in "
                  f"one command with `batch --also`; `python -m studies.campaign.spend` prints each session's "
                  f"command), the runs left take {n} session{'' if n == 1 else 's'}.")
