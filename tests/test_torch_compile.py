@@ -145,13 +145,57 @@ def test_fullgraph_is_one_clear_error():
     assert "fake tensor" not in msg.lower() and len(msg.splitlines()) < 40, msg
 
 
+class _CaptureSpy:
+    """Every CUDA graph inductor's CUDA-graph trees record (``mode="reduce-overhead"``): whether torch found it
+    empty ("The CUDA Graph is empty" from ``capture_end``) and whether the compiled piece computes anything (a piece
+    whose every output is one of its inputs, or None, launches no kernel).  The empty-graph warning of such a
+    pass-through piece is held back; any other warning is re-issued as it came."""
+
+    MESSAGE = "The CUDA Graph is empty"
+
+    def __init__(self, monkeypatch):
+        import torch._inductor.cudagraph_trees as trees
+
+        self.captures = []  # (empty, pass_through)
+        record = trees.CUDAGraphNode._record
+
+        def spy(node, model, inputs):
+            import warnings
+
+            held = {t.data_ptr() for t in inputs if torch.is_tensor(t)}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                outs = record(node, model, inputs)
+            flat = outs if isinstance(outs, (list, tuple)) else (outs,)
+            through = all(o is None or (torch.is_tensor(o) and o.data_ptr() in held) for o in flat)
+            empty = any(self.MESSAGE in str(w.message) for w in caught)
+            self.captures.append((empty, through))
+            for w in caught:
+                if not (through and self.MESSAGE in str(w.message)):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return outs
+
+        monkeypatch.setattr(trees.CUDAGraphNode, "_record", spy)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the device machine)")
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
-def test_compiled_model_on_cuda_fast_path(mode):
+def test_compiled_model_on_cuda_fast_path(mode, monkeypatch):
     """On CUDA the layers take the fused gemm="blas" path eagerly, the rest compiles with inductor (and its
     CUDA graphs under mode="reduce-overhead"); bit for bit the eager model.  The embedding is frozen: inductor
-    sums its gradient rows with atomic adds on the GPU, in no fixed order."""
+    sums its gradient rows with atomic adds on the GPU, in no fixed order.
+
+    Under "reduce-overhead" the pieces between the fpsim layers' graph breaks are captured as CUDA graphs.  The
+    backward of ``x + fc2(...)`` alone (no norm in these blocks) hands its incoming gradient through and launches
+    no kernel, and inductor's CUDA-graph trees capture it all the same, so torch warns that the graph is empty
+    (pytorch/pytorch#149653; newer inductor skips kernel-free graphs).  The test holds that warning back only for
+    such a pass-through piece, and checks that the pieces that do compute were captured with their work."""
+    spy = _CaptureSpy(monkeypatch) if mode == "reduce-overhead" else None
     _compare("cuda", "blas", norm=False, frozen_embed=True, **({} if mode is None else {"mode": mode}))
+    if spy is not None:
+        assert any(not e and not t for e, t in spy.captures), spy.captures  # pieces with kernels were captured
+        # an empty capture is a pass-through piece (and a pass-through piece has nothing to capture)
+        assert all(e == t for e, t in spy.captures), spy.captures
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the device machine)")
