@@ -3,18 +3,18 @@
 The section's measured and verdict lines come from the campaign's committed runs (studies/data/campaign/, rendered
 by :mod:`studies.campaign.report`: paired gaps to BF16 with t-intervals, the recipe components' verdicts, curves,
 throughput and the device ledger).  The 400-step runs that ``studies/train_lm.py`` wrote on the H200
-(studies/data/training/) follow as the lesson on seed noise that led to the campaign: their loss curves, relative gap
-to BF16 over tokens and final gaps with the seed spread.  No GPU is needed to render either.
+(studies/data/training/, 1.6 M tokens each) follow as a lesson on seed noise: their final gaps to BF16 and the seed
+spread, in text and a table (their validation losses over steps in ``training.csv``).  The campaign supersedes them,
+so they draw no figure.  No GPU is needed to render either.
 """
 
 from __future__ import annotations
 
 import json
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
-from studies.common import ROOT, md_table, parse_args, progress, save_fig, write_csv, write_section
+from studies.common import ROOT, md_table, parse_args, progress, write_csv, write_section
 
 NAME = "training"
 DATA = ROOT / "studies" / "data" / "training"
@@ -39,35 +39,9 @@ def main(argv=None):
     df = pd.concat(frames, ignore_index=True)
     val = df.dropna(subset=["val_loss"])[["run", "seed", "step", "tokens", "val_loss"]]
     base = val[(val.run == "bf16")].groupby("step")["val_loss"].mean()
-    # relative to the mean of the two BF16 seeds at the same step (the figure draws the BF16 seed band around it)
+    # relative to the mean of the two BF16 seeds at the same step
     val = val.assign(rel_gap_vs_bf16_mean=val.apply(lambda r: r.val_loss / base[r.step] - 1, axis=1))
     write_csv(val.sort_values(["run", "seed", "step"]), args.dir / f"{NAME}.csv")
-
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for run, g in val[val.seed == 0].groupby("run", sort=False):
-        ax.plot(g.tokens / 1e6, g.val_loss, label=LABELS.get(run, run), lw=1.4)
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("validation loss (nats per byte)")
-    ax.set_title("Small byte-level LM (6 blocks, d = 256) under emulated low-precision recipes")
-    ax.set_ylim(0.85, 1.6)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    save_fig(fig, args.dir / "loss_curves.png")
-
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for run, g in val[(val.seed == 0) & (val.run != "bf16")].groupby("run", sort=False):
-        ax.plot(g.tokens / 1e6, 100 * g.rel_gap_vs_bf16_mean, label=LABELS.get(run, run), lw=1.4)
-    bf = val[val.run == "bf16"].pivot(index="tokens", columns="seed", values="val_loss")
-    ax.fill_between(bf.index / 1e6, 100 * (bf.min(axis=1) / bf.mean(axis=1) - 1),
-                    100 * (bf.max(axis=1) / bf.mean(axis=1) - 1), color="grey", alpha=0.3, label="BF16 seed spread")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("validation loss gap vs BF16 (%)")
-    ax.set_title("Relative loss gap to BF16 (mean of BF16 seeds 0 and 1)")
-    ax.set_ylim(-8, 8)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    save_fig(fig, args.dir / "loss_gap.png")
 
     # Final losses, and each run's gap to BF16 of the same seed (paired, as the campaign reports), in nats/byte.
     last = val[val.step == val.step.max()]
@@ -102,7 +76,8 @@ def main(argv=None):
 
     campaign = ROOT / "studies" / "data" / "campaign"
     camp_blocks, camp_figs = render(campaign, args.dir, md_table)
-    old_blocks = [f"**Earlier runs (issue 9), kept for what they show about noise.** {measured} Lesson: {old_verdict}",
+    old_blocks = [f"**Earlier runs (issue 9), superseded by the paired-seed campaign above and kept, without their "
+                  f"figures, for what they show about noise.** {measured} Lesson: {old_verdict}",
                   "Final validation loss of those runs and the gap to BF16 of the same seed (nats per byte; seed 1 was "
                   "run for BF16 and the NVFP4 recipe only, so the other rows' seed-1 cells are empty):\n\n"
                   + md_table(table, ".4f", {c: "+.4f" for c in table.columns if c.startswith("−")}),
@@ -115,7 +90,7 @@ def main(argv=None):
         args, "8. Training: a small LM under the emulated recipes",
         "Pretraining with NVFP4 (the full recipe, with the last blocks in BF16) tracks the BF16 loss closely; removing "
         "SR, RHT or 2D weight scaling, quantizing every layer, or using MXFP4 widens the gap (paper Fig. 2, 4, 6).",
-        *head, [*camp_figs, "loss_curves.png", "loss_gap.png"], [*camp_blocks, *old_blocks],
+        *head, camp_figs, [*camp_blocks, *old_blocks],
     )
     return args.dir
 
