@@ -94,8 +94,16 @@ def synthetic(kind: str, shape: tuple[int, int], seed: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def real_tensors() -> dict[str, np.ndarray]:
-    """The bundled capture (studies/data/tinylm_capture.safetensors) as float32 arrays, in file order."""
+#: Label prefix of the bundled capture's tensors in the studies' CSVs and tables (``tinylm:fc1.weight``).
+TINYLM = "tinylm:"
+#: What the bundled capture is, for the sections' text.
+TINYLM_TEXT = ("a toy byte-level MLP language model (8-byte context, three linear layers of width 256) after 400 "
+               "Adam steps on Python stdlib sources (`studies/capture_example.py`)")
+
+
+def tinylm_tensors() -> dict[str, np.ndarray]:
+    """The bundled capture (studies/data/tinylm_capture.safetensors: weights, layer inputs and output gradients of
+    fc1, fc2 and head of :data:`TINYLM_TEXT`'s model) as float32 arrays, in file order."""
     from fpsim.io import open_tensors
 
     return {r.name: np.asarray(r.load(), dtype=np.float32) for r in open_tensors([str(CAPTURE)])}

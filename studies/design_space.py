@@ -17,14 +17,16 @@ import fpsim
 from fpsim.schemes import BlockScheme
 from studies.common import (
     DISTRIBUTIONS,
+    TINYLM,
+    TINYLM_TEXT,
     md_table,
     numba_threads,
     parse_args,
     progress,
-    real_tensors,
     save_fig,
     sqnr_db,
     synthetic,
+    tinylm_tensors,
     write_csv,
     write_section,
 )
@@ -130,7 +132,7 @@ def main(argv=None):
 def run(args):
     shape = (128, 256) if args.quick else (1024, 2048)
     datasets = [(d, synthetic(d, shape, args.seed + i)) for i, d in enumerate(DISTRIBUTIONS)]
-    datasets += [(f"real:{k}", v.reshape(-1, v.shape[-1])) for k, v in real_tensors().items()]
+    datasets += [(f"{TINYLM}{k}", v.reshape(-1, v.shape[-1])) for k, v in tinylm_tensors().items()]
 
     grid, usage, bmax = [], [], []
     rel_for_fig = {}
@@ -159,9 +161,10 @@ def run(args):
 
     # Figure 1: SQNR vs bits per element, one panel per data group.
     df["group"] = df["data"]
-    df.loc[df.data.str.startswith("real:"), "group"] = "real: weights & activations (mean)"
-    df.loc[df.data.str.endswith("grad_output"), "group"] = "real: gradients (mean)"
-    groups = list(DISTRIBUTIONS) + ["real: weights & activations (mean)", "real: gradients (mean)"]
+    toy_wa, toy_g = "toy LM capture: weights & activations (mean)", "toy LM capture: gradients (mean)"
+    df.loc[df.data.str.startswith(TINYLM), "group"] = toy_wa
+    df.loc[df.data.str.endswith("grad_output"), "group"] = toy_g
+    groups = list(DISTRIBUTIONS) + [toy_wa, toy_g]
     agg = df.groupby(["group", "scale", "block"], sort=False)[["bits_per_element", "sqnr_db"]].mean().reset_index()
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5), sharex=True)
     markers = dict(zip([s[0] for s in SCALES], "osD^v"))
@@ -220,12 +223,12 @@ def run(args):
         return float(df[(df.data == data) & (df.scale == scale) & (df.block == block)].sqnr_db.iloc[0])
 
     nv, mx = "E4M3 + FP32 tensor scale", "E8M0 (rceil)"
-    syn_tab = df[~df.data.str.startswith("real:")].pivot_table(index=["scale", "block"], columns="data",
+    syn_tab = df[~df.data.str.startswith(TINYLM)].pivot_table(index=["scale", "block"], columns="data",
                                                                 values="sqnr_db", sort=False)[list(DISTRIBUTIONS)]
     syn_tab = syn_tab.reset_index()
-    real = df[df.data.str.startswith("real:")]
-    real_mean = real.pivot_table(index="scale", columns="block", values="sqnr_db", sort=False)
-    grads = real[real.data.str.endswith("grad_output")]
+    toy = df[df.data.str.startswith(TINYLM)]
+    toy_mean = toy.pivot_table(index="scale", columns="block", values="sqnr_db", sort=False)
+    grads = toy[toy.data.str.endswith("grad_output")]
     e4_nots_grad = grads[(grads.scale == "E4M3, no tensor scale") & (grads.block == 16)]
     e4_ts_grad = grads[(grads.scale == nv) & (grads.block == 16)]
     gauss16 = {s[0]: sq("gaussian", s[0], 16) for s in SCALES}
@@ -238,7 +241,7 @@ def run(args):
     top6 = {s[0]: 100 * float(gu.loc[(s[0], 7), "fraction_all"]) for s in CODE_SCHEMES}
     bm = db.set_index(["data", "scheme"])
     nv_frac = db[db.scheme == "NVFP4"]["blockmax_frac_below_2^-4"]
-    nv_frac_syn = db[(db.scheme == "NVFP4") & ~db.data.str.startswith("real:")]["blockmax_frac_below_2^-4"]
+    nv_frac_syn = db[(db.scheme == "NVFP4") & ~db.data.str.startswith(TINYLM)]["blockmax_frac_below_2^-4"]
     mx_frac = db[db.scheme == "MXFP4 rceil"]["blockmax_frac_below_2^-4"]
     worst = db[db.scheme == "NVFP4"].sort_values("blockmax_frac_below_2^-4").iloc[0]
     worst_ue = bm.loc[(worst.data, "NVFP4 with UE5M3 scales"), "blockmax_frac_below_2^-4"]
@@ -255,7 +258,7 @@ def run(args):
         f"{max(b16_vs_32):.2f} dB for 0.25 extra bit/element; UE5M3 vs E4M3 (block 16, both with tensor "
         f"scale): {min(ue_vs_e4):+.2f} to {max(ue_vs_e4):+.2f} dB (UE5M3 keeps E4M3's 3 mantissa "
         f"bits and spends the sign bit, useless for a scale, on a fifth exponent bit: same precision, more "
-        f"range). Without the tensor scale, E4M3 scales fail on the real gradients "
+        f"range). Without the tensor scale, E4M3 scales fail on the toy LM's captured gradients "
         f"(|g| ≤ 0.008: block scales |g|/6 fall below E4M3's smallest normal 2^-6): block-16 SQNR "
         f"{e4_nots_grad.sqnr_db.min():.1f}–{e4_nots_grad.sqnr_db.max():.1f} dB vs "
         f"{e4_ts_grad.sqnr_db.min():.1f}–{e4_ts_grad.sqnr_db.max():.1f} dB with it "
@@ -305,8 +308,8 @@ def run(args):
     tables = [
         "SQNR (dB), synthetic distributions "
         f"({shape[0]}×{shape[1]}; bits per element = 4 + scale bits / block):\n\n" + md_table(syn_tab, ".2f"),
-        "Mean SQNR (dB) over the 9 captured tensors, per block size:\n\n"
-        + md_table(real_mean.reset_index(), ".2f"),
+        f"Mean SQNR (dB) over the {toy.data.nunique()} tensors captured from {TINYLM_TEXT}, per block size:\n\n"
+        + md_table(toy_mean.reset_index(), ".2f"),
         "Block max relative error, Gaussian data:\n\n"
         + md_table(db[db.data == "gaussian"].drop(columns=["data"]), ".4g"),
     ]

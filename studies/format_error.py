@@ -1,7 +1,7 @@
 """Study 1 — format error: NVFP4 vs MXFP4 (each scale rule) vs MXFP6/MXFP8 vs FP8 vs BF16.
 
-SQNR and relative error per synthetic distribution and per real captured tensor, against the storage
-cost in bits per element.
+SQNR and relative error per synthetic distribution and per tensor of the bundled capture of a toy byte-level MLP LM
+(studies/capture_example.py; labelled ``tinylm:<tensor>``), against the storage cost in bits per element.
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ import pandas as pd
 import fpsim
 from studies.common import (
     DISTRIBUTIONS,
+    TINYLM,
+    TINYLM_TEXT,
     md_table,
     parse_args,
     progress,
-    real_tensors,
     rel_error,
     save_fig,
     sqnr_db,
     synthetic,
+    tinylm_tensors,
     write_csv,
     write_section,
 )
@@ -99,7 +101,7 @@ def main(argv=None):
     shape = (128, 256) if args.quick else (1024, 2048)
     rows = []
     datasets = [(d, synthetic(d, shape, args.seed + i)) for i, d in enumerate(DISTRIBUTIONS)]
-    datasets += [(f"real:{k}", v.reshape(-1, v.shape[-1])) for k, v in real_tensors().items()]
+    datasets += [(f"{TINYLM}{k}", v.reshape(-1, v.shape[-1])) for k, v in tinylm_tensors().items()]
     for name, x in datasets:
         progress(f"[{NAME}] {name} {x.shape}")
         rows += [measure(label, s, kw, name, x) for label, s, kw in SCHEMES]
@@ -110,7 +112,7 @@ def main(argv=None):
     write_csv(seeds, args.dir / "gap_seeds.csv")
     gaps = _gap_summary(seeds)
 
-    syn = df[~df["data"].str.startswith("real:")]
+    syn = df[~df["data"].str.startswith(TINYLM)]
     order = [s[0] for s in SCHEMES]
     bits = syn.groupby("scheme")["bits_per_element"].first()
     piv = syn.pivot(index="scheme", columns="data", values="sqnr_db").loc[order, list(DISTRIBUTIONS)]
@@ -124,32 +126,32 @@ def main(argv=None):
     ax.grid(axis="x", alpha=0.3)
     save_fig(fig, args.dir / "sqnr_vs_bits.png")
 
-    real = df[df["data"].str.startswith("real:")]
+    toy = df[df["data"].str.startswith(TINYLM)]
     pick = ["NVFP4", "MXFP4 rceil", "MXFP4 floor", "MXFP8 E4M3", "FP8 E4M3 per-tensor"]
-    piv = real[real["scheme"].isin(pick)].pivot(index="data", columns="scheme", values="sqnr_db")[pick]
+    piv = toy[toy["scheme"].isin(pick)].pivot(index="data", columns="scheme", values="sqnr_db")[pick]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    piv.index = [i.removeprefix("real:") for i in piv.index]
+    piv.index = [i.removeprefix(TINYLM) for i in piv.index]
     piv.plot.bar(ax=ax, width=0.8)
     ax.set_ylabel("SQNR (dB)")
-    ax.set_xlabel("captured tensor (tiny LM, bundled capture)")
-    ax.set_title("Per-tensor SQNR on real weights, activations and gradients")
+    ax.set_xlabel("tensor captured from the toy LM (studies/capture_example.py)")
+    ax.set_title("Per-tensor SQNR on a toy byte-level MLP LM's weights, activations and gradients")
     ax.set_ylim(0, piv.to_numpy().max() * 1.35)
     ax.legend(fontsize=7, ncol=3, loc="upper center")
-    save_fig(fig, args.dir / "sqnr_real.png")
+    save_fig(fig, args.dir / "sqnr_tinylm_capture.png")
 
-    rw = real.pivot(index="data", columns="scheme", values="sqnr_db")
+    rw = toy.pivot(index="data", columns="scheme", values="sqnr_db")
     gap = (rw["NVFP4"] - rw["MXFP4 rceil"]).to_numpy()
     gap_best = (rw["NVFP4"] - rw[MXFP4_LABELS].max(axis=1)).to_numpy()
     syn_gap = gaps["NVFP4 − MXFP4 rceil (dB)"].to_numpy()
     syn_best = gaps["NVFP4 − best MXFP4 rule (dB)"].to_numpy()
-    lossless = real[(real.scheme == "BF16") & np.isinf(real.sqnr_db)].data.str.removeprefix("real:").tolist()
+    lossless = toy[(toy.scheme == "BF16") & np.isinf(toy.sqnr_db)].data.str.removeprefix(TINYLM).tolist()
     summary = syn.pivot(index="scheme", columns="data", values="sqnr_db").loc[[s[0] for s in SCHEMES]]
     summary = summary.reset_index()
     measured = (
         f"On the four synthetic distributions NVFP4 beats MXFP4 (rceil) by {syn_gap.min():.1f}–{syn_gap.max():.1f} dB "
         f"SQNR (mean over {GAP_SEEDS} independent draws of each; 95 % t half-widths at most "
         f"{gaps['±95 % (rceil)'].max():.2f} dB), and the best of MXFP4's four scale rules on each draw by "
-        f"{syn_best.min():.1f}–{syn_best.max():.1f} dB; on the {len(gap)} captured tensors by "
+        f"{syn_best.min():.1f}–{syn_best.max():.1f} dB; on the {len(gap)} tensors captured from {TINYLM_TEXT} by "
         f"{gap.min():.1f}–{gap.max():.1f} dB against rceil (mean {gap.mean():.1f} dB) and "
         f"{gap_best.min():.1f}–{gap_best.max():.1f} dB against the best rule, at "
         f"{df[df.scheme == 'NVFP4'].bits_per_element.iloc[0]:.2f} vs "
@@ -159,14 +161,14 @@ def main(argv=None):
     )
     worst = gaps["NVFP4 − best MXFP4 rule (dB)"] - gaps["±95 % (best)"]
     verdict = ("Agrees: NVFP4's smaller blocks and E4M3 scales cost 0.25 bit per element and buy a lower error "
-               "than every MXFP4 scale rule, on every captured tensor and on every synthetic distribution by more "
-               "than its seed interval."
+               "than every MXFP4 scale rule, on every captured toy-LM tensor and on every synthetic distribution by "
+               "more than its seed interval."
                if gap_best.min() > 0 and worst.min() > 0 else "Does not fully agree: see the tables.")
     write_section(
         args, "1. Format error",
         "NVFP4 (16-element blocks, E4M3 scales, FP32 tensor scale) quantizes more accurately than MXFP4 "
         "(32-element blocks, power-of-two E8M0 scales).",
-        measured, verdict, ["sqnr_vs_bits.png", "sqnr_real.png"],
+        measured, verdict, ["sqnr_vs_bits.png", "sqnr_tinylm_capture.png"],
         [f"SQNR (dB) per synthetic distribution ({shape[0]}×{shape[1]}, one draw each):\n\n" + md_table(summary, ".1f"),
          f"NVFP4's SQNR gain over MXFP4 per synthetic distribution ({shape[0]}×{shape[1]}): mean over "
          f"{GAP_SEEDS} independent draws and the half-width of its 95 % t-interval (dB); 'best' is the best of "

@@ -19,14 +19,16 @@ from fpsim.analysis import mean_ci95
 from fpsim.recipe import get_recipe, linear
 from fpsim.transforms import derive_seed, sign_vector
 from studies.common import (
+    TINYLM,
+    TINYLM_TEXT,
     md_table,
     numba_threads,
     parse_args,
     progress,
-    real_tensors,
     rel_error,
     save_fig,
     synthetic,
+    tinylm_tensors,
     write_csv,
     write_section,
 )
@@ -155,13 +157,14 @@ def structured(kind: str, shape, seed: int) -> np.ndarray:
     return (sig + noise).astype(np.float32)
 
 
-def exp_sign_policy(args, quick, reals):
+def exp_sign_policy(args, quick, toy_tensors):
     shape = (64, 512) if quick else (512, 2048)
     calls = 2 if quick else 16
     data = [(k, structured(k, shape, args.seed + 300 + i))
             for i, k in enumerate(("constant", "periodic", "recipe-aligned"))]
     data += [("student_t3", synthetic("student_t3", shape, args.seed + 310))]
-    data += [(f"real:{k}", v.reshape(-1, v.shape[-1])) for k, v in reals.items() if not quick or "head" in k]
+    data += [(f"{TINYLM}{k}", v.reshape(-1, v.shape[-1])) for k, v in toy_tensors.items()
+             if not quick or "head" in k]
     rows = []
     for name, x in data:
         progress(f"[{NAME}] sign policy on {name}")
@@ -177,11 +180,11 @@ def exp_sign_policy(args, quick, reals):
     return rows
 
 
-def exp_kurtosis(args, quick, reals):
+def exp_kurtosis(args, quick, toy_tensors):
     shape = (64, 1024) if quick else (512, 4096)
     data = [(k, synthetic(k, shape, args.seed + 400 + i))
             for i, k in enumerate(("gaussian", "laplace", "student_t3", "channel_outliers"))]
-    data += [(f"real:{k}", v.reshape(-1, v.shape[-1])) for k, v in reals.items()]
+    data += [(f"{TINYLM}{k}", v.reshape(-1, v.shape[-1])) for k, v in toy_tensors.items()]
     rows = []
     for name, x in data:
         progress(f"[{NAME}] block kurtosis on {name}")
@@ -209,11 +212,11 @@ def placement_recipe(roles):
     return dataclasses.replace(r, name=f"rht:{'+'.join(roles) or 'none'}")
 
 
-def exp_gemm_placement(args, quick, reals):
+def exp_gemm_placement(args, quick, toy_tensors):
     layers = []
     for lname in ("fc1", "fc2", "head"):
-        layers.append((f"real:{lname}", reals[f"{lname}.input"], reals[f"{lname}.weight"],
-                       reals[f"{lname}.grad_output"]))
+        layers.append((f"{TINYLM}{lname}", toy_tensors[f"{lname}.input"], toy_tensors[f"{lname}.weight"],
+                       toy_tensors[f"{lname}.grad_output"]))
     if not quick:
         t, i, o = 512, 512, 512
         layers.append(("synthetic: X channel outliers, W gaussian/√in, dY student-t",
@@ -297,7 +300,7 @@ def fig_signs_kurtosis(df, path):
     sub = df[(df.experiment == "sign_policy") & (df.metric == "rel_error")]
     piv = sub.pivot(index="data", columns="variant", values="value")
     piv = piv.loc[list(dict.fromkeys(sub.data))][["no RHT", "unsigned H16", "recipe fixed signs", "random per call"]]
-    piv.index = [i.removeprefix("real:") for i in piv.index]
+    piv.index = [i.removeprefix(TINYLM) for i in piv.index]
     piv.plot.bar(ax=axes[0], width=0.8)
     axes[0].set_ylabel("NVFP4 relative error ‖x̂−x‖/‖x‖ (ratio)")
     axes[0].set_xlabel("data (structured synthetic rows, Student-t, captured tensors)")
@@ -307,7 +310,7 @@ def fig_signs_kurtosis(df, path):
     sub = df[(df.experiment == "kurtosis") & (df.metric == "block_kurtosis")]
     piv = sub.pivot(index="data", columns="variant", values="value").loc[list(dict.fromkeys(sub.data))]
     piv = piv[["before", "after RHT16"]]
-    piv.index = [i.removeprefix("real:") for i in piv.index]
+    piv.index = [i.removeprefix(TINYLM) for i in piv.index]
     piv.plot.bar(ax=axes[1], width=0.8)
     axes[1].axhline(GAUSS_BLOCK_KURT, color="gray", ls=":", lw=1,
                     label=f"Gaussian, 16-sample blocks (3·16/18 = {GAUSS_BLOCK_KURT:.2f})")
@@ -327,7 +330,7 @@ def fig_placement(df, path):
     for ax, g in zip(axes, ("fprop", "dgrad", "wgrad")):
         piv, err = (sub[sub.metric == m].pivot(index="data", columns="variant", values="value").loc[datas]
                     [list(PLACEMENTS)] for m in (f"{g}_rel_error", f"{g}_rel_error_ci95"))
-        piv.index = err.index = [d.removeprefix("real:").split(",")[0] for d in datas]
+        piv.index = err.index = [d.removeprefix(TINYLM).split(",")[0] for d in datas]
         piv.plot.bar(ax=ax, width=0.8, legend=(g == "fprop"), yerr=err, capsize=2)
         ax.set_title(f"{g.capitalize()} output error")
         ax.set_ylabel(f"‖{ {'fprop': 'Y', 'dgrad': 'dX', 'wgrad': 'dW'}[g]} − FP64‖ / ‖FP64‖ (ratio)")
@@ -350,13 +353,13 @@ def main(argv=None):
 
 def _main(argv=None):
     args = parse_args(NAME, __doc__, argv)
-    reals = real_tensors()
+    toy_tensors = tinylm_tensors()
     rows = []
     rows += exp_outlier_magnitude(args, args.quick)
     rows += exp_hadamard_size(args, args.quick)
-    rows += exp_sign_policy(args, args.quick, reals)
-    rows += exp_kurtosis(args, args.quick, reals)
-    rows += exp_gemm_placement(args, args.quick, reals)
+    rows += exp_sign_policy(args, args.quick, toy_tensors)
+    rows += exp_kurtosis(args, args.quick, toy_tensors)
+    rows += exp_gemm_placement(args, args.quick, toy_tensors)
     write_csv(pd.DataFrame(rows), args.dir / f"{NAME}.csv")
     # Figures and text from the CSV as written (6 significant digits), so every printed number can be checked
     # against it.
@@ -416,21 +419,21 @@ def summarize(df, seed: int = 0):
 
     sp = _get(df, experiment="sign_policy", metric="rel_error")
     spp = sp.pivot(index="data", columns="variant", values="value")
-    real_sp = spp[spp.index.str.startswith("real:")]
-    fix_vs_call = (real_sp["recipe fixed signs"] / real_sp["random per call"] - 1) * 100
+    toy_sp = spp[spp.index.str.startswith(TINYLM)]
+    fix_vs_call = (toy_sp["recipe fixed signs"] / toy_sp["random per call"] - 1) * 100
     sd = _get(df, experiment="sign_policy", metric="rel_error_std").set_index("data").value
-    n_sd = ((real_sp["recipe fixed signs"] - real_sp["random per call"]).abs() / sd[real_sp.index]).max()
+    n_sd = ((toy_sp["recipe fixed signs"] - toy_sp["random per call"]).abs() / sd[toy_sp.index]).max()
     structured_rows = [k for k in ("constant", "periodic", "recipe-aligned") if k in spp.index]
     st_chg = (spp.loc[structured_rows, "recipe fixed signs"] / spp.loc[structured_rows, "no RHT"] - 1) * 100
 
     ku = _get(df, experiment="kurtosis")
     kp = _get(ku, metric="block_kurtosis").pivot(index="data", columns="variant", values="value")
     ep = _get(ku, metric="nvfp4_rel_error").pivot(index="data", columns="variant", values="value")
-    real_k = kp[kp.index.str.startswith("real:")]
+    toy_k = kp[kp.index.str.startswith(TINYLM)]
     e_chg = (ep["after RHT16"] / ep["before"] - 1) * 100  # positive = RHT16 raises the round-trip error
-    real_chg = e_chg[e_chg.index.str.startswith("real:")]
-    syn_chg = e_chg[~e_chg.index.str.startswith("real:")].loc[[k for k in ku.data.unique() if k in e_chg.index
-                                                               and not k.startswith("real:")]]
+    toy_chg = e_chg[e_chg.index.str.startswith(TINYLM)]
+    syn_chg = e_chg[~e_chg.index.str.startswith(TINYLM)].loc[[k for k in ku.data.unique() if k in e_chg.index
+                                                               and not k.startswith(TINYLM)]]
 
     # Placement: each GEMM under the placement that puts RHT16 on its own operands (the others leave it unchanged).
     gp = _get(df, experiment="gemm_placement")
@@ -443,7 +446,7 @@ def summarize(df, seed: int = 0):
     chw = {v: gser(v, f"{g}_change_pct_ci95") for v, g in own.items()}
     n_seeds = int(gp.param.iloc[0])
     datas = list(dict.fromkeys(gp.data))
-    realmask = [d.startswith("real:") for d in datas]
+    toymask = [d.startswith(TINYLM) for d in datas]
 
     def rng_(v, mask):
         s = ch[v][mask]
@@ -463,6 +466,8 @@ def summarize(df, seed: int = 0):
     measured = (
         f"Seeds: --seed {seed} (synthetic data from seed + a fixed offset per experiment; SR and per-call sign "
         "vectors from derive_seed(seed, …)). "
+        f"Captured tensors and layers: fc1, fc2 and head of {TINYLM_TEXT} (their weights, layer inputs and output "
+        f"gradients; rows labelled {TINYLM}<tensor>). "
         f"(a) Outliers (one per 128 Gaussian elements): at m = {m_lo:g}σ RHT16 changes the GEMM error from "
         f"{g1_no:.4f} to {g1_rht:.4f}; at m = {mmax:g}σ the inlier error is {inl_no:.4f} without and "
         f"{inl_rht:.4f} with RHT16, the whole-tensor error {w_no:.4f} vs {w_rht:.4f}, and the GEMM X·Wᵀ error "
@@ -477,37 +482,37 @@ def summarize(df, seed: int = 0):
         f"{spp.loc['constant', 'recipe fixed signs']:.4f} with the recipe vector; on rows aligned with the recipe "
         f"vector the fixed vector gives {spp.loc['recipe-aligned', 'recipe fixed signs']:.4f} vs "
         f"{spp.loc['recipe-aligned', 'random per call']:.4f} for a fresh vector per call; on the "
-        f"{len(real_sp)} captured tensors fixed vs per-call differ by {fix_vs_call.min():+.1f} to "
+        f"{len(toy_sp)} captured tensors fixed vs per-call differ by {fix_vs_call.min():+.1f} to "
         f"{fix_vs_call.max():+.1f} %. "
-        f"(d) Block kurtosis on captured tensors: {real_k['before'].min():.2f}–{real_k['before'].max():.2f} before, "
-        f"{real_k['after RHT16'].min():.2f}–{real_k['after RHT16'].max():.2f} after RHT16 (16 Gaussian samples: "
-        f"{GAUSS_BLOCK_KURT:.2f}); NVFP4 round-trip error change {real_chg.min():+.1f} to {real_chg.max():+.1f} %. "
+        f"(d) Block kurtosis on captured tensors: {toy_k['before'].min():.2f}–{toy_k['before'].max():.2f} before, "
+        f"{toy_k['after RHT16'].min():.2f}–{toy_k['after RHT16'].max():.2f} after RHT16 (16 Gaussian samples: "
+        f"{GAUSS_BLOCK_KURT:.2f}); NVFP4 round-trip error change {toy_chg.min():+.1f} to {toy_chg.max():+.1f} %. "
         f"(e) Adding RHT16 to one GEMM's operands (vs the recipe without RHT; mean over {n_seeds} SR seeds of the "
-        f"per-seed change), on the captured layers: Wgrad error {rng_('Wgrad (paper)', realmask)}, Fprop error "
-        f"{rng_('Fprop', realmask)}, Dgrad error {rng_('Dgrad', realmask)}"
+        f"per-seed change), on the captured layers: Wgrad error {rng_('Wgrad (paper)', toymask)}, Fprop error "
+        f"{rng_('Fprop', toymask)}, Dgrad error {rng_('Dgrad', toymask)}"
     )
-    if not all(realmask):
-        syn = [not m for m in realmask]
+    if not all(toymask):
+        syn = [not m for m in toymask]
         measured += (f"; on the synthetic 512³ layers: Wgrad {rng_('Wgrad (paper)', syn)}, "
                      f"Fprop {rng_('Fprop', syn)}, Dgrad {rng_('Dgrad', syn)}")
     measured += (" (negative = RHT lowers the error). Changes whose paired 95 % t-interval over the seeds contains "
                  "0 (not distinguishable from SR noise): "
-                 + ("; ".join(f"{d.removeprefix('real:')} {own[v]} {ci_txt(v, d)}" for d, v in in_noise)
+                 + ("; ".join(f"{d.removeprefix(TINYLM)} {own[v]} {ci_txt(v, d)}" for d, v in in_noise)
                     if in_noise else "none")
                  + ". The intervals cover the SR seeds only, not the draw of the data; RNE-only Fprop is "
                  "deterministic (half-width 0).")
 
     # Verdict, from the numbers.
     parts = []
-    kurt_down = bool((real_k["after RHT16"] < real_k["before"]).mean() >= 0.5)
+    kurt_down = bool((toy_k["after RHT16"] < toy_k["before"]).mean() >= 0.5)
 
     def group(suffix):
-        return real_chg[real_chg.index.str.endswith(suffix)]
+        return toy_chg[toy_chg.index.str.endswith(suffix)]
 
     def group_txt(s):
         """Per-tensor changes when few, else their range."""
         if len(s) <= 3:
-            return ", ".join(f"{k.removeprefix('real:').split('.')[0]} {v:+.1f} %" for k, v in s.items())
+            return ", ".join(f"{k.removeprefix(TINYLM).split('.')[0]} {v:+.1f} %" for k, v in s.items())
         return f"{s.min():+.1f} to {s.max():+.1f} %"
 
     lowers, raises, mixed = [], [], []
@@ -537,16 +542,16 @@ def summarize(df, seed: int = 0):
     raises.append(("the inlier error at every injected magnitude" if not m_inl else
                    f"the inlier error at {len(ms) - len(m_inl)} of {len(ms)} magnitudes")
                   + f" (at m = {m_mid:g}σ {i_no:.4f} → {i_rht:.4f})")
-    n_falls, n_lowers = int((real_k["after RHT16"] < real_k["before"]).sum()), int((real_chg < 0).sum())
-    err_down = n_lowers * 2 > len(real_chg)
+    n_falls, n_lowers = int((toy_k["after RHT16"] < toy_k["before"]).sum()), int((toy_chg < 0).sum())
+    err_down = n_lowers * 2 > len(toy_chg)
     supp = "agrees" if err_down else "partly" if kurt_down else "does not agree"
     parts.append(
         f"Outlier suppression: {supp}. "
         f"(criterion: 'agrees' when RHT16 lowers the NVFP4 error on most captured tensors, 'partly' when it only "
-        f"lowers their block kurtosis on at least half; here kurtosis falls on {n_falls} of {len(real_k)} captured "
-        f"tensors, error falls on {n_lowers} of {len(real_chg)}.) "
+        f"lowers their block kurtosis on at least half; here kurtosis falls on {n_falls} of {len(toy_k)} captured "
+        f"tensors, error falls on {n_lowers} of {len(toy_chg)}.) "
         + f"RHT16 does Gaussianize blocks (mean block kurtosis of the captured tensors "
-        f"{real_k['before'].mean():.2f} → {real_k['after RHT16'].mean():.2f}; {GAUSS_BLOCK_KURT:.2f} is the "
+        f"{toy_k['before'].mean():.2f} → {toy_k['after RHT16'].mean():.2f}; {GAUSS_BLOCK_KURT:.2f} is the "
         "16-sample Gaussian value), but the NVFP4 error follows only in places. RHT16 lowers the error on "
         + "; ".join(lowers) + ". It raises it on " + "; ".join(raises) + ". "
         + ("It moves it both ways on " + "; ".join(mixed) + ". " if mixed else "")
@@ -555,20 +560,20 @@ def summarize(df, seed: int = 0):
         "gives each block's maximum.")
 
     def per_layer(v, mask=None):
-        ds = [d for d, m in zip(datas, realmask) if (m if mask is None else mask == m)]
-        return ", ".join(f"{d.removeprefix('real:')} {ci_txt(v, d)}" for d in ds)
+        ds = [d for d, m in zip(datas, toymask) if (m if mask is None else mask == m)]
+        return ", ".join(f"{d.removeprefix(TINYLM)} {ci_txt(v, d)}" for d in ds)
 
-    w_real, f_real, d_real = (ch[v][realmask] for v in ("Wgrad (paper)", "Fprop", "Dgrad"))
-    f_gain = [d.removeprefix("real:") for d in f_real.index if ch["Fprop"][d] + chw["Fprop"][d] < 0]
+    w_toy, f_toy, d_toy = (ch[v][toymask] for v in ("Wgrad (paper)", "Fprop", "Dgrad"))
+    f_gain = [d.removeprefix(TINYLM) for d in f_toy.index if ch["Fprop"][d] + chw["Fprop"][d] < 0]
     parts.append(
         "Wgrad-only placement: "
-        + ("agrees — " if (w_real.mean() < 0 and f_real.mean() >= 0 and d_real.mean() >= 0)
+        + ("agrees — " if (w_toy.mean() < 0 and f_toy.mean() >= 0 and d_toy.mean() >= 0)
            else "does not agree at this scale — ")
         + "(criterion: RHT16 lowers the captured layers' mean Wgrad error and does not lower their mean Fprop or "
         "Dgrad error) "
-        + f"adding RHT16 changes the captured layers' Wgrad error by {w_real.mean():+.1f} % on average "
-        f"({per_layer('Wgrad (paper)')}), Fprop by {f_real.mean():+.1f} % ({per_layer('Fprop')}), Dgrad by "
-        f"{d_real.mean():+.1f} % ({per_layer('Dgrad')}). "
+        + f"adding RHT16 changes the captured layers' Wgrad error by {w_toy.mean():+.1f} % on average "
+        f"({per_layer('Wgrad (paper)')}), Fprop by {f_toy.mean():+.1f} % ({per_layer('Fprop')}), Dgrad by "
+        f"{d_toy.mean():+.1f} % ({per_layer('Dgrad')}). "
         + (f"The only captured GEMM whose error RHT16 lowers beyond its interval is the Fprop of "
            f"{', '.join(f_gain)}; no experiment here isolates why"
            if f_gain else "No captured Fprop error drops beyond its interval")

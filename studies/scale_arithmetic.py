@@ -17,14 +17,16 @@ import pandas as pd
 import fpsim
 from studies.common import (
     DISTRIBUTIONS,
+    TINYLM,
+    TINYLM_TEXT,
     md_table,
     numba_threads,
     parse_args,
     progress,
-    real_tensors,
     save_fig,
     sqnr_db,
     synthetic,
+    tinylm_tensors,
     write_csv,
     write_section,
 )
@@ -37,6 +39,8 @@ BS = 16
 E4M3_VALUES = fpsim.decode(np.arange(127, dtype=np.uint8), "e4m3").astype(np.float64)
 #: Midpoints between consecutive E4M3 values: where RNE to E4M3 has a tie.
 E4M3_MIDS = (E4M3_VALUES[:-1] + E4M3_VALUES[1:]) / 2
+#: The figures' group of the bundled toy LM capture's tensors (``tinylm:*`` rows), pooled.
+TOY_POOLED = "toy LM capture (pooled)"
 TIE_TOL = 2.0**-20  # relative distance from a midpoint within which FP32 rounding (≤ ~4 ulps) can flip the byte
 VARIANTS = [
     ("TE: fl(vmax·fl(S_enc·fl(1/6)))", "order"),
@@ -240,11 +244,11 @@ def datasets(shape, seed, quick):
     w = synthetic("gaussian", shape, seed + 12).reshape(-1, BS)
     w = (w * 10.0 ** rng.uniform(-8, 0, (w.shape[0], 1))).astype(F32).reshape(shape)
     out.append(("wide_range", w))
-    out += [(f"real:{k}", v.reshape(-1, v.shape[-1])) for k, v in real_tensors().items()]
+    out += [(f"{TINYLM}{k}", v.reshape(-1, v.shape[-1])) for k, v in tinylm_tensors().items()]
     return out
 
 
-def heatmap(ax, mat: pd.DataFrame, fmt, title: str, cbar_label: str, cmap: str, vmin=None, vmax=None,
+def heatmap(ax, mat: pd.DataFrame, fmt, title: str, cbar_label: str, cmap: str, xlabel: str, vmin=None, vmax=None,
             transform=None):
     vals = mat.to_numpy(dtype=float)
     shown = transform(vals) if transform else vals
@@ -256,7 +260,7 @@ def heatmap(ax, mat: pd.DataFrame, fmt, title: str, cbar_label: str, cmap: str, 
             ax.text(j, i, fmt(vals[i, j], i, j), ha="center", va="center", fontsize=7, color=color)
     ax.set_xticks(range(vals.shape[1]), mat.columns, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(vals.shape[0]), mat.index, fontsize=8)
-    ax.set_xlabel("data set (real: the 9 captured tensors pooled)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("block-scale variant")
     ax.set_title(title, fontsize=10)
     plt.colorbar(im, ax=ax, label=cbar_label)
@@ -284,8 +288,10 @@ def run(args):
     write_csv(d46, args.dir / "four_over_six.csv")
     write_csv(sweep, args.dir / "order_sweep.csv")
 
-    # Pool the real tensors for the figures.
-    df["group"] = np.where(df.data.str.startswith("real:"), "real (pooled)", df.data)
+    # Pool the toy LM's captured tensors for the figures.
+    df["group"] = np.where(df.data.str.startswith(TINYLM), TOY_POOLED, df.data)
+    n_toy = df[df.data.str.startswith(TINYLM)].data.nunique()
+    xlabel = f"data set ({TOY_POOLED}: the {n_toy} tensors captured from the toy LM, pooled)"
     groups = list(dict.fromkeys(df.group))
     pooled = df.groupby(["variant", "group"], sort=False).agg(
         blocks=("blocks", "sum"), blocks_differ=("blocks_differ", "sum"), delta_sqnr_db=("delta_sqnr_db", "mean"),
@@ -301,10 +307,10 @@ def run(args):
     frac = cnt / tot.to_numpy()
     heatmap(axes[0], frac, lambda v, i, j: f"{int(cnt.iat[i, j])}\nof {int(tot.iat[i, j])}",
             "Blocks whose E4M3 scale byte differs from fpsim (TE order)", "log10(fraction of blocks differing)",
-            "Reds", vmin=-6, vmax=0, transform=lambda v: np.log10(np.maximum(v, 1e-6)))
+            "Reds", xlabel, vmin=-6, vmax=0, transform=lambda v: np.log10(np.maximum(v, 1e-6)))
     lim = max(0.05, float(np.nanmax(np.abs(dsq.to_numpy()))))
     heatmap(axes[1], dsq, lambda v, i, j: f"{v:+.3f}", "SQNR change vs TE order (dB, + = better)",
-            "Δ SQNR (dB)", "RdBu", vmin=-lim, vmax=lim)
+            "Δ SQNR (dB)", "RdBu", xlabel, vmin=-lim, vmax=lim)
     save_fig(fig, args.dir / "scale_variants.png")
 
     # Per-block SQNR against the block's distance below the tensor amax (wide-range data): where clamps act.
@@ -324,7 +330,7 @@ def run(args):
     save_fig(fig, args.dir / "block_sqnr_wide_range.png")
 
     # Four over six.
-    d46["group"] = np.where(d46.data.str.startswith("real:"), "real (pooled)", d46.data)
+    d46["group"] = np.where(d46.data.str.startswith(TINYLM), TOY_POOLED, d46.data)
     p46 = d46[d46.variant != "NVFP4"].groupby(["group", "variant"], sort=False)[["gain_db", "frac_blocks_4"]]
     p46 = p46.mean().reset_index()
     xs = np.arange(len(groups))
@@ -339,7 +345,7 @@ def run(args):
     axes[1].set_title("Four-over-six: share of blocks scaled to 4")
     for ax in axes:
         ax.set_xticks(xs, groups, rotation=20, ha="right")
-        ax.set_xlabel("data set (real: mean over the 9 captured tensors)")
+        ax.set_xlabel(f"data set ({TOY_POOLED}: mean over the {n_toy} tensors captured from the toy LM)")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, title="selection metric", title_fontsize=8)
     save_fig(fig, args.dir / "four_over_six.png")
@@ -353,7 +359,7 @@ def run(args):
     wide = df[df.data == "wide_range"].set_index("variant")
     w46 = d46[d46.data == "wide_range"].set_index("variant")
     syn46 = d46[d46.data.isin(DISTRIBUTIONS) & (d46.variant != "NVFP4")]
-    real46 = d46[d46.data.str.startswith("real:") & (d46.variant != "NVFP4")]
+    toy46 = d46[d46.data.str.startswith(TINYLM) & (d46.variant != "NVFP4")]
     bf16_differ = int(alt[alt.data == "gaussian_bf16"].blocks_differ.sum())
     measured = (
         f"A numpy float32 re-implementation of the TE order reproduces fpsim's scale bytes and decoded values "
@@ -366,8 +372,8 @@ def run(args):
         f"Gaussian data: {bf16_differ}"
         + (f" (up to {100 * alt[alt.data == 'gaussian_bf16'].frac_blocks_differ.max():.2f} % of its blocks: with "
            "8-bit significands, 448·vmax/amax falls on or next to a midpoint far more often)" if bf16_differ else "")
-        + "; float32 data and the captured tensors: "
-        f"{int(alt[alt.data.isin(DISTRIBUTIONS) | alt.data.str.startswith('real:')].blocks_differ.sum())}. "
+        + "; float32 data and the toy LM's captured tensors: "
+        f"{int(alt[alt.data.isin(DISTRIBUTIONS) | alt.data.str.startswith(TINYLM)].blocks_differ.sum())}. "
         f"Tensor SQNR changes by at most {alt.delta_sqnr_db.abs().max():.2g} dB. Sweep over float32 vmax in "
         f"one binade below the tensor amax ({len(SWEEP_AMAX)} amax values; "
         + ("every" if stride == 1 else f"every {stride}th") + f" float32 value of the binade, "
@@ -390,7 +396,8 @@ def run(args):
         f" dB. Four-over-six: SQNR gain on the synthetic distributions "
         f"{syn46.gain_db.min():+.2f} to {syn46.gain_db.max():+.2f} dB with "
         f"{100 * syn46.frac_blocks_4.min():.0f}–{100 * syn46.frac_blocks_4.max():.0f} % of blocks choosing 4; on "
-        f"the real tensors {real46.gain_db.min():+.2f} to {real46.gain_db.max():+.2f} dB; on wide-range data "
+        f"the {n_toy} tensors captured from {TINYLM_TEXT} {toy46.gain_db.min():+.2f} to "
+        f"{toy46.gain_db.max():+.2f} dB; on wide-range data "
         f"{w46.loc['4/6 mse', 'gain_db']:+.2f} (mse) / {w46.loc['4/6 mae', 'gain_db']:+.2f} (mae) dB."
     )
     clamp9_better = (wide.loc[order[6], "blocks_below_1db"] < wide.loc[order[0], "blocks_below_1db"]
@@ -418,7 +425,7 @@ def run(args):
     )
     tab = df[df.data == "wide_range"][["variant", "blocks_differ", "sqnr_db", "blocks_below_1db",
                                        "zero_scale_blocks", "subnormal_scale_blocks", "flushed_to_zero"]]
-    t46 = d46[~d46.data.str.startswith("real:")].pivot(index="data", columns="variant", values="gain_db")
+    t46 = d46[~d46.data.str.startswith(TINYLM)].pivot(index="data", columns="variant", values="gain_db")
     t46 = t46.drop(columns="NVFP4").reset_index()
     write_section(
         args, "3. Scale arithmetic: operation order, clamps, four-over-six",

@@ -1,12 +1,12 @@
 """Study 6 — stochastic rounding: gradient bias of RNE vs SR, its accumulation, and SR's variance cost.
 
-Per real captured tensor (NVFP4, 1×16 blocks): the bias of RNE, SR with 8 random bits (the hardware's
-``cvt.rs`` width) and SR "exact" (24 bits), estimated over seeds with 95 % confidence intervals (and, for
-k = 8, computed exactly by enumerating all 256 random values); the accumulated error when the same
-small gradient is summed N times (a weight updated by N quantized steps with an FP32 master copy);
-SR's variance cost (MSE, SQNR) on gradients and on forward tensors; and, at GEMM level, the error of
-dW averaged over many steps under the paper's recipe with and without SR, and of Y with SR forced on
-the forward operands.
+Per tensor of the bundled capture of a toy byte-level MLP LM (studies/capture_example.py; NVFP4, 1×16 blocks): the
+bias of RNE, SR with 8 random bits (the hardware's ``cvt.rs`` width) and SR "exact" (24 bits), estimated over seeds
+with 95 % confidence intervals (and, for k = 8, computed exactly by enumerating all 256 random values); the
+accumulated error when the same small gradient is summed N times (a weight updated by N quantized steps with an FP32
+master copy); SR's variance cost (MSE, SQNR) on gradients and on forward tensors; and, at GEMM level, the error of
+dW averaged over many steps under the paper's recipe with and without SR, and of Y with SR forced on the forward
+operands.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pandas as pd
 import fpsim
 from fpsim.analysis import mean_ci95
 from fpsim.transforms import derive_seed
-from studies.common import md_table, parse_args, progress, real_tensors, save_fig, sqnr_db, write_csv, write_section
+from studies.common import md_table, parse_args, progress, save_fig, sqnr_db, tinylm_tensors, write_csv, write_section
 
 NAME = "stochastic_rounding"
 MODES = [("RNE", {"rounding": "rne"}), ("SR k=8", {"rounding": "sr", "k": 8}),
@@ -251,7 +251,7 @@ def main(argv=None):
     rows = 32 if quick else 128            # rows of each 128×256 captured tensor used for the bias table
     acc_rows, n_max = (4, 256) if quick else (16, 4096)
     gemm_steps = 3 if quick else 32
-    rt = real_tensors()
+    rt = tinylm_tensors()
     out = []
 
     # --- 1. bias, MSE and SQNR per tensor ---------------------------------------------------------------

@@ -17,14 +17,16 @@ import fpsim
 from fpsim.analysis import mean_ci95
 from fpsim.recipe import get_recipe, linear
 from studies.common import (
+    TINYLM,
+    TINYLM_TEXT,
     md_table,
     numba_threads,
     parse_args,
     progress,
-    real_tensors,
     save_fig,
     sqnr_db,
     synthetic,
+    tinylm_tensors,
     write_csv,
     write_section,
 )
@@ -133,8 +135,9 @@ def main(argv=None):
 
 def _main(argv=None):
     args = parse_args(NAME, __doc__, argv)
-    reals = real_tensors()
-    layers = [(f"real:{n}", reals[f"{n}.input"], reals[f"{n}.weight"], reals[f"{n}.grad_output"])
+    toy_tensors = tinylm_tensors()
+    layers = [(f"{TINYLM}{n}", toy_tensors[f"{n}.input"], toy_tensors[f"{n}.weight"],
+               toy_tensors[f"{n}.grad_output"])
               for n in ("fc1", "fc2", "head")]
     t, i, o = (128, 256, 256) if args.quick else (512, 1024, 1024)
     for j, kind in enumerate(("gaussian", "student_t3", "channel_outliers")):
@@ -146,7 +149,7 @@ def _main(argv=None):
     for name, x, w, dy in layers:
         progress(f"[{NAME}] {name}: W {w.shape}, dY {dy.shape}")
         rows += measure(name, x, w, dy)
-        if name.startswith("real:") or not args.quick:
+        if name.startswith(TINYLM) or not args.quick:
             # The recipe runs through the emulated FP32-accumulator GEMM: keep it ≤ 512³.
             xs, ws, dys = x[:512, :512], w[:512, :512], dy[:512, :512]
             r, p = measure_recipe(name, xs, ws, dys, seeds, args.seed)
@@ -158,7 +161,7 @@ def _main(argv=None):
     write_csv(df, args.dir / f"{NAME}.csv")
 
     datas = list(dict.fromkeys(df.data[df.data != ALL]))  # the per-tensor rows, in measurement order
-    short = [d.removeprefix("real:") for d in datas]
+    short = [d.removeprefix(TINYLM) for d in datas]
     core = df[df.scheme.isin(SCHEMES)]
 
     def piv(metric):
@@ -252,8 +255,8 @@ def _main(argv=None):
         f"difference {pm(diff, 'fprop')}" + (" (the same on every seed)." if fp_same else ".")
     )
     consistent = mm["16×16 tiles"].max() == 0
-    real_cost = cost[[not d.startswith("W ") for d in cost.index]]
-    small_cost = real_cost.mean() < COST_SMALL_DB
+    toy_cost = cost[[not d.startswith("W ") for d in cost.index]]
+    small_cost = toy_cost.mean() < COST_SMALL_DB
     if n_worse == n_t:
         acc = f"worse on all {n_t} tensors (1 − cos {ratio.min():.1f}–{ratio.max():.1f}× that of the 1-D gradient)"
     elif n_worse == 0:
@@ -273,7 +276,7 @@ def _main(argv=None):
         + "16×16 tiles make the Fprop and Dgrad weights bit-identical, removing a "
         f"{mm['1×16 different dims'].mean() * 100:.0f} % forward/backward weight mismatch that a 1-D recipe has. "
         + ("The cost is small on the captured weights: " if small_cost else "The cost is not small: ")
-        + f"{real_cost.mean():.2f} dB of weight SQNR on average there (criterion: a mean weight-SQNR cost on the "
+        + f"{toy_cost.mean():.2f} dB of weight SQNR on average there (criterion: a mean weight-SQNR cost on the "
         f"captured weights below {COST_SMALL_DB:g} dB, i.e. under {100 * (10 ** (COST_SMALL_DB / 10) - 1):.0f} % "
         f"more weight MSE), but up to {cost.max():.1f} dB on "
         "heavy-tailed synthetic weights, where one 16×16 tile shares one scale across 256 values. "
@@ -297,10 +300,10 @@ def _main(argv=None):
 
     groups = {}
     for nm in shapes:
-        groups.setdefault(size_txt(nm), []).append(nm.removeprefix("real:"))
+        groups.setdefault(size_txt(nm), []).append(nm.removeprefix(TINYLM))
     caption = (
-        "Per tensor (captured tiny-LM layers fc1, fc2, head; synthetic W = a sample of the named distribution / √in, "
-        "with Gaussian X and dY). "
+        f"Per tensor (layers fc1, fc2 and head captured from {TINYLM_TEXT}; synthetic W = a sample of the named "
+        "distribution / √in, with Gaussian X and dY). "
         "mismatch = ‖W_fprop − W_bprop‖_F / ‖W‖_F between the dequantized copy the Fprop GEMM uses and the one "
         "the Dgrad GEMM uses (1×16 same dim: one copy blocked along in serves both; 1×16 different dims: "
         "Fprop copy along in, Dgrad copy along out; 16×16: tiles). SQNR 1×16 = 10·log10(‖W‖²/‖W − W_q‖²) of "

@@ -18,7 +18,7 @@ from scipy import stats
 from scipy.linalg import hadamard
 
 from studies import outliers_rht, stochastic_rounding, weight_2d
-from studies.common import REPORTS, real_tensors, synthetic
+from studies.common import REPORTS, synthetic, tinylm_tensors
 
 F32 = np.float32
 GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
@@ -133,7 +133,7 @@ def pick(df, **kw):
 
 @pytest.fixture(scope="module")
 def rt():
-    return real_tensors()
+    return tinylm_tensors()
 
 
 # ===================================================================================== study 6: stochastic rounding
@@ -329,7 +329,7 @@ def test_rht_numbers_match_an_independent_hadamard_and_quantizer(rt):
         assert v(experiment="hadamard_size", data=kind, param=16, metric="block_kurtosis") == pytest.approx(
             kurt16(ref_rht(x, RECIPE_SIGNS)), rel=2e-5)
     for name, x in rt.items():
-        d = "real:" + name
+        d = "tinylm:" + name
         assert close6(v(experiment="kurtosis", data=d, variant="before", metric="block_kurtosis"), kurt16(x))
         assert v(experiment="kurtosis", data=d, variant="after RHT16", metric="block_kurtosis") == pytest.approx(
             kurt16(ref_rht(x, RECIPE_SIGNS)), rel=2e-5)
@@ -356,9 +356,9 @@ def test_rht_placement_change_is_a_paired_t_interval_over_sr_seeds(or_quick, rt)
     e = {}
     for p in ("none", "Wgrad (paper)"):
         rec = outliers_rht.placement_recipe(outliers_rht.PLACEMENTS[p])
-        e[p] = np.array([linear(x, w, dy, rec, seed=derive_seed(0, "placement", s), layer="real:fc2")
+        e[p] = np.array([linear(x, w, dy, rec, seed=derive_seed(0, "placement", s), layer="tinylm:fc2")
                         .relative_errors()["wgrad"] for s in range(2)])
-    gp = df[(df.experiment == "gemm_placement") & (df.data == "real:fc2")]
+    gp = df[(df.experiment == "gemm_placement") & (df.data == "tinylm:fc2")]
     for p in e:
         m, hw = t_ci(e[p])
         assert close6(float(pick(gp, variant=p, metric="wgrad_rel_error").value), m)
@@ -371,7 +371,7 @@ def test_rht_placement_change_is_a_paired_t_interval_over_sr_seeds(or_quick, rt)
 def test_rht_verdict_words_follow_printed_rules():
     df, text = committed("outliers_rht")
     verdict = text.split("**Verdict.** ")[1].split("\n")[0]
-    ku = df[(df.experiment == "kurtosis") & df.data.str.startswith("real:")]
+    ku = df[(df.experiment == "kurtosis") & df.data.str.startswith("tinylm:")]
     k = ku[ku.metric == "block_kurtosis"].pivot(index="data", columns="variant", values="value")
     e = ku[ku.metric == "nvfp4_rel_error"].pivot(index="data", columns="variant", values="value")
     falls, lowers = int((k["after RHT16"] < k["before"]).sum()), int((e["after RHT16"] < e["before"]).sum())
@@ -380,10 +380,10 @@ def test_rht_verdict_words_follow_printed_rules():
     assert f"kurtosis falls on {falls} of {len(k)} captured tensors, error falls on {lowers} of {len(e)}" in verdict
     # one fixed sign vector: the word follows the distance in per-call standard deviations
     sp = df[df.experiment == "sign_policy"]
-    reals = [d for d in sp.data.unique() if d.startswith("real:")]
+    toys = [d for d in sp.data.unique() if d.startswith("tinylm:")]
     n_sd = max(abs(float(pick(sp, data=d, variant="recipe fixed signs", metric="rel_error").value)
                    - float(pick(sp, data=d, variant="random per call", metric="rel_error").value))
-               / float(pick(sp, data=d, metric="rel_error_std").value) for d in reals)
+               / float(pick(sp, data=d, metric="rel_error_std").value) for d in toys)
     assert f"at most {n_sd:.1f} standard deviations" in verdict
     assert ("One fixed sign vector: agrees" if n_sd <= 2 else "One fixed sign vector: does not agree") in verdict
     assert "criterion: within 2 standard deviations" in verdict
@@ -395,7 +395,7 @@ def test_rht_verdict_words_follow_printed_rules():
     assert f"by at most {spread:.1f} %" in verdict and "only a few per cent" not in verdict
     # the Wgrad-only placement word
     gp = df[df.experiment == "gemm_placement"]
-    ch = {g: gp[(gp.variant == v) & (gp.metric == f"{g}_change_pct") & gp.data.str.startswith("real:")].value.mean()
+    ch = {g: gp[(gp.variant == v) & (gp.metric == f"{g}_change_pct") & gp.data.str.startswith("tinylm:")].value.mean()
           for v, g in (("Wgrad (paper)", "wgrad"), ("Fprop", "fprop"), ("Dgrad", "dgrad"))}
     agrees = ch["wgrad"] < 0 and ch["fprop"] >= 0 and ch["dgrad"] >= 0
     assert ("Wgrad-only placement: agrees" if agrees else "Wgrad-only placement: does not agree") in verdict
@@ -412,7 +412,7 @@ def test_rht_report_states_its_seed_and_one_seed_gives_one_csv(or_quick, tmp_pat
 # ========================================================================================= study 5: 2-D weights
 def test_weight_2d_numbers_match_an_independent_reference(rt):
     df, text = committed("weight_2d")
-    layers = [(f"real:{n}", rt[f"{n}.input"], rt[f"{n}.weight"], rt[f"{n}.grad_output"])
+    layers = [(f"tinylm:{n}", rt[f"{n}.input"], rt[f"{n}.weight"], rt[f"{n}.grad_output"])
               for n in ("fc1", "fc2", "head")]
     w = synthetic("student_t3", (1024, 1024), 11) / np.float32(32)  # the full run's W student_t3 (seed 0 + 11)
     layers.append(("W student_t3", synthetic("gaussian", (512, 1024), 21), w,
@@ -458,7 +458,7 @@ def test_weight_2d_recipe_interval_is_over_seeds_of_the_layer_mean(rt):
     assert rows[("recipe: 16×16 W − 1×16 W (paired)", "dgrad_rel_error")] == pytest.approx(t_ci(la - lb))
     # measure_recipe: one row per (recipe, GEMM), mean ± t over the seeds of one layer's error
     x, w, dy = rt["fc2.input"][:64], rt["fc2.weight"][:64], rt["fc2.grad_output"][:64, :64]
-    out, per_seed = weight_2d.measure_recipe("real:fc2", x, w, dy, 3, 5)
+    out, per_seed = weight_2d.measure_recipe("tinylm:fc2", x, w, dy, 3, 5)
     for r in out:
         g = r["metric"].removesuffix("_rel_error")
         assert (r["value"], r["ci95"]) == pytest.approx(t_ci(per_seed[(r["scheme"], g)]))
@@ -468,7 +468,7 @@ def test_weight_2d_recipe_interval_is_over_seeds_of_the_layer_mean(rt):
 def test_weight_2d_verdict_prints_its_cost_criterion_and_the_fprop_cost():
     df, text = committed("weight_2d")
     verdict = text.split("**Verdict.** ")[1].split("\n")[0]
-    sq = df[df.data.str.startswith("real:")]
+    sq = df[df.data.str.startswith("tinylm:")]
     cost = np.mean([float(pick(sq, data=d, scheme="1×16 different dims", metric="w_fprop_sqnr_db").value)
                     - float(pick(sq, data=d, scheme="16×16 tiles", metric="w_fprop_sqnr_db").value)
                     for d in sq.data.unique()])

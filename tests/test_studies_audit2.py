@@ -18,7 +18,7 @@ import pytest
 from scipy import stats
 
 import fpsim
-from studies.common import DISTRIBUTIONS, REPORTS, real_tensors, synthetic
+from studies.common import DISTRIBUTIONS, REPORTS, synthetic, tinylm_tensors
 
 F32 = np.float32
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
@@ -86,8 +86,8 @@ def numel_of(data: str, shapes: dict) -> int:
 
 
 @pytest.fixture(scope="module")
-def real():
-    return real_tensors()
+def toy():
+    return tinylm_tensors()
 
 
 # --- 1. format error --------------------------------------------------------------------------------------------
@@ -98,10 +98,10 @@ FORMAT_BITS = {"NVFP4": (4, 8, 16, True), "MXFP4 floor": (4, 8, 32, False), "MXF
                "FP8 E4M3 1×128": (8, 32, 128, False), "BF16": (16, 0, 1, False)}
 
 
-def test_format_error_bits_per_element_follow_the_format_definitions(real):
+def test_format_error_bits_per_element_follow_the_format_definitions(toy):
     df = pd.read_csv(REPORTS / "format_error" / "format_error.csv")
-    shapes = {f"real:{k}": v.size for k, v in real.items()}
-    assert set(df.scheme) == set(FORMAT_BITS) and len(df) == 10 * (4 + len(real))
+    shapes = {f"tinylm:{k}": v.size for k, v in toy.items()}
+    assert set(df.scheme) == set(FORMAT_BITS) and len(df) == 10 * (4 + len(toy))
     for r in df.itertuples():
         n = numel_of(r.data, shapes)
         eb, sb, blk, ts = FORMAT_BITS[r.scheme]
@@ -109,14 +109,14 @@ def test_format_error_bits_per_element_follow_the_format_definitions(real):
         assert r.bits_per_element == pytest.approx(want, rel=1e-5), (r.data, r.scheme)
 
 
-def test_format_error_sqnr_matches_an_independent_quantizer(real):
+def test_format_error_sqnr_matches_an_independent_quantizer(toy):
     from studies.format_error import measure
 
     df = pd.read_csv(REPORTS / "format_error" / "format_error.csv").set_index(["data", "scheme"])
     fin = df[np.isfinite(df.sqnr_db)]
     # rel_error and SQNR are the same power ratio: SQNR = −20·log10(rel_error) (signal power over error power)
     np.testing.assert_allclose(fin.rel_error, 10 ** (-fin.sqnr_db / 20), rtol=2e-5)
-    cases = [(f"real:{k}", real[k].reshape(-1, real[k].shape[-1])) for k in ("fc1.weight", "head.grad_output",
+    cases = [(f"tinylm:{k}", toy[k].reshape(-1, toy[k].shape[-1])) for k in ("fc1.weight", "head.grad_output",
                                                                             "fc2.input")]
     for name, x in cases:
         x64 = x.astype(np.float64)
@@ -127,7 +127,8 @@ def test_format_error_sqnr_matches_an_independent_quantizer(real):
         if np.any(bf != x64):
             ref["BF16"] = sqnr(x, bf)
         else:  # already BF16: no error, written inf and explained in the section
-            assert np.isinf(df.loc[(name, "BF16"), "sqnr_db"]) and name.removeprefix("real:") in section("format_error")
+            assert np.isinf(df.loc[(name, "BF16"), "sqnr_db"])
+            assert name.removeprefix("tinylm:") in section("format_error")
         for scheme, v in ref.items():
             assert df.loc[(name, scheme), "sqnr_db"] == pytest.approx(v, rel=2e-5), (name, scheme)
     # the study's own function on a fresh draw, against the reference
@@ -158,7 +159,7 @@ def test_format_error_gap_intervals_and_verdict_follow_from_the_draws():
         np.testing.assert_allclose([float(v) for v in m.groups()],
                                    [g_r.mean(), t_half(g_r), g_b.mean(), t_half(g_b)], atol=0.0051)
         worst.append(g_b.mean() - t_half(g_b))
-    rw = main[main.data.str.startswith("real:")].pivot(index="data", columns="scheme", values="sqnr_db")
+    rw = main[main.data.str.startswith("tinylm:")].pivot(index="data", columns="scheme", values="sqnr_db")
     gap, gap_b = rw.NVFP4 - rw["MXFP4 rceil"], rw.NVFP4 - rw[mx].max(axis=1)
     assert f"by {gap.min():.1f}–{gap.max():.1f} dB against rceil (mean {gap.mean():.1f} dB)" in txt
     assert f"{gap_b.min():.1f}–{gap_b.max():.1f} dB against the best rule" in txt
@@ -182,16 +183,16 @@ def test_format_error_seed_rows_are_deterministic(tmp_path):
 
 
 # --- 2. design space --------------------------------------------------------------------------------------------
-def test_design_space_bits_and_zero_scale_blocks(real):
+def test_design_space_bits_and_zero_scale_blocks(toy):
     df = pd.read_csv(REPORTS / "design_space" / "design_space.csv")
-    shapes = {f"real:{k}": v.size for k, v in real.items()}
+    shapes = {f"tinylm:{k}": v.size for k, v in toy.items()}
     for r in df.itertuples():
         want = 4 + 8 / r.block + (32 / numel_of(r.data, shapes) if r.tensor_scale else 0)
         assert r.bits_per_element == pytest.approx(want, rel=1e-5)
     # the LM-head gradient: blocks whose E4M3 scale rounds to zero, from the reference
-    x = real["head.grad_output"]
+    x = toy["head.grad_output"]
     _, sv, _ = nvfp4_ref(x)
-    row = df[(df.data == "real:head.grad_output") & (df.scale == "E4M3 + FP32 tensor scale") & (df.block == 16)]
+    row = df[(df.data == "tinylm:head.grad_output") & (df.scale == "E4M3 + FP32 tensor scale") & (df.block == 16)]
     assert row.zero_scale_blocks.iloc[0] == pytest.approx(np.mean(sv == 0), rel=1e-5)
     # "amax below 2^-18.8 of the tensor amax" is the zero-scale condition: sdb = 448·vmax/amax < 2^-10
     assert math.log2(2.0**-10 / 448) == pytest.approx(-18.8, abs=0.05)
@@ -287,7 +288,7 @@ def test_four_over_six_verdict_is_judged_on_every_data_set():
     from studies.scale_arithmetic import four_six_verdict
 
     d46 = pd.DataFrame([{"data": d, "variant": v, "sqnr_db": 20.0, "gain_db": g, "frac_blocks_4": f}
-                        for d, g in (("gaussian", 0.5), ("real:fc1.weight", 0.3), ("wide_range", -0.2))
+                        for d, g in (("gaussian", 0.5), ("tinylm:fc1.weight", 0.3), ("wide_range", -0.2))
                         for v, f in (("NVFP4", 0.0), ("4/6 mse", 0.3), ("4/6 mae", 0.25))])
     d46.loc[d46.variant == "NVFP4", "gain_db"] = 0.0
     v = four_six_verdict(d46)
@@ -391,13 +392,13 @@ def test_smollm2_tiny_model_numbers_are_those_of_the_other_sections(smol):
     """The 'Tiny model' lines quote studies 1, 2, 4, 6 and 7: they must be the numbers those studies report now."""
     txt = (smol / "section.md").read_text()
     o = pd.read_csv(REPORTS / "outliers_rht" / "outliers_rht.csv")
-    o = o[(o.experiment == "gemm_placement") & o.data.str.startswith("real:") & (o.variant == "Wgrad (paper)")
+    o = o[(o.experiment == "gemm_placement") & o.data.str.startswith("tinylm:") & (o.variant == "Wgrad (paper)")
           & (o.metric == "wgrad_change_pct")]
     mean = o.value.mean()
     assert f"by {mean:+.1f} % on average" in section("outliers_rht")
     assert f"Wgrad error by {mean:+.1f} % on average." in txt and f"the tiny model: {mean:+.1f} %" in txt
     fe = pd.read_csv(REPORTS / "format_error" / "format_error.csv")
-    fe = fe[fe.data.str.startswith("real:")].pivot(index="data", columns="scheme", values="sqnr_db")
+    fe = fe[fe.data.str.startswith("tinylm:")].pivot(index="data", columns="scheme", values="sqnr_db")
     gap = fe.NVFP4 - fe["MXFP4 rceil"]
     assert f"by {gap.min():.1f}–{gap.max():.1f} dB on the 9 captured tensors" in txt
     sr = pd.read_csv(REPORTS / "stochastic_rounding" / "stochastic_rounding.csv")

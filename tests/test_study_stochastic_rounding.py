@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from studies import stochastic_rounding as sr
-from studies.common import real_tensors
+from studies.common import tinylm_tensors
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_simulated_rne_accumulation_equals_the_expected_curve_with_the_same_amax
 
 
 def test_each_noisy_step_is_quantized_with_its_own_whole_tensor_amax(monkeypatch):
-    full = real_tensors()["fc2.grad_output"]
+    full = tinylm_tensors()["fc2.grad_output"]
     g = full[:2]
     seen = []
     real_q = sr._q

@@ -54,20 +54,20 @@ def tiny_model(out: Path) -> dict:
     2), the mean Wgrad change from RHT16 on the captured layers (section 4), the RNE and expected SR magnitude bias
     of the captured gradients (section 6) and the scaled rule's overlap with the top Wgrad layers (section 7)."""
     from studies import layer_sensitivity as ls
-    from studies.common import DISTRIBUTIONS, REPORTS
+    from studies.common import DISTRIBUTIONS, REPORTS, TINYLM
 
     def csv(study: str) -> pd.DataFrame:
         path = out / study / f"{study}.csv"
         return pd.read_csv(path if path.exists() else REPORTS / study / f"{study}.csv")
 
     fe = csv("format_error")
-    fe = fe[fe.data.str.startswith("real:")].pivot(index="data", columns="scheme", values="sqnr_db")
+    fe = fe[fe.data.str.startswith(TINYLM)].pivot(index="data", columns="scheme", values="sqnr_db")
     ds = csv("design_space")
     ds = ds[ds.data.isin(DISTRIBUTIONS)].set_index(["data", "scale", "block"]).sqnr_db
     nv, e8 = "E4M3 + FP32 tensor scale", "E8M0 (rceil)"
     blocks = sorted({b for _, _, b in ds.index})
     o = csv("outliers_rht")
-    o = o[(o.experiment == "gemm_placement") & o.data.str.startswith("real:") & (o.variant == "Wgrad (paper)")
+    o = o[(o.experiment == "gemm_placement") & o.data.str.startswith(TINYLM) & (o.variant == "Wgrad (paper)")
           & (o.metric == "wgrad_change_pct")]
     sr = csv("stochastic_rounding")
     sr = sr[(sr.part == "bias") & (sr.kind == "grad_output") & (sr.metric == "aligned_bias_rel_meanabs")]
@@ -77,7 +77,7 @@ def tiny_model(out: Path) -> dict:
     pm = ls.SCALED_RULE.precision_map(list(wg.layer))
     rule = {nm for nm in wg.layer if pm[nm] == "bf16"}
     top = set(wg.sort_values("value", ascending=False, kind="stable").layer[: len(rule)])
-    return {"fmt_gap": (fe["NVFP4"] - fe["MXFP4 rceil"]).to_numpy(), "n_real": len(fe),
+    return {"fmt_gap": (fe["NVFP4"] - fe["MXFP4 rceil"]).to_numpy(), "n_toy": len(fe),
             "b16_vs_b32": np.array([ds[d, nv, 16] - ds[d, nv, 32] for d in DISTRIBUTIONS]),
             "e4m3_vs_e8m0": np.array([ds[d, nv, b] - ds[d, e8, b] for d in DISTRIBUTIONS for b in blocks]),
             "rht_wgrad_pct": float(o.value.mean()),
@@ -450,7 +450,7 @@ def main(argv=None):
     parts = [("a. Format error", "NVFP4 (1×16 blocks, E4M3 scales, FP32 tensor scale) has lower quantization "
               "error than MXFP4 (1×32, E8M0).",
               f"Section 1: NVFP4 beats MXFP4 (rceil) by {_rng(tiny['fmt_gap'], '{:.1f}')} dB on the "
-              f"{tiny['n_real']} captured tensors.", fm, fv),
+              f"{tiny['n_toy']} captured tensors.", fm, fv),
              ("b. Design space", "Both the smaller block and the finer E4M3 scale contribute.", "Section 2 "
               f"(synthetic): block 32 → 16 gains {_rng(tiny['b16_vs_b32'])} dB, E4M3 over E8M0 "
               f"{_rng(tiny['e4m3_vs_e8m0'])} dB.", dm, dv),
