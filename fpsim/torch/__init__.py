@@ -3,6 +3,8 @@
 * Training (:mod:`fpsim.torch.nn`): :class:`Linear` (a drop-in ``nn.Linear`` whose GEMMs run an emulated
   recipe), :func:`convert`, :func:`set_recipe`, :func:`step`, :func:`set_step`, :func:`step_with`, :func:`summary`;
   :func:`monitor` (:mod:`fpsim.torch.monitoring`: per layer and role statistics of every quantized copy);
+  :func:`probe` (:mod:`fpsim.torch.probe`: what each component of a recipe does to each GEMM of a model's layers,
+  with confidence intervals, and a check of the model's own quantized layers against fpsim's emulation);
   :class:`GraphStep` and :class:`GraphKeys` (:mod:`fpsim.torch.graphs`: a training step captured as one CUDA
   graph, with step-indexed stochastic-rounding keys).
 * The backend, a peer of the Numba reference under :mod:`fpsim.backends`; modules, lowest first:
@@ -20,9 +22,9 @@ the backend modules (which the dispatcher imports) never pull in the recipe laye
 
 from __future__ import annotations
 
-_TRAINING = ("Linear", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS")
+_TRAINING = ("Linear", "convert", "assignment", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS")
 
-__all__ = [*_TRAINING, "monitor", "GraphKeys", "GraphStep"]
+__all__ = [*_TRAINING, "monitor", "probe", "GraphKeys", "GraphStep"]
 
 
 def __getattr__(name: str):
@@ -34,6 +36,10 @@ def __getattr__(name: str):
         from .monitoring import monitor
 
         return monitor
+    if name == "probe":
+        from .probe import probe
+
+        return probe
     if name in ("GraphKeys", "GraphStep"):
         from . import graphs
 

@@ -47,6 +47,7 @@ import re
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import torch
 
@@ -57,7 +58,7 @@ from .qlinear import FAST, OBSERVERS, QLinearFn, recording, reference_ops
 from .qlinear import fast_copy as _fast_copy  # noqa: F401  (kept under its old name: tests and studies use it)
 from .qlinear import reuse_fprop_w as _reuse_fprop_w  # noqa: F401
 
-__all__ = ["Linear", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS"]
+__all__ = ["Linear", "Slot", "assignment", "convert", "set_recipe", "step", "set_step", "step_with", "summary", "GEMMS"]
 
 log = logging.getLogger("fpsim.torch")
 
@@ -264,6 +265,47 @@ def _check_swappable(name: str, child: torch.nn.Linear) -> None:
                         f"would replace; leave the layer out with skip=[{name!r}]")
 
 
+class Slot(NamedTuple):
+    """One place of a model that :func:`convert` fills: the module path ``name``, the ``module`` found there (an
+    ``nn.Linear``, maybe already an fpsim :class:`Linear`), the ``parent`` module and its attribute ``attr`` that
+    hold it, and the ``recipe`` convert gives it (the ``"bf16"`` recipe for a layer kept in BF16)."""
+
+    name: str
+    module: torch.nn.Linear
+    parent: torch.nn.Module
+    attr: str
+    recipe: Recipe
+
+
+def assignment(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
+               keep_bf16: LayerPolicy | str | Iterable[str] | Callable | None = None,
+               skip: Iterable[str] = HEAD_PATTERNS) -> list[Slot]:
+    """What :func:`convert` would do to ``model`` with these arguments, without doing it: a :class:`Slot` per place
+    it fills, in module order (a module held in several places has a slot for each, the recipe of its first).
+    The arguments are :func:`convert`'s; an unswappable layer is refused here as there."""
+    rec = get_recipe(recipe)
+    if isinstance(model, torch.nn.Linear):
+        raise TypeError("convert swaps the nn.Linear modules inside a model and cannot replace the model itself; "
+                        "use fpsim.torch.Linear.from_linear(layer, recipe=...)")
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    every, skip = _named_linears(model), tuple(skip)
+    found = [t for t in every if not any(fnmatch.fnmatchcase(t[0], p) for p in skip)
+             and id(t[1]._parameters.get("weight")) not in tied and not isinstance(t[2], torch.nn.MultiheadAttention)]
+    for name, child, *_ in (t for t in found if not isinstance(t[1], Linear)):
+        _check_swappable(name, child)
+    blocks = sorted({b for b in (_block_index(n) for n, *_ in found) if b is not None})
+    rank = {b: i for i, b in enumerate(blocks)}
+    keep = _keep_rule(keep_bf16, rec, [n for n, *_ in every])
+    bf16 = get_recipe("bf16")
+    first: dict[int, Recipe] = {}
+    slots = []
+    for name, child, parent, attr in found:
+        if id(child) not in first:
+            first[id(child)] = bf16 if keep(name, child, rank.get(_block_index(name)), len(blocks)) else rec
+        slots.append(Slot(name, child, parent, attr, first[id(child)]))
+    return slots
+
+
 def convert(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
             keep_bf16: LayerPolicy | str | Iterable[str] | Callable | None = None,
             skip: Iterable[str] = HEAD_PATTERNS, seed: int = 0, gemm: str = "blas") -> torch.nn.Module:
@@ -277,31 +319,16 @@ def convert(model: torch.nn.Module, recipe: str | Recipe = "nvfp4_paper", *,
     So do a Linear tied to an ``nn.Embedding``'s weight (an LM head of any name) and ``nn.MultiheadAttention``'s
     ``out_proj`` (run as ``F.linear`` on its weight, never called).  A converted layer keeps the module's hooks;
     a subclass's or instance's own ``forward`` or a parametrized weight (``weight_norm``) is refused (TypeError).
-    The assignment is logged on the ``fpsim.torch`` logger and returned by :func:`summary`.
+    The assignment (:func:`assignment` tells it beforehand) is logged on the ``fpsim.torch`` logger and returned
+    by :func:`summary`.
     """
-    rec = get_recipe(recipe)
-    if isinstance(model, torch.nn.Linear):
-        raise TypeError("convert swaps the nn.Linear modules inside a model and cannot replace the model itself; "
-                        "use fpsim.torch.Linear.from_linear(layer, recipe=...)")
     if gemm not in GEMMS:
         raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
-    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    every, skip = _named_linears(model), tuple(skip)
-    found = [t for t in every if not any(fnmatch.fnmatchcase(t[0], p) for p in skip)
-             and id(t[1]._parameters.get("weight")) not in tied and not isinstance(t[2], torch.nn.MultiheadAttention)]
-    for name, child, *_ in (t for t in found if not isinstance(t[1], Linear)):
-        _check_swappable(name, child)
-    blocks = sorted({b for b in (_block_index(n) for n, *_ in found) if b is not None})
-    rank = {b: i for i, b in enumerate(blocks)}
-    keep = _keep_rule(keep_bf16, rec, [n for n, *_ in every])
-    bf16 = get_recipe("bf16")
     made: dict[int, Linear] = {}  # one fpsim layer per nn.Linear however many places hold it (named by the first)
-    for name, child, parent, attr in found:
+    for name, child, parent, attr, rec in assignment(model, recipe, keep_bf16=keep_bf16, skip=skip):
         new = made.get(id(child))
         if new is None:
-            b = _block_index(name)
-            hp = keep(name, child, rank.get(b), len(blocks))
-            kw = {"recipe": bf16 if hp else rec, "name": name, "seed": seed, "gemm": gemm}
+            kw = {"recipe": rec, "name": name, "seed": seed, "gemm": gemm}
             new = child if isinstance(child, Linear) else Linear.from_linear(child, **kw)
             if isinstance(child, Linear):
                 new.recipe, new.name, new.seed, new.gemm = kw["recipe"], name, seed, gemm
