@@ -30,6 +30,57 @@ NAME = "layer_sensitivity"
 SCALED_RULE = LayerPolicy(first=1, last=2)
 
 
+#: What section 7 measures, for the comparison of its depth trend with SmolLM2's (section 9e).
+TOY_MODEL = "a toy 12-linear residual MLP LM of width 256 after 150 Adam steps (`studies/capture_deep.py`)"
+TOY_DATA = "128 tokens of stdlib source bytes in one captured step"
+Z95 = 1.959963984540054
+
+
+def depth_correlation(values, depth=None) -> tuple[float, float, float]:
+    """Pearson r of ``values`` against their depth (default: the index 0, 1, …) and its 95 % interval by Fisher's z
+    (z = atanh r, standard error 1/√(n − 3)): with few layers a sizeable r can still be noise."""
+    v = np.asarray(values, dtype=np.float64)
+    d = np.arange(v.size) if depth is None else np.asarray(depth, dtype=np.float64)
+    r = float(np.corrcoef(d, v)[0, 1])
+    z, hw = math.atanh(r), Z95 / math.sqrt(v.size - 3)
+    return r, math.tanh(z - hw), math.tanh(z + hw)
+
+
+def depth_trend(values, unit: str, model: str, data: str, metric: str, depth=None) -> dict:
+    """One study's depth trend of Wgrad error, described for :func:`depth_comparison`."""
+    r, lo, hi = depth_correlation(values, depth)
+    return {"r": r, "lo": lo, "hi": hi, "n": len(values), "unit": unit, "model": model, "data": data,
+            "metric": metric}
+
+
+def toy_depth_trend(wg, seeds: int) -> dict:
+    """Section 7's trend: each linear layer's Wgrad error under nvfp4_paper (mean over ``seeds`` SR seeds)."""
+    return depth_trend(wg, "linear layers", TOY_MODEL, TOY_DATA,
+                       f"each linear's Wgrad error, mean over {seeds} SR seed{'s' * (seeds > 1)}")
+
+
+def depth_comparison(toy: dict, smol: dict) -> str:
+    """The sentence sections 7 and 9e both print: the two depth trends with their intervals, whether they point the
+    same way, the difference of their Fisher z values, and what differs between the two measurements."""
+    def trend(t, where):
+        resolved = t["lo"] > 0 or t["hi"] < 0
+        way = ("" if resolved else "tends to ") + ("rise" if t["r"] > 0 else "fall") + ("s" if resolved else "")
+        sig = "" if resolved else "; not significant, the interval includes 0"
+        return (f"{way} with depth on {where} (r = {t['r']:+.2f}, 95 % CI {t['lo']:+.2f} to {t['hi']:+.2f}, "
+                f"n = {t['n']} {t['unit']}{sig})")
+
+    se = math.sqrt(1 / (toy["n"] - 3) + 1 / (smol["n"] - 3))
+    zd = (math.atanh(toy["r"]) - math.atanh(smol["r"])) / se
+    p = math.erfc(abs(zd) / math.sqrt(2))
+    way = "opposite ways" if (toy["r"] > 0) != (smol["r"] > 0) else "the same way"
+    return (f"Depth trend, section 7 against section 9e: Wgrad error {trend(toy, 'the toy LM of section 7')} and "
+            f"{trend(smol, 'SmolLM2-135M in section 9e')}; the two point {way} (their Fisher z values differ by "
+            f"{zd:+.2f} standard errors, p = {p:.3f}, counting layers as independent draws as the intervals do). "
+            f"What differs: the model ({toy['model']}, against {smol['model']}), the data ({toy['data']}, against "
+            f"{smol['data']}) and the metric ({toy['metric']}, against {smol['metric']}). These data do not say "
+            "which trend, if either, holds for the paper's 12B model.")
+
+
 def kurtosis(x):
     """Pearson kurtosis E[(x−μ)⁴]/σ⁴ (a normal distribution gives 3), not the excess kurtosis (normal = 0)."""
     x = x.astype(np.float64).ravel()
@@ -88,11 +139,7 @@ def main(argv=None):
     assert abs(covers.mean() - cover_rand) < 1e-12
     p_rule = float(np.mean(covers >= cover_rule - 1e-12))  # the tolerance counts the rule's own subset
     rank = np.argsort(np.argsort(-wg, kind="stable"), kind="stable") + 1  # 1 = most sensitive
-    depth_corr = float(np.corrcoef(np.arange(n), wg)[0, 1])
-    # 95 % interval of the depth correlation by Fisher's z (z = atanh r, standard error 1/√(n − 3)): with 12
-    # layers a sizeable r can still be noise, and the verdict should say when it is.
-    zr, zhw = math.atanh(depth_corr), 1.959963984540054 / math.sqrt(n - 3)
-    corr_lo, corr_hi = math.tanh(zr - zhw), math.tanh(zr + zhw)
+    depth_corr, corr_lo, corr_hi = depth_correlation(wg)
     literal = LayerPolicy(first=2, last=8).precision_map(names)
     n_literal = sum(v == "bf16" for v in literal.values())
 
@@ -197,7 +244,10 @@ def main(argv=None):
         head = "Does not agree at this scale. "
     else:
         head = "Partly agrees. "
-    verdict = head + pick_txt + " " + depth_txt
+    from studies.llm.study import smollm2_depth_trend
+
+    verdict = head + pick_txt + " " + depth_txt + " " + depth_comparison(toy_depth_trend(wg, seeds),
+                                                                          smollm2_depth_trend())
     verdict += (" Caveats: one tiny model (12 linear layers, width 256, 128 tokens per batch, trained 150 steps), "
                 "one captured step; single-GEMM error is a proxy — the paper's choice rests on training-loss "
                 "behaviour of a 12B model over 10T tokens, which this study cannot reproduce.")
