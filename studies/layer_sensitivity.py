@@ -5,7 +5,8 @@ and keeps the first 2 and last 8 blocks of its 12B model in BF16. This study run
 a 12-linear-layer residual MLP LM (studies/capture_deep.py, cached in
 studies/data/deep_capture.safetensors) through ``fpsim.linear`` under the ``nvfp4_paper`` recipe,
 measures the relative error of dW, Y and dX against FP64 (mean over SR seeds), and compares the most
-sensitive layers with the paper's first/last rule scaled to this depth.
+sensitive layers with the paper's first/last rule scaled to this depth, and its depth trend with SmolLM2's
+(section 9e, from the committed results in studies/data/llm/).
 """
 
 from __future__ import annotations
