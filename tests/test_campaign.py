@@ -47,25 +47,64 @@ def test_paired_gap_is_the_t_interval_of_the_differences():
     assert verdict(g, "helps") == "resolved" and verdict(g, "harmless") == "contradicted"
 
 
-def test_seeds_to_resolve_is_the_fewest_seeds_whose_interval_excludes_zero_at_the_same_mean_and_spread():
-    from studies.campaign.stats import seeds_to_resolve
+def test_seeds_for_power_is_the_80_percent_power_sample_size_of_a_paired_t_test():
+    """The "N seeds" planning figure is the fewest seeds at which a two-sided paired t-test at α has 80 % power for
+    a true gap equal to the observed mean at the observed spread: G*Power's one-sample figures (d = 0.5: 34, d = 0.8:
+    15, d = 1: 10 at α = 0.05), a Monte Carlo of t-tests at that n and n − 1, and 28 seeds for study 8's SR gap
+    (the old count, the fewest seeds whose interval would exclude zero at the same mean and spread, said 16)."""
+    from studies.campaign.stats import power, seeds_for_power
 
-    d = np.array([0.0042, -0.0002, 0.0001])  # the shape of study 8's SR gap
-    g = paired_gap({i: 1.0 + x for i, x in enumerate(d)}, {i: 1.0 for i in range(3)})
-    n = seeds_to_resolve(g)
+    def gap_of(d):
+        return paired_gap({i: 1.0 + x for i, x in enumerate(d)}, {i: 1.0 for i in range(len(d))})
 
-    def excludes_zero(k):  # an independent check: k values with exactly this mean and sample sd
-        z = np.resize([1.0, -1.0], k) if k % 2 == 0 else np.r_[np.resize([1.0, -1.0], k - 1), 0.0]
-        x = d.mean() + z * d.std(ddof=1) / z.std(ddof=1)
-        lo, hi = stats.t.interval(0.95, k - 1, loc=x.mean(), scale=stats.sem(x))
-        return lo > 0 or hi < 0
+    for d, n in ((0.5, 34), (0.8, 15), (1.0, 10)):
+        g = gap_of([d - 1.0, d, d + 1.0])  # mean d, sd exactly 1
+        assert math.isclose(g.sd, 1.0) and seeds_for_power(g) == n
+    rng = np.random.default_rng(7)
 
-    assert isinstance(n, int) and excludes_zero(n) and not excludes_zero(n - 1)
-    assert f"{n} seeds would exclude 0" in verdict(g, "helps")
-    assert seeds_to_resolve(paired_gap({0: 0.0, 1: 2.125}, {0: 1.0, 1: 1.0}), most=10) == "> 10"
-    assert seeds_to_resolve(paired_gap({0: 1.5, 1: 0.5}, {0: 1.0, 1: 1.0})) is None  # exactly 0 in binary
+    def simulated(n, effect=0.8, reps=20_000):
+        x = rng.normal(effect, 1.0, (reps, n))
+        t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(n))
+        return float(np.mean(np.abs(t) > stats.t.ppf(0.975, n - 1)))
+
+    assert power(0.8, 1.0, 15) >= 0.8 > power(0.8, 1.0, 14)  # 15 seeds reach 80 %, 14 do not
+    for n in (14, 15):
+        assert abs(simulated(n) - power(0.8, 1.0, n)) < 0.01  # the noncentral-t formula is the tests' rate
+    sr = gap_of([0.0042, -0.0002, 0.0001])  # the shape of study 8's SR gap
+    assert seeds_for_power(sr) == 28 and seeds_for_power(sr, 0.05 / 6) == 43
+    assert power(sr.mean, sr.sd, 28) >= 0.8 > power(sr.mean, sr.sd, 27)
+    word = verdict(sr, "helps")
+    assert "80 % power" in word and "needs 28 seeds in a paired t-test at α = 0.05" in word
+    assert "would exclude 0)" not in word  # not the interval-at-the-observed-mean count any more
+    assert seeds_for_power(gap_of([0.0, 2.125]), most=10) == "> 10"
+    assert seeds_for_power(paired_gap({0: 1.5, 1: 0.5}, {0: 1.0, 1: 1.0})) is None  # exactly 0 in binary
     with pytest.raises(ValueError, match="two seeds"):
-        seeds_to_resolve(paired_gap({0: 1.0}, {0: 0.9}))
+        seeds_for_power(paired_gap({0: 1.0}, {0: 0.9}))
+
+
+def test_detectable_gap_p_value_and_holm_correction():
+    """detectable(): the true gap a paired t-test at α finds with 80 % power at the observed n and spread (power
+    there is 0.8, and a Monte Carlo agrees); p_value(): scipy's one-sample t-test of the differences; holm(): the
+    step-down adjustment of a textbook example, with NaN for tests without a p-value."""
+    from studies.campaign.stats import detectable, holm, p_value, power
+
+    d = np.array([0.0042, -0.0002, 0.0001, 0.003, 0.0011])
+    g = paired_gap({i: 1.0 + x for i, x in enumerate(d)}, {i: 1.0 for i in range(d.size)})
+    mde = detectable(g)
+    assert math.isclose(power(mde, g.sd, g.n), 0.8, abs_tol=1e-9)
+    assert detectable(g, 0.05 / 6) > mde > float(stats.t.ppf(0.975, 4)) * g.sd / math.sqrt(5)  # > the CI's half
+    x = np.random.default_rng(3).normal(mde, d.std(ddof=1), (40_000, 5))
+    t = x.mean(1) / (x.std(1, ddof=1) / math.sqrt(5))
+    assert abs(float(np.mean(np.abs(t) > stats.t.ppf(0.975, 4))) - 0.8) < 0.01
+    assert math.isclose(p_value(g), stats.ttest_1samp(d, 0.0).pvalue, rel_tol=1e-9)
+    assert math.isnan(p_value(paired_gap({0: 1.0}, {0: 0.9}))) and math.isnan(detectable(paired_gap({0: 1.0},
+                                                                                                      {0: 0.9})))
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.2, math.nan, 0.01]) == pytest.approx([0.2, math.nan, 0.02], nan_ok=True)
+    late = paired_gap({0: 1.0048, 1: 1.0032, 2: 1.0057}, {0: 1.0, 1: 1.0, 2: 1.0})  # study 8's late switch
+    assert p_value(late) < 0.05 and verdict(late, "helps") == "resolved"  # on its own
+    word = verdict(late, "helps", p_adjusted=6 * p_value(late), family=6)  # Holm's first step over 6
+    assert word.startswith("not resolved at this scale (p 0.025 alone, 0.15 after the Holm correction over 6")
 
 
 def test_identical_differences_give_an_exactly_zero_width_interval_and_verdicts():
@@ -153,7 +192,10 @@ def test_a_run_writes_its_curve_and_record_and_is_deterministic(tmp_path):
 
 
 @pytest.mark.parametrize("switch_at", [0.82, 0.0], ids=["cut-before-switch", "cut-after-switch"])
-def test_a_partial_run_resumes_to_the_uninterrupted_runs_curve(tmp_path, monkeypatch, switch_at):
+def test_a_partial_run_resumes_to_the_uninterrupted_runs_curve_and_weights(tmp_path, monkeypatch, switch_at):
+    """Stopped at a checkpoint and resumed, a run writes the uninterrupted run's curve byte for byte (the curve holds
+    no timing) and ends with its weights (the records' SHA-256 of the state dict); the tokens/s of the rows before
+    the stop are kept in the record."""
     import dataclasses
 
     import pandas as pd
@@ -167,6 +209,10 @@ def test_a_partial_run_resumes_to_the_uninterrupted_runs_curve(tmp_path, monkeyp
     assert done["status"] == "done"
     a, b = (pd.read_csv(tmp_path / d / f"{full['run']}.csv") for d in ("full", "cut"))
     assert a[["step", "train_loss", "val_loss"]].equals(b[["step", "train_loss", "val_loss"]])
+    csv = [(tmp_path / d / f"{full['run']}.csv").read_bytes() for d in ("full", "cut")]
+    assert csv[0] == csv[1]
+    assert done["weights_sha256"] == full["weights_sha256"] != part["weights_sha256"]
+    assert [r[0] for r in done["throughput"]] == [r[0] for r in full["throughput"]] == list(range(1, 9))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the device machine)")
@@ -198,6 +244,24 @@ def test_a_cuda_graph_run_gives_the_eager_runs_bits(tmp_path, arm):
                for k in se), [k for k in se if se[k].tobytes() != sg[k].tobytes()]
     strip = [",".join(r.split(",")[:5]) for r in ce.splitlines()], [",".join(r.split(",")[:5]) for r in cg.splitlines()]
     assert strip[0] == strip[1]  # every column but the throughput
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the device machine)")
+@pytest.mark.parametrize("mode", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("arm", ["bf16", "nvfp4"])
+def test_two_processes_train_the_same_bits_on_cuda(tmp_path, arm, mode):
+    """The campaign's deterministic mode (issue 50): the same short run of the campaign's model (s10m, 20 steps of
+    4 × 512 bytes, eager or as CUDA graphs) trained in two fresh processes writes byte-identical curves and final
+    weights, and each record says the run was deterministic with the fixed cuBLAS workspace.  On 2026-12-06, before
+    that mode, 30 such steps in two processes differed from step 1 in BF16 eager."""
+    from studies.campaign import repro
+
+    dirs = repro.in_processes(tmp_path, 2, arm=arm, size="s10m", steps=20, device="cuda", cuda_graph=mode)
+    res = repro.compare(dirs)
+    assert res["identical"], res
+    rec = json.loads(next(dirs[0].glob("*.json")).read_text())
+    assert rec["deterministic"] is True and rec["cudnn_deterministic"] is True
+    assert rec["cublas_workspace_config"] in (":4096:8", ":16:8") and rec["cuda_graph"] is mode
 
 
 def test_the_sizes_parameter_counts_and_budgets_are_the_models():
@@ -248,11 +312,11 @@ def _fake_run(d, arm, seed, final, status="done", size="s10m", budget=265_000_00
     rid = crun.run_id(arm, seed, size, budget)
     rows = [",".join(crun.CSV_COLUMNS)]
     for k, frac in enumerate((0.4, 0.8, 1.0)):
-        rows.append(f"{k + 1},{int(frac * budget)},0.001,1.0,{final + 0.1 * (2 - k):.6f},250000.0")
+        rows.append(f"{k + 1},{int(frac * budget)},0.001,1.0,{final + 0.1 * (2 - k):.6f}")
     (d / f"{rid}.csv").write_text("\n".join(rows) + "\n")
     (d / f"{rid}.json").write_text(dumps({"run": rid, "arm": arm, "seed": seed, "size": size,
                                           "tokens_budget": budget, "status": status, "seconds_total": 600,
-                                          **extra}))
+                                          "throughput": [[k + 1, 250000.0] for k in range(3)], **extra}))
 
 
 def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
@@ -272,8 +336,9 @@ def test_campaign_section_reports_paired_gaps_and_verdicts(tmp_path):
     blocks, figs = render(tmp_path, tmp_path, md_table)
     text = "\n".join(blocks)
     assert "| NVFP4 recipe | 3 | +0.0107 |" in text  # mean of 0.010, 0.011, 0.011
-    assert "stochastic rounding of gradients | helps | +0.0197 |" in text and "| resolved |" in text
-    assert "| random Hadamard transform (Wgrad) | helps | +0.0020 |" in text  # one seed: listed, no interval
+    assert "stochastic rounding of gradients | helps | NVIDIA's NVFP4 paper | +0.0197 |" in text
+    assert "| resolved |" in text
+    assert "| random Hadamard transform (Wgrad) | helps | NVIDIA's NVFP4 paper | +0.0020 |" in text  # one seed
     assert "1 − 0.95^" not in text  # one component with an interval: no multiple-comparison note
     assert "Not finished: s10m-mxfp4-s0-t265m" in text and figs == ["campaign_s10m_265m.png"]
     # throughput is grouped by how the batch shared the GPU, never pooled across batch shapes
@@ -319,19 +384,24 @@ def test_headline_states_paired_gaps_relative_to_bf16_and_the_components_verdict
     _fake_run(d, "nvfp4_no_rht", 0, 1.012)  # one seed: a component without an interval, not "includes zero"
     measured, verdict = headline(tmp_path)
     assert "10 of the 36 main runs" in measured and "BF16's final validation loss: 1.0033 nats/byte" in measured
-    assert "NVFP4 recipe +0.0107 [" in measured and "(+1.1 %, 3 seeds)" in measured and "MXFP4" not in measured
+    assert "NVFP4 recipe +0.0107 [" in measured and "(+1.1 %, 3 seeds; detectable" in measured
+    assert "MXFP4" not in measured
     assert verdict.startswith("The recipe stays behind BF16 by +0.0107 nats/byte (+1.1 %), its interval above zero")
-    assert ("Of the 1 recipe component with an interval, resolved in the paper's direction: stochastic rounding of "
-            "gradients; one seed so far, no interval: random Hadamard transform (Wgrad).") in verdict
+    assert ("Of the 1 recipe component with an interval (p below 0.05), resolved in the claimed direction: "
+            "stochastic rounding of gradients; one seed so far, no interval: random Hadamard transform "
+            "(Wgrad).") in verdict
     assert "interval includes zero" not in verdict
     assert "1 − 0.95" not in verdict and "at least one would exclude zero" not in verdict  # one interval only
     assert "fewer than three seeds so far: NVFP4 − RHT" in verdict and "MXFP4 recipe" in verdict
 
 
 def test_verdict_splits_the_gap_by_pass_and_compares_the_other_formats():
-    """Forward only +0.008 on three seeds (interval above zero) and backward only ±0.004 (across zero) put the
-    measurable gap in the forward pass; MXFP4 − NVFP4 of 0.010, 0.012, 0.011 is resolved in the paper's direction
-    (two seeds of it would not be: t = 12.7 makes their interval ±0.013); one-seed arms say nothing yet."""
+    """Forward only +0.008 on three seeds (interval above zero) and backward only ±0.004 (across zero): their paired
+    difference forward − backward, +0.0077 [-0.0041, +0.0194], includes zero, so the text does not say which pass
+    carries the gap (it used to credit the forward pass from the two intervals alone); with backward-only gaps of
+    0.001, 0.002, 0.0015 the difference's interval lies above zero and it does.  MXFP4 − NVFP4 of 0.010, 0.012,
+    0.011 is resolved in the paper's direction (two seeds of it would not be: t = 12.7 makes their interval
+    ±0.013), with the MXFP4 arm's changes besides the format named; one-seed arms say nothing yet."""
     from studies.campaign import report as rep
 
     bf = {0: 1.0, 1: 1.1, 2: 0.9}
@@ -339,19 +409,27 @@ def test_verdict_splits_the_gap_by_pass_and_compares_the_other_formats():
            "nvfp4_fwd": {0: 1.008, 1: 1.109, 2: 0.907}, "nvfp4_bwd": {0: 1.004, 1: 1.096, 2: 0.901},
            "mxfp4": {0: 1.016, 1: 1.117, 2: 0.918}, "fp8_blockwise": {0: 0.999}}
     gaps = {a: paired_gap(v, bf) for a, v in fin.items() if a != "bf16"}
-    text = rep._split_text(gaps)
+    text = rep._split_text(gaps, fin)
     assert "forward pass alone costs +0.0080 (interval above zero)" in text
-    assert "backward pass alone +0.0003 (interval across zero)" in text and "forward pass's quantization" in text
+    assert "backward pass alone +0.0003 (interval across zero)" in text and "carries" not in text
+    assert ("forward − backward, paired per seed: +0.0077 [-0.0041, +0.0194] (p 0.11, detectable at 80 % power: "
+            "0.0154), an interval that includes zero, so these runs do not tell which pass costs more.") in text
+    other = {**fin, "nvfp4_bwd": {0: 1.001, 1: 1.102, 2: 0.9015}}
+    assert rep._split_text({a: paired_gap(v, bf) for a, v in other.items() if a != "bf16"}, other).endswith(
+        "+0.0065 [+0.0043, +0.0087] (p 0.0059, detectable at 80 % power: 0.0028): the forward pass's quantization "
+        "costs more than the other's.")
     assert rep._split_text({"nvfp4_fwd": gaps["nvfp4_fwd"]}) == ""
     fmt = rep._format_text(fin, gaps)
     two = rep._format_text({**fin, "mxfp4": {0: 1.016, 1: 1.117}}, gaps)
     assert "+0.0110 [-0.0017, +0.0237] (interval across zero; the paper's 'MXFP4 widens the gap': not resolved" in two
-    assert fmt == ("MXFP4's recipe − NVFP4's: +0.0110 [+0.0085, +0.0135] (interval above zero; the paper's 'MXFP4 "
-                   "widens the gap': resolved).")
+    assert fmt.startswith("MXFP4's recipe − NVFP4's: +0.0110 [+0.0085, +0.0135] (interval above zero; the paper's "
+                          "'MXFP4 widens the gap': resolved). The MXFP4 arm changes the format (blocks of 32 with "
+                          "power-of-two E8M0 scales and no FP32 tensor scale")
+    assert "1×32 blocks instead of 16×16 tiles" in fmt and "32-point RHT with per-layer seeded signs" in fmt
     fin["fp8_blockwise"] = {0: 0.999, 1: 1.102, 2: 0.9}
     gaps["fp8_blockwise"] = paired_gap(fin["fp8_blockwise"], bf)
     assert rep._format_text(fin, gaps).endswith(
-        "; FP8 blockwise − BF16: +0.0003 [-0.0035, +0.0041] (interval across zero).")
+        " FP8 blockwise − BF16: +0.0003 [-0.0035, +0.0041] (interval across zero).")
 
 
 def test_gap_against_tokens_pairs_each_budget_with_the_main_one_per_seed(tmp_path):
@@ -395,7 +473,8 @@ def test_arms_without_a_seed_in_common_with_bf16_are_reported_as_such_not_a_cras
     text = "\n".join(render(tmp_path, tmp_path, md_table)[0])
     assert "| NVFP4 recipe | 0 |  | — (no seed in common yet) |  |" in text
     assert "| no verdict (no seed in common yet) |" not in text  # no_sr and nvfp4 share seed 1: a one-seed verdict
-    assert "stochastic rounding of gradients | helps | +0.0100 | — (1 seed: no interval) |" in text
+    assert ("stochastic rounding of gradients | helps | NVIDIA's NVFP4 paper | +0.0100 | — (1 seed: no interval) "
+            "|") in text
     assert headline(tmp_path) is None
     hor = tmp_path / "horizon"
     hor.mkdir()
@@ -894,7 +973,7 @@ def test_budget_costs_each_arm_at_its_rate_alone_and_flags_runs_longer_than_a_co
     assert "main 35 of 36 runs done, 0.2 h left (~1 session)" in rep._budget_text(one)
     everything = done | {(r["arm"], r["size"], r["seed"], r["tokens"]) for r in fp8}
     assert "main: all 36 runs done;" in rep._budget_text(everything) and "0.0 h" not in rep._budget_text(everything)
-    assert rep._multiplicity_text(1) == "" and "1 − 0.95^5 = 23 %" in rep._multiplicity_text(5)
+    assert rep._holm_text(1) == "" and "1 − 0.95^5 = 23 %" in rep._holm_text(5)
 
 
 def test_two_finished_records_of_one_run_are_refused_not_one_silently_kept(tmp_path):

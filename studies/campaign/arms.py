@@ -13,7 +13,8 @@ import torch
 import fpsim.torch as ft
 from fpsim.recipe import LayerPolicy, Recipe, get_recipe
 
-__all__ = ["Arm", "ARMS", "bf16_tail", "apply_arm", "COMPONENTS"]
+__all__ = ["Arm", "ARMS", "bf16_tail", "apply_arm", "COMPONENTS", "CLAIMED_BY", "MXFP4_FORMAT",
+           "MXFP4_OTHER_CHANGES"]
 
 #: The paper keeps the last ~15 % of its blocks in BF16 (8 of 62 with the first 2); scaled to a small model.
 TAIL_FRACTION = 0.15
@@ -63,8 +64,9 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     _A("nvfp4_late_bf16", "NVFP4, BF16 for the last 18 % of tokens", "nvfp4_paper", switch_at=SWITCH_AT),
 )}
 
-#: Each recipe component, the arm without it (or with it), the arm it is compared with, and the paper's claim
-#: (``"helps"``: removing it raises the loss; ``"harmless"``: it costs nothing).
+#: Each recipe component, the arm without it (or with it), the arm it is compared with, and the published claim
+#: (``"helps"``: removing it raises the loss; ``"harmless"``: it costs nothing); who makes each claim is
+#: :data:`CLAIMED_BY`.
 COMPONENTS = (
     ("stochastic rounding of gradients", "nvfp4_no_sr", "nvfp4", "helps"),
     ("random Hadamard transform (Wgrad)", "nvfp4_no_rht", "nvfp4", "helps"),
@@ -73,6 +75,27 @@ COMPONENTS = (
     ("four-over-six block scales", "nvfp4", "nvfp4_46", "helps"),
     ("BF16 for the last 18 % of tokens", "nvfp4", "nvfp4_late_bf16", "helps"),
 )
+#: The NVIDIA paper (Pretraining Large Language Models with NVFP4, arXiv 2509.25149).
+NVFP4_PAPER = "NVIDIA's NVFP4 paper"
+#: Who claims each component of :data:`COMPONENTS` helps.  Four-over-six is not part of NVIDIA's recipe and its paper
+#: makes no claim about it: the claim is Four Over Six's (Cook et al., arXiv 2512.02010: adaptive 4-or-6 block scales
+#: bring NVFP4 pre-training loss closer to BF16).
+CLAIMED_BY = {
+    "stochastic rounding of gradients": NVFP4_PAPER,
+    "random Hadamard transform (Wgrad)": NVFP4_PAPER,
+    "16×16 2-D weight scaling": NVFP4_PAPER,
+    "last ~15 % of blocks in BF16": NVFP4_PAPER,
+    "four-over-six block scales": "Cook et al. 2025, Four Over Six; not NVIDIA's paper",
+    "BF16 for the last 18 % of tokens": NVFP4_PAPER,
+}
+#: What the MXFP4 arm (the ``mxfp4`` preset) changes against the NVFP4 recipe (``nvfp4_paper``): first the format
+#: itself, then what else its preset does differently; no arm changes the format alone, so MXFP4 − NVFP4 measures
+#: all of it together.
+MXFP4_FORMAT = ("blocks of 32 with power-of-two E8M0 scales and no FP32 tensor scale, instead of blocks of 16 with "
+                "E4M3 scales under one")
+MXFP4_OTHER_CHANGES = ("its weights have 1×32 blocks instead of 16×16 tiles, so Fprop and Dgrad quantize them apart",
+                       "its Wgrad operands take a 32-point RHT with per-layer seeded signs instead of a 16-point one "
+                       "with the recipe's fixed signs")
 
 
 def bf16_tail(layers: int) -> int:

@@ -3,8 +3,9 @@
 Files are the ``*.py`` under the given site-packages roots, in sorted order of their path relative to the
 root (``package/module.py``), concatenated with one ``\\n`` between files.  Whole packages are held out for
 validation (a package is the first path component), so no validation byte shares a file, or a package,
-with training.  :class:`Corpus` records the file count, the byte count and the SHA-256 of each stream, so
-that a rerun can check it trains on the same data (``manifest()`` goes into the results).
+with training; the validation stream keeps each held-out package's bytes together (its span, so that validation can
+draw from every package).  :class:`Corpus` records the file count, the byte count and the SHA-256 of each stream,
+so that a rerun can check it trains on the same data (``manifest()`` goes into the results).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ DEFAULT_HOLDOUT = ("sympy", "pandas")
 
 @dataclass(frozen=True)
 class Corpus:
-    """Training and validation bytes (uint8 arrays) and what they were made of."""
+    """Training and validation bytes (uint8 arrays) and what they were made of.  ``val_spans``: (package, start,
+    end) of each held-out package's bytes in ``val``, in stream order; empty: the whole stream is one span (corpora
+    made by hand)."""
 
     train: np.ndarray
     val: np.ndarray
@@ -33,6 +36,11 @@ class Corpus:
     val_files: int
     holdout: tuple[str, ...]
     roots: tuple[str, ...]
+    val_spans: tuple[tuple[str, int, int], ...] = ()
+
+    def spans(self) -> tuple[tuple[str, int, int], ...]:
+        """``val_spans``, or one span over the whole validation stream named after the held-out packages."""
+        return self.val_spans or ((",".join(self.holdout), 0, int(self.val.size)),)
 
     def manifest(self) -> dict:
         """File counts, byte counts and SHA-256 of both streams (the reproducibility record of a run)."""
@@ -42,7 +50,8 @@ class Corpus:
             "train": {"files": self.train_files, "bytes": int(self.train.size),
                       "sha256": hashlib.sha256(self.train.tobytes()).hexdigest()},
             "val": {"files": self.val_files, "bytes": int(self.val.size),
-                    "sha256": hashlib.sha256(self.val.tobytes()).hexdigest()},
+                    "sha256": hashlib.sha256(self.val.tobytes()).hexdigest(),
+                    "packages": {name: end - start for name, start, end in self.spans()}},
         }
 
 
@@ -67,10 +76,15 @@ def python_sources(roots: Iterable[str | Path] | None = None, holdout: Sequence[
     hold = tuple(holdout)
     train, val = bytearray(), bytearray()
     nt = nv = 0
+    spans: list[list] = []  # [package, start, end]: files sort by path, so a package's files are contiguous
     for rel, path in _files(rts):
         data = path.read_bytes()
-        if rel.split("/", 1)[0] in hold:
+        pkg = rel.split("/", 1)[0]
+        if pkg in hold:
+            if not spans or spans[-1][0] != pkg:
+                spans.append([pkg, len(val), len(val)])
             val += data + b"\n"
+            spans[-1][2] = len(val)
             nv += 1
         elif max_bytes is None or len(train) < max_bytes:
             train += data + b"\n"
@@ -78,4 +92,4 @@ def python_sources(roots: Iterable[str | Path] | None = None, holdout: Sequence[
     if max_bytes is not None:
         train = train[:max_bytes]
     return Corpus(np.frombuffer(bytes(train), np.uint8), np.frombuffer(bytes(val), np.uint8), nt, nv, hold,
-                  tuple(str(r) for r in rts))
+                  tuple(str(r) for r in rts), tuple((p, a, b) for p, a, b in spans))

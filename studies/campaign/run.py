@@ -7,8 +7,17 @@ Protocol: AdamW (β = 0.9, 0.95; weight decay 0.1 on matrices), linear warmup ov
 cosine decay to 10 % of the peak learning rate, gradient clipping at 1.0, bf16 autocast.  The seed fixes the
 initial weights (``torch.manual_seed`` before the model is built) and the data order (a permutation per epoch of
 the corpus's non-overlapping ``ctx + 1``-byte windows, from ``numpy.random.default_rng([seed, epoch])``), so two
-arms with one seed see the same batches.  Validation: the first ``val_tokens`` bytes of the held-out packages in
-fixed windows, evaluated at 20 evenly spaced token counts and at the end (mean nats per byte).
+arms with one seed see the same batches.  Validation: ``val_tokens`` predicted bytes (:data:`VAL_TOKENS`) in
+windows of ``ctx + 1`` bytes drawn from every held-out package, an equal share of windows from each, evenly spaced
+over the package's bytes (:func:`validation_windows`), evaluated at 20 evenly spaced token counts and at the end
+(mean nats per byte).  The record says which windows a run used (``"validation"``; runs without that key used the
+first 1,048,576 bytes of the held-out stream, which are pandas's).
+
+The curve (CSV) holds only what the run computes: step, tokens, learning rate, train and validation loss, so that
+two runs of one (arm, seed, size, budget) write the same bytes; the tokens/s of each logged window (a wall-clock
+measure) go to the record (``"throughput"``), with the SHA-256 of the final weights (``"weights_sha256"``).  On
+CUDA a run is deterministic (``torch.use_deterministic_algorithms``, cuDNN's deterministic flag and a fixed cuBLAS
+workspace, :data:`CUBLAS_WORKSPACE_CONFIG`; the record's ``"deterministic"``).
 
 A run that reaches ``--max-seconds`` writes a checkpoint (safetensors of the weights and the optimizer state, and
 a JSON of the step; no pickle) and exits with status ``"partial"``; the same command resumes it.
@@ -18,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -34,10 +45,19 @@ from studies.campaign.arms import ARMS, apply_arm
 from studies.campaign.data import python_sources
 from studies.campaign.model import SIZES, Llama, non_embedding_params
 
-__all__ = ["run_id", "batches", "lr_at", "Run", "train", "train_many", "MIN_START_S", "NOT_STARTED", "too_late",
-           "profile_run", "main"]
+__all__ = ["run_id", "batches", "lr_at", "validation_windows", "weights_sha256", "Run", "train", "train_many",
+           "MIN_START_S", "NOT_STARTED", "too_late", "profile_run", "main", "VAL_TOKENS", "CUBLAS_WORKSPACE_CONFIG"]
 
-CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss", "tokens_per_s")
+#: The curve's columns: what the run computes, nothing timed (the committed runs before this layout also have a
+#: ``tokens_per_s`` column; :func:`studies.campaign.report.load_runs` reads both).
+CSV_COLUMNS = ("step", "tokens", "lr", "train_loss", "val_loss")
+#: Validation tokens (predicted bytes) per evaluation: 4 Mi, from every held-out package.
+VAL_TOKENS = 1 << 22
+#: cuBLAS's fixed workspace for reproducible GEMMs (the setting PyTorch's deterministic mode requires of CUDA ≥ 10.2;
+#: ``:16:8`` is the other it accepts).  cuBLAS and PyTorch read it when their handles and workspaces are first made,
+#: so it is set when this module is imported, before anything here touches CUDA; a value already set is kept.
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
 #: How every run multiplies two scaled copies (fpsim.torch.fastpath.GEMM), pinned: the paths sum the same exact
 #: products in different FP32 orders, so a default changed mid-campaign would make arms differ by more than the
 #: recipe.  The runs so far used cuBLAS + the alpha epilogue.
@@ -122,17 +142,63 @@ def _load(ckpt: Path, model, opt, device: str) -> int:
     return int(json.loads((ckpt / "step.json").read_text())["step"])
 
 
-def _same_corpus(prev: Path, now: dict) -> None:
-    """A resumed run must read the stream it started on: a checkpoint carried to another machine (whose installed
-    packages may differ) with another corpus is a ValueError naming both SHA-256s, not a silently mixed run."""
+def _same_corpus(prev: Path, now: dict, validation: dict) -> None:
+    """A resumed run must read the stream it started on and validate on the windows it started with: a checkpoint
+    carried to another machine (whose installed packages may differ) with another corpus is a ValueError naming both
+    SHA-256s, and so is one whose record has other validation windows (or none: a run started before the windows
+    were drawn from every held-out package), not a silently mixed run."""
     if not prev.exists():
         return
-    was = json.loads(prev.read_text()).get("corpus") or {}
+    rec = json.loads(prev.read_text())
+    was = rec.get("corpus") or {}
     for part in ("train", "val"):
         old = (was.get(part) or {}).get("sha256")
         if old is not None and old != now[part]["sha256"]:
             raise ValueError(f"{prev.stem}: the checkpoint was trained on a {part} stream with SHA-256 {old}, this "
                              f"machine's corpus has {now[part]['sha256']}; resume it where its packages are the same")
+    old = (rec.get("validation") or {}).get("sha256")
+    if old != validation["sha256"]:
+        raise ValueError(f"{prev.stem}: the checkpoint's curve was validated on other windows (SHA-256 {old}) than "
+                         f"this run's ({validation['sha256']}); start it again")
+
+
+def validation_windows(corpus, ctx: int, tokens: int) -> tuple[np.ndarray, dict]:
+    """(int64 array windows × (ctx + 1), its record) of ``tokens // ctx`` validation windows: an equal share from
+    each held-out package (the first ``n % P`` packages, in stream order, take one more), each share evenly spaced
+    over its package's bytes (window j of k in a package of L bytes starts j·⌊L / k⌋ bytes in), so windows never
+    overlap and every part of every package is sampled; no randomness, so every run of a corpus gets the same
+    windows.  The record: tokens, windows, windows per package and the SHA-256 of the windows' bytes.  A ValueError
+    when the held-out stream, or one package, is too small for its share."""
+    n = tokens // ctx
+    spans = corpus.spans()
+    if (corpus.val.size - 1) // ctx < n:
+        raise ValueError(f"the held-out packages {', '.join(corpus.holdout)} hold {corpus.val.size:,} bytes, "
+                         f"fewer than the {tokens:,} validation tokens; hold out other packages (--holdout)")
+    starts, per = [], {}
+    for i, (name, start, end) in enumerate(spans):
+        k = n // len(spans) + (i < n % len(spans))
+        stride = (end - start) // max(k, 1)
+        if k and stride < ctx + 1:
+            raise ValueError(f"the held-out package {name} holds {end - start:,} bytes, fewer than its {k:,} "
+                             f"validation windows of {ctx + 1} bytes; hold out other packages (--holdout)")
+        starts.append(start + stride * np.arange(k))
+        per[name] = k
+    idx = np.concatenate(starts)[:, None] + np.arange(ctx + 1)[None, :]
+    win = corpus.val[idx]
+    return win.astype(np.int64), {"tokens": n * ctx, "windows": n, "window_bytes": ctx + 1,
+                                  "selection": "an equal share of windows from each held-out package, evenly spaced",
+                                  "packages": per, "sha256": hashlib.sha256(win.tobytes()).hexdigest()}
+
+
+def weights_sha256(model) -> str:
+    """SHA-256 of a model's state dict: each entry's name, dtype, shape and bytes, in the state dict's order (two
+    models with one hash have the same weights bit for bit)."""
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        t = v.detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 @torch.no_grad()
@@ -154,7 +220,7 @@ class Run:
     side by side in one process (each on its own CUDA stream).  The arguments are :func:`train`'s."""
 
     def __init__(self, arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *, batch: int = 32,
-                 max_seconds: float = math.inf, val_tokens: int = 1 << 20, corpus=None, device: str | None = None,
+                 max_seconds: float = math.inf, val_tokens: int = VAL_TOKENS, corpus=None, device: str | None = None,
                  log_every: int = 50, holdout: tuple[str, ...] | None = None, cuda_graph: bool = False,
                  stop_at: int | None = None, prof=None, checkpoint: bool = True):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -162,6 +228,7 @@ class Run:
         fastpath.GEMM = GEMM_PATH
         if device == "cuda":
             torch.backends.cudnn.deterministic = CUDNN_DETERMINISTIC
+            torch.use_deterministic_algorithms(True)  # an op without a deterministic kernel raises, never drifts
         self.cfg, self.a = cfg, a = SIZES[size], ARMS[arm]
         self.arm, self.seed, self.size, self.tokens, self.lr, self.batch = arm, seed, size, tokens, lr, batch
         self.device, self.max_seconds, self.log_every, self.stop_at = device, max_seconds, log_every, stop_at
@@ -172,12 +239,8 @@ class Run:
         self.corpus = corpus = corpus or (python_sources(holdout=holdout) if holdout else python_sources())
         self.ctx = ctx = cfg.ctx
         self.steps = steps = max(1, int(tokens) // (batch * ctx))
-        nval = val_tokens // ctx
-        if (corpus.val.size - 1) // ctx < nval:
-            raise ValueError(f"the held-out packages {', '.join(corpus.holdout)} hold {corpus.val.size:,} bytes, "
-                             f"fewer than the {val_tokens:,} validation tokens; hold out other packages (--holdout)")
-        self.val = torch.from_numpy(corpus.val[: nval * ctx + 1][np.arange(nval)[:, None] * ctx
-                                                                 + np.arange(ctx + 1)[None, :]].astype(np.int64))
+        val, self.validation = validation_windows(corpus, ctx, val_tokens)
+        self.val = torch.from_numpy(val)
         torch.manual_seed(seed)
         model = Llama(cfg)
         self.n_params = non_embedding_params(model)
@@ -187,10 +250,13 @@ class Run:
         self.start = start = _load(self.ckpt, model, opt, device)
         self.corpus_manifest = corpus.manifest()
         if start:
-            _same_corpus(out / f"{rid}.json", self.corpus_manifest)
+            _same_corpus(out / f"{rid}.json", self.corpus_manifest, self.validation)
         ft.set_step(model, start)
         self.csv_path = out / f"{rid}.csv"
         self.rows = self.csv_path.read_text().splitlines()[1:] if start and self.csv_path.exists() else []
+        # tokens/s of each logged window ([step, rate]), the record's; a resumed run keeps those of its kept rows
+        self.throughput = ([r for r in json.loads((out / f"{rid}.json").read_text()).get("throughput", [])
+                            if r[0] <= start] if start and (out / f"{rid}.json").exists() else [])
         self.eval_steps = {round(steps * (k + 1) / EVALS) - 1 for k in range(EVALS)}
         self.t_start = time.perf_counter()
         self.status, self.loss_acc, self.n_acc, self.t_log, self.tok_log = "done", None, 0, time.perf_counter(), 0
@@ -257,7 +323,8 @@ class Run:
             vl = _val_loss(model, self.val, self.ctx, device) if step in self.eval_steps else None
             self.rows.append(",".join(str(v) for v in (
                 step + 1, (step + 1) * self.batch * self.ctx, f"{lr_at(step, steps, lr):.6g}", f"{tl:.6f}",
-                "" if vl is None else f"{vl:.6f}", f"{self.tok_log / (now - self.t_log):.1f}")))
+                "" if vl is None else f"{vl:.6f}")))
+            self.throughput.append([step + 1, round(self.tok_log / (now - self.t_log), 1)])
             if vl is not None:  # progress on stdout at the evaluation points (the CSV is written at the end)
                 print(f"{self.rid}: {self.rows[-1]}", flush=True)
             self.loss_acc, self.n_acc, self.t_log, self.tok_log = None, 0, time.perf_counter(), 0
@@ -287,6 +354,10 @@ class Run:
                "config": vars(self.cfg), "non_embedding_params": self.n_params, "tokens_budget": int(self.tokens),
                "tokens_done": done_tokens, "steps": self.steps, "batch": self.batch, "lr": self.lr,
                "gemm_path": GEMM_PATH, "cudnn_deterministic": CUDNN_DETERMINISTIC if device == "cuda" else None,
+               "deterministic": torch.are_deterministic_algorithms_enabled(),
+               "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG") if device == "cuda" else None,
+               "validation": self.validation, "weights_sha256": weights_sha256(self.model),
+               "throughput": self.throughput,
                "cuda_graph": stepper is not None and stepper.failed is None,
                "cuda_graph_failure": None if stepper is None else stepper.failed, "status": self.status,
                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
@@ -411,7 +482,7 @@ def train_many(specs: list[dict], *, parallel: int, on_done=None, **kw) -> list[
 
 def profile_run(arm: str, size: str, tokens: float, lr: float, out: Path, report_path: Path, *, batch: int = 32,
                 holdout: tuple[str, ...] | None = None, steps: int = 3, corpus=None, device: str | None = None,
-                val_tokens: int = 1 << 20) -> str:
+                val_tokens: int = VAL_TOKENS) -> str:
     """Profile ``steps`` eager steps of BF16 and of ``arm`` (after three warm-up steps each, the run's own
     schedule and data), and one more step of ``arm`` for implicit synchronisations; the tables of
     :func:`studies.profiling.report` to ``report_path``.  The runs go to a scratch folder under ``out``, removed
