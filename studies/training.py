@@ -89,7 +89,9 @@ def main(argv=None):
     write_section(
         args, "8. Training: a small LM under the emulated recipes",
         "Pretraining with NVFP4 (the full recipe, with the last blocks in BF16) tracks the BF16 loss closely; removing "
-        "SR, RHT or 2D weight scaling, quantizing every layer, or using MXFP4 widens the gap (paper Fig. 2, 4, 6).",
+        "SR, RHT or 2D weight scaling, quantizing every layer, or using MXFP4 widens the gap (paper Fig. 2, 4, 6). The "
+        "headline: a 12 B model trained on 10 T tokens with the recipe reaches a loss and downstream accuracy "
+        "comparable to its FP8 baseline's.",
         *head, camp_figs, [*camp_blocks, *old_blocks],
     )
     return args.dir

@@ -308,8 +308,10 @@ def test_the_headline_numbers():
             and "E8M0" in verdict and "not the format's alone" in verdict)
     mx = _t_gap(fin["mxfp4"], fin["nvfp4"])
     assert mx[1] > 0 and f"MXFP4's recipe − NVFP4's: {_f4(mx[0])} {_ci(mx[1], mx[2])} (interval above zero" in verdict
+    assert f"(interval above zero, detectable at 80 % power: {_detectable(mx[4]):.4f}; the paper's" in verdict
     f8 = gaps["fp8_blockwise"]
-    assert f"FP8 blockwise − BF16: {_f4(f8[0])} {_ci(f8[1], f8[2])} (interval across zero)" in verdict
+    assert (f"FP8 blockwise − BF16: {_f4(f8[0])} {_ci(f8[1], f8[2])} (interval across zero, detectable at 80 % "
+            f"power: {_detectable(f8[4]):.4f})") in verdict
 
 
 def _how(rec: dict) -> str:
@@ -711,7 +713,8 @@ def test_the_a_a_comparison_before_the_late_switch_from_the_committed_curves():
     assert (f"At the last evaluation before the switch (212 M tokens) late switch − recipe = +0.0026 [+0.0015, "
             f"+0.0036] nats/byte (p {_p(list(at)):.2g}, 3 seeds; detectable at 80 % power: "
             f"{_detectable(list(at)):.4f}); over the 13 evaluations from 15 % of the steps to the switch, 0 of the 39 "
-            f"per-seed differences are exactly 0 and their standard deviation is 0.0022 nats/byte") in text
+            f"per-seed differences are 0 at the curves' six decimals and their standard deviation is 0.0022 "
+            f"nats/byte") in text
     modes = {(r["arm"], r["seed"]): (r["cuda_graph"], r.get("cudnn_deterministic")) for r, _ in _records(("main",))}
     assert modes[("nvfp4", 0)] == (False, None) and modes[("nvfp4_late_bf16", 0)] == (True, True)
     odd = sorted(k for k, m in modes.items() if m != (True, True))

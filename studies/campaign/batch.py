@@ -31,7 +31,10 @@ the host's per-layer launch work off the step (every-block NVFP4 on the benchmar
 the H200, 2026-12-02).  Its AdamW is the same fused one with the learning rate in a device tensor, so the run's
 bits equal the eager run's; ``tests/test_campaign.py`` checks that on the GPU (``make test-gpu``: weights, AdamW
 state and curve, through a checkpoint, a resume and a recipe switch): it passed there on 2026-12-02, with
-``torch.backends.cudnn.deterministic`` set by every run.
+``torch.backends.cudnn.deterministic`` set by every run.  Every run on CUDA also sets
+``torch.use_deterministic_algorithms(True)`` with cuBLAS's fixed workspace (:mod:`studies.campaign.run`), so that
+two processes training one run write the same bits; ``test_two_processes_train_the_same_bits_on_cuda`` checks it
+(not yet run on a GPU in this form).
 
 ``--streams`` keeps the ``--parallel`` runs in this one process, each on its own CUDA stream
 (:func:`studies.campaign.run.train_many`), so they overlap on the GPU instead of time-slicing it.  With ``--streams

@@ -676,8 +676,8 @@ def aa_comparison(val: pd.DataFrame, recs: list[dict], size: str, budget: int) -
     repeat.  From the done runs' evaluations (``val``: :func:`load_runs`'s rows with a validation loss): the step
     of the switch (the first step run in BF16), the last evaluation before it (its token count and the paired gap
     late − recipe there, over the seeds both finished), and the per-seed differences at every evaluation from 15 %
-    of the steps to the switch (their count, how many are exactly 0, their standard deviation); with each seed's
-    modes (:func:`_mode`) of the two runs.  None without both arms at (``size``, ``budget``)."""
+    of the steps to the switch (their count, how many are 0 at the curves' six decimals, their standard deviation);
+    with each seed's modes (:func:`_mode`) of the two runs.  None without both arms at (``size``, ``budget``)."""
     arm = ARMS["nvfp4_late_bf16"]
     sub = val[(val["size"] == size) & (val.budget == budget)]
     if not {"nvfp4", arm.name} <= set(sub.arm):
@@ -739,8 +739,8 @@ def _aa_text(val: pd.DataFrame, recs: list[dict], size: str, budget: int) -> str
         f"would make exactly 0 on every seed. At the last evaluation before the switch ({aa['tokens'] / 1e6:.0f} M "
         f"tokens) late switch − recipe = {g.mean:+.4f} {_ci(g)} nats/byte (p {_p(p_value(g))}, {g.n} seeds; "
         f"detectable at 80 % power: {_mde(g)}); over the {aa['evaluations']} evaluations from 15 % of the steps to the "
-        f"switch, {aa['zeros']} of the {aa['n']} per-seed differences are exactly 0 and their standard deviation is "
-        f"{aa['sd']:.4f} nats/byte"
+        f"switch, {aa['zeros']} of the {aa['n']} per-seed differences are 0 at the curves' six decimals and their "
+        f"standard deviation is {aa['sd']:.4f} nats/byte"
         + (f", as large as the per-seed spread of the components' gaps ({min(spreads):.4f}–{max(spreads):.4f})"
            if spreads else "")
         + ". This measures the runs' own non-repeatability on the GPU (issue 50): until a run repeats bit for bit, "
@@ -833,9 +833,9 @@ def headline(data: Path, size: str = "s10m", budget: int | None = None) -> tuple
             + (f", and the two ran in different modes on {', '.join(apart)}" if apart else "")
             + f". Before the switch the two arms are one computation (an A/A comparison), yet at "
             f"{aa['tokens'] / 1e6:.0f} M tokens late switch − recipe = {g.mean:+.4f} {_ci(g)} nats/byte ({g.n} seeds; "
-            f"{aa['zeros']} of the {aa['n']} per-seed differences from 15 % of the steps to the switch are exactly 0, "
-            f"their standard deviation {aa['sd']:.4f}): the GPU runs do not repeat, and that noise is of the size of "
-            f"the components' gaps.")
+            f"{aa['zeros']} of the {aa['n']} per-seed differences from 15 % of the steps to the switch are 0 at the "
+            f"curves' six decimals, their standard deviation {aa['sd']:.4f}): the GPU runs do not repeat, and that "
+            f"noise is of the size of the components' gaps.")
     split = _split_text(gaps, fin)
     if split:
         parts.append(split)
@@ -934,11 +934,12 @@ def _format_text(fin: dict, gaps: dict) -> str:
         g = _pair(fin["mxfp4"], fin["nvfp4"])
         if has_interval(g):
             word = verdict(g, "helps").split(" (")[0]
-            out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} {_ci(g)} ({_where(g)}; the paper's 'MXFP4 widens "
-                       f"the gap': {word}). {_MXFP4_TEXT}")
+            out.append(f"MXFP4's recipe − NVFP4's: {g.mean:+.4f} {_ci(g)} ({_where(g)}, detectable at 80 % power: "
+                       f"{_mde(g)}; the paper's 'MXFP4 widens the gap': {word}). {_MXFP4_TEXT}")
     f8 = gaps.get("fp8_blockwise")
     if has_interval(f8):
-        out.append(f"FP8 blockwise − BF16: {f8.mean:+.4f} {_ci(f8)} ({_where(f8)}).")
+        out.append(f"FP8 blockwise − BF16: {f8.mean:+.4f} {_ci(f8)} ({_where(f8)}, detectable at 80 % power: "
+                   f"{_mde(f8)}).")
     return " ".join(out)
 
 

@@ -228,7 +228,10 @@ class Run:
         fastpath.GEMM = GEMM_PATH
         if device == "cuda":
             torch.backends.cudnn.deterministic = CUDNN_DETERMINISTIC
-            torch.use_deterministic_algorithms(True)  # an op without a deterministic kernel raises, never drifts
+            # strict, not warn_only: an op without a deterministic kernel raises instead of drifting, and PyTorch's
+            # flash-attention backward runs its deterministic algorithm only in strict mode (with warn_only it warns
+            # "Flash Attention defaults to a non-deterministic algorithm" and stays nondeterministic)
+            torch.use_deterministic_algorithms(True)
         self.cfg, self.a = cfg, a = SIZES[size], ARMS[arm]
         self.arm, self.seed, self.size, self.tokens, self.lr, self.batch = arm, seed, size, tokens, lr, batch
         self.device, self.max_seconds, self.log_every, self.stop_at = device, max_seconds, log_every, stop_at
