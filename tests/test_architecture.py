@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
 
 #: Training modules of fpsim.torch sit above the backend they use: the layers on the recipe, the monitor on io.
 TRAINING = {"fpsim.torch.nn": "fpsim.recipe", "fpsim.torch.qlinear": "fpsim.recipe",
-            "fpsim.torch.monitoring": "fpsim.io", "fpsim.torch.probe": "fpsim.analysis",
+            "fpsim.torch.monitoring": "fpsim.io", "fpsim.torch.probes": "fpsim.analysis",
             "fpsim.torch.probe_stats": "fpsim.analysis", "fpsim.torch.models": "fpsim.analysis",
             "fpsim.torch.model_files": "fpsim.analysis"}
 

@@ -74,18 +74,21 @@ def test_step_and_seed_change_the_stochastic_bits_and_nothing_else():
     assert all(_same(a, b) for a, b in zip(outs[0], outs[3]))  # same (seed, step): same bits
 
 
-def test_blas_gemm_keeps_the_copies_and_bounds_the_difference():
-    """gemm="blas" changes only the summation order: within a few float32 ulps of the fp32 model's result."""
+@pytest.mark.parametrize("recipe", ["nvfp4_paper", "mxfp4", "fp8_blockwise", "bf16"])
+def test_blas_and_host_gemms_keep_the_copies_and_bound_the_difference(recipe):
+    """gemm="blas" and gemm="host" (the copies by the Numba backend) change only the summation order: within a
+    few float32 ulps of the fp32 model's result, SR bits and RHT signs included."""
     x, w, dy = _data(2)
     res = {}
-    for g in ("fp32", "blas"):
-        layer = fnn.Linear(DIN, DOUT, bias=False, recipe="nvfp4_paper", name="L", gemm=g)
+    for g in ("fp32", "blas", "host"):
+        layer = fnn.Linear(DIN, DOUT, bias=False, recipe=recipe, name="L", seed=3, gemm=g)
         with torch.no_grad():
             layer.weight.copy_(torch.from_numpy(w))
         res[g] = _run(layer, x, dy)
-    for a, b in zip(res["fp32"], res["blas"]):
-        err = np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(a.astype(np.float64))
-        assert err < 1e-6, err
+    for g in ("blas", "host"):
+        for a, b in zip(res["fp32"], res[g]):
+            err = np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(a.astype(np.float64))
+            assert err < 1e-6, (g, err)
 
 
 def test_bf16_inputs_leading_shape_bias_and_dtypes():

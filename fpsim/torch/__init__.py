@@ -3,8 +3,9 @@
 * Training (:mod:`fpsim.torch.nn`): :class:`Linear` (a drop-in ``nn.Linear`` whose GEMMs run an emulated
   recipe), :func:`convert`, :func:`set_recipe`, :func:`step`, :func:`set_step`, :func:`step_with`, :func:`summary`;
   :func:`monitor` (:mod:`fpsim.torch.monitoring`: per layer and role statistics of every quantized copy);
-  :func:`probe` (:mod:`fpsim.torch.probe`: what each component of a recipe does to each GEMM of a model's layers,
-  with confidence intervals, and a check of the model's own quantized layers against fpsim's emulation);
+  :func:`probe` (:mod:`fpsim.torch.probes`: what each component of a recipe does to each GEMM of a model's layers,
+  with confidence intervals, and a check of the model's own quantized layers against fpsim's emulation; the
+  models ``fpsim probe`` loads from files are :mod:`fpsim.torch.models`);
   :class:`GraphStep` and :class:`GraphKeys` (:mod:`fpsim.torch.graphs`: a training step captured as one CUDA
   graph, with step-indexed stochastic-rounding keys).
 * The backend, a peer of the Numba reference under :mod:`fpsim.backends`; modules, lowest first:
@@ -37,7 +38,7 @@ def __getattr__(name: str):
 
         return monitor
     if name == "probe":
-        from .probe import probe
+        from .probes import probe
 
         return probe
     if name in ("GraphKeys", "GraphStep"):

@@ -54,7 +54,7 @@ import torch
 from ..recipe import ROLES, LayerPolicy, Recipe, get_recipe
 from . import fastpath as fp
 from . import graphs
-from .qlinear import FAST, OBSERVERS, QLinearFn, recording, reference_ops
+from .qlinear import FAST, HOST, OBSERVERS, QLinearFn, recording, reference_ops
 from .qlinear import fast_copy as _fast_copy  # noqa: F401  (kept under its old name: tests and studies use it)
 from .qlinear import reuse_fprop_w as _reuse_fprop_w  # noqa: F401
 
@@ -62,8 +62,9 @@ __all__ = ["Linear", "Slot", "assignment", "convert", "set_recipe", "step", "set
 
 log = logging.getLogger("fpsim.torch")
 
-#: GEMM paths: ``"fp32"`` the bit-defined accumulator model of docs/spec.md §8, ``"blas"`` the fast one.
-GEMMS = ("fp32", "blas")
+#: GEMM paths: ``"fp32"`` the bit-defined accumulator model of docs/spec.md §8, ``"blas"`` the fast one, ``"host"``
+#: the fast one on the CPU (copies by the Numba backend, FP32 products by torch's matmul of their values).
+GEMMS = ("fp32", "blas", "host")
 
 #: Module names kept unquantized by :func:`convert` unless ``keep_bf16`` says otherwise (§8: the LM head and
 #: embeddings are never quantized).
@@ -82,7 +83,8 @@ class Linear(torch.nn.Linear):
     derivation (:func:`convert` sets the module path; layers of one name draw the same bits, and two unnamed
     ones that draw random bits are warned of).  ``seed``: the run
     seed of stochastic rounding and seeded RHT signs.  ``gemm``: ``"fp32"`` (bit-defined, equal to
-    :func:`fpsim.linear`) or ``"blas"`` (fast; see the module docstring).
+    :func:`fpsim.linear`), ``"blas"`` (fast; see the module docstring) or ``"host"`` (fast on the CPU: the same
+    copies made by the Numba backend, FP32 products by torch's matmul; a monitor's steps take the ``"blas"`` path).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str | Recipe | None =
@@ -137,21 +139,23 @@ class Linear(torch.nn.Linear):
                 raise ValueError(f"layer {self.name or '<unnamed>'}: {role} rotates along the {k} {what}_features, "
                                  f"not a multiple of its Hadamard size {r} (recipe {self.recipe.name})")
         acc = self.recipe.accumulator
-        if self.gemm == "blas" and acc not in ("fp32", "blas"):
+        if self.gemm in ("blas", "host") and acc not in ("fp32", "blas"):
             # the fast path's sums are FP32 in the hardware's order; running it would silently drop the model
             raise ValueError(f"layer {self.name or '<unnamed>'}: recipe {self.recipe.name} asks for the {acc!r} "
-                             f"accumulator, which gemm='fp32' runs (gemm='blas' accumulates in FP32)")
+                             f"accumulator, which gemm='fp32' runs (gemm={self.gemm!r} accumulates in FP32)")
         if not self.name and not _unnamed_warned:
             _note_unnamed(self, torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         with torch.autocast(dev, enabled=False):
             if self.gemm == "blas" and fp.enabled(x2d) and not (OBSERVERS and recording(self.step)):
                 # The GEMM writes the output dtype itself unless a bias is added in float32 first.
                 ops, ydt = FAST, torch.float32 if self.bias is not None else out_dtype
+            elif self.gemm == "host" and not OBSERVERS and graphs.active() is None:
+                ops, ydt = HOST, torch.float32
             else:
                 if graphs.active() is not None:
                     raise ValueError(f"layer {self.name or '<unnamed>'}: CUDA graphs (fpsim.torch.GraphKeys) need "
                                      f"the fused path: gemm='blas' on CUDA and no observer recording this step")
-                ops, ydt = reference_ops(self.gemm, acc), torch.float32
+                ops, ydt = reference_ops("blas" if self.gemm == "host" else self.gemm, acc), torch.float32
             y = QLinearFn.apply(x, self.weight, (self.recipe, self.seed, self.name, self.step, ops, ydt))
             if self.bias is not None:
                 y = y + self.bias.to(torch.float32)

@@ -1,6 +1,6 @@
-"""The statistics of :mod:`fpsim.torch.probe`: each row's metrics from its draws, intervals over batches, paired
+"""The statistics of :mod:`fpsim.torch.probes`: each row's metrics from its draws, intervals over batches, paired
 component effects with Holm's correction and the 80 %-power detectable effect, and the as-built flags (the
-definitions are in :mod:`fpsim.torch.probe`'s docstring)."""
+definitions are in :mod:`fpsim.torch.probes`'s docstring)."""
 
 from __future__ import annotations
 
@@ -23,42 +23,48 @@ TOLERANCE = 0.05
 
 
 def row_metrics(ref: torch.Tensor, draws: list[torch.Tensor]) -> dict:
-    """The metrics of the table for the float64 reference ``ref`` and the draws (see the module docstring)."""
+    """The metrics of the table for the reference ``ref`` and the draws (see :mod:`fpsim.torch.probes`'s docstring).
+
+    Every statistic is a function of ‖g‖², the draws' errors' dot products with g and their Gram matrix
+    G_ij = ⟨e_i, e_j⟩ (float64 sums): one pass over the draws' errors."""
     g = ref.reshape(-1).double()
     gn2 = float(g @ g)
     if gn2 == 0.0 or not math.isfinite(gn2):
         return {m: None for m in METRICS} | {"note": "the reference is zero" if gn2 == 0.0 else "non-finite"}
     gn = math.sqrt(gn2)
     D = len(draws)
-    E = torch.stack([d.reshape(-1).double() for d in draws]) - g  # D × N
-    Q = E + g
-    en2 = (E * E).sum(1)
-    qg = Q @ g
-    qn = torch.sqrt((Q * Q).sum(1))
-    rel = torch.sqrt(en2) / gn
-    gain = qg / gn2
-    nz = qn > 0  # a draw whose result is all zeros (every block flushed) has no direction: no cosine
-    row = {"rel_err": float(rel.mean()), "cos": float((qg[nz] / (qn[nz] * gn)).mean()) if bool(nz.any()) else None,
-           "gain": float(gain.mean())}
-    if not all(math.isfinite(v) for v in row.values() if v is not None):
+    E = torch.empty((D, g.numel()), dtype=torch.float64)
+    for i, d in enumerate(draws):
+        torch.sub(d.reshape(-1), g, out=E[i])
+    G = (E @ E.T).numpy()  # D × D
+    eg = (E @ g).numpy()  # ⟨e_d, g⟩
+    en2 = np.diag(G).copy()
+    if not (np.isfinite(G).all() and np.isfinite(eg).all()):
         return {m: None for m in METRICS} | {"note": "non-finite result"}
-    if not bool(nz.all()):
+    qg = eg + gn2  # ⟨q_d, g⟩
+    qn2 = np.maximum(en2 + 2 * eg + gn2, 0.0)  # ‖q_d‖²
+    nz = qn2 > 0  # a draw whose result is all zeros (every block flushed) has no direction: no cosine
+    row = {"rel_err": float(np.sqrt(en2).mean() / gn),
+           "cos": float((qg[nz] / (np.sqrt(qn2[nz]) * gn)).mean()) if nz.any() else None,
+           "gain": float(qg.mean() / gn2)}
+    if not nz.all():
         row["note"] = f"{int((~nz).sum())} of {D} draws gave an all-zero result (cos over the others)"
     if D == 1:
         row.update(bias=row["rel_err"], bias_se=0.0, noise=0.0, bias_to_noise=None)
         return row
-    ebar = E.mean(0)
-    s2 = float((en2.sum() - D * (ebar @ ebar)) / (D - 1))
-    bias = math.sqrt(max(0.0, float(ebar @ ebar) - s2 / D)) / gn
+
+    def corrected(idx) -> tuple[float, float]:
+        """(noise-corrected bias, s²) of the draws ``idx``: ‖ē‖² = ΣG/n², s² = (Σ‖e‖² − n‖ē‖²)/(n − 1)."""
+        n = len(idx)
+        sub = G[np.ix_(idx, idx)]
+        m2 = sub.sum() / n ** 2
+        s2 = (np.trace(sub) - n * m2) / (n - 1)
+        return math.sqrt(max(0.0, m2 - s2 / n)) / gn, s2
+
+    bias, s2 = corrected(list(range(D)))
     se = None
     if D >= 3:  # jackknife over the draws: leave one out, recompute the noise-corrected bias
-        dots = E @ ebar
-        loo = []
-        for i in range(D):
-            m2 = float((D * D * (ebar @ ebar) - 2 * D * dots[i] + en2[i]) / (D - 1) ** 2)
-            s2i = float((en2.sum() - en2[i] - (D - 1) * m2) / (D - 2))
-            loo.append(math.sqrt(max(0.0, m2 - s2i / (D - 1))) / gn)
-        la = np.asarray(loo)
+        la = np.array([corrected([j for j in range(D) if j != i])[0] for i in range(D)])
         se = float(math.sqrt((D - 1) / D * ((la - la.mean()) ** 2).sum()))
     noise = math.sqrt(max(s2, 0.0)) / gn
     row.update(bias=bias, bias_se=se, noise=noise, bias_to_noise=bias / noise if noise > 0 else None)
@@ -192,22 +198,25 @@ def components(table: pd.DataFrame, steps: pd.DataFrame, vs: list) -> pd.DataFra
 
 
 def step_direction(g: dict, opt: str, state, betas, eps) -> dict:
-    """The update direction ``u`` of the step ratio: the gradient (SGD) or AdamW's ``m̂ / (√v̂ + ε)`` after this
-    gradient, from ``state`` ({name: (exp_avg, exp_avg_sq, step)}) or a fresh state."""
+    """The update direction ``u`` of the step ratio (float32): the gradient (SGD) or AdamW's ``m̂ / (√v̂ + ε)``
+    after this gradient, from ``state`` ({name: (exp_avg, exp_avg_sq, step)}); without a state, AdamW's first
+    step ``g / (|g| + ε)`` (m̂ = g and v̂ = g² after one step from zero)."""
     if opt == "sgd":
-        return {n: v.double() for n, v in g.items()}
+        return g
     b1, b2 = betas
     out = {}
     for n, v in g.items():
-        v = v.double()
-        m0, s0, t = (torch.zeros_like(v), torch.zeros_like(v), 0) if state is None or n not in state else \
-            (state[n][0].double(), state[n][1].double(), int(state[n][2]))
-        m = b1 * m0 + (1 - b1) * v
-        s = b2 * s0 + (1 - b2) * v * v
-        mh, sh = m / (1 - b1 ** (t + 1)), s / (1 - b2 ** (t + 1))
+        v = v.float()
+        if state is None or n not in state:
+            out[n] = v / (v.abs() + eps)
+            continue
+        m0, s0, t = state[n][0].float(), state[n][1].float(), int(state[n][2])
+        mh = (b1 * m0 + (1 - b1) * v) / (1 - b1 ** (t + 1))
+        sh = (b2 * s0 + (1 - b2) * v * v) / (1 - b2 ** (t + 1))
         out[n] = mh / (sh.sqrt() + eps)
     return out
 
 
 def dot(a: dict, b: dict) -> float:
-    return float(sum(float((a[n] * b[n]).sum()) for n in a))
+    """Σ over parameters of ⟨a, b⟩, each product summed in float64 (``b`` float64 already, e.g. ∇L_val)."""
+    return float(sum(float(torch.dot(a[n].reshape(-1).double(), b[n].reshape(-1))) for n in a))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..plan import lower
@@ -233,6 +234,22 @@ class _Ops(NamedTuple):
 def reference_ops(gemm: str, accumulator: str = "fp32") -> _Ops:
     return _Ops(_copy, lambda a, b, dt: _mm(a, b, gemm, accumulator).to(dt), _values, None)
 
+
+def host_copy(t: torch.Tensor, policy, *, seed: int, layer: str, step: int, role: str) -> torch.Tensor:
+    """:func:`_copy` by the Numba backend on the host (the same steps, bit-identical copies), as the float32 tensor
+    of the copy's values on ``t``'s device."""
+    from ..dispatch import dequantize
+    from ..recipe import quantize_operand
+
+    x = t.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    q = quantize_operand(x, policy, seed=seed, layer=layer, step=step, role=role)
+    v = q if isinstance(q, np.ndarray) else dequantize(q)
+    return torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(t.device)
+
+
+#: ``gemm="host"``: copies by the Numba backend, products of their float32 values by torch's matmul (FP32 sums in
+#: the library's order): the fast path on the CPU, where the torch backend's codecs run as eager torch ops.
+HOST = _Ops(host_copy, lambda a, b, dt: (a @ b.T).to(dt), _values, None)
 
 FAST = _Ops(fast_copy, fp.mm, fp.values, fp.transposed, _fast_pair)
 

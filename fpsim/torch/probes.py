@@ -172,7 +172,7 @@ def _loss(model, batch, loss_fn):
     loss = getattr(out, "loss", out)
     if not (torch.is_tensor(loss) and loss.numel() == 1):
         raise TypeError("probe: the model's output is not a scalar loss; pass loss_fn=(output, batch) -> loss "
-                        "(fpsim.torch.probe.next_token_loss for a language model's logits)")
+                        "(fpsim.torch.probes.next_token_loss for a language model's logits)")
     return loss.reshape(())
 
 
@@ -214,16 +214,21 @@ def _swapped(targets: list[_Target], make: Callable[[_Target], torch.nn.Module])
                 setattr(parent, attr, t.module)
 
 
+def _gemm(w: torch.Tensor) -> str:
+    """fpsim's fast GEMM path for a tensor's device: ``"host"`` on the CPU (Numba copies), ``"blas"`` on CUDA."""
+    return "blas" if w.is_cuda else "host"
+
+
 def _fresh(t: _Target, recipe: Recipe | None, seed: int, step: int = 0) -> nn.Linear:
     """An fpsim Linear sharing the target's parameters (fpsim's own code, whatever the model held)."""
-    lin = nn.Linear.from_linear(t.module, recipe=recipe, name=t.name, seed=seed, gemm="blas")
+    lin = nn.Linear.from_linear(t.module, recipe=recipe, name=t.name, seed=seed, gemm=_gemm(t.module.weight))
     lin.step = step
     return lin
 
 
 def _emulator(name: str, w: torch.Tensor, recipe: Recipe, seed: int, step: int = 0) -> nn.Linear:
     """fpsim's layer for the isolated GEMMs: weight ``w`` (shared, not copied), no bias."""
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, recipe=recipe, name=name, seed=seed, gemm="blas",
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, recipe=recipe, name=name, seed=seed, gemm=_gemm(w),
                     device="meta")
     lin.weight = torch.nn.Parameter(w.detach(), requires_grad=True)
     lin.step = step
@@ -476,7 +481,7 @@ def _isolated_rows(b, targets, measured, ref, vs, assign, draws, seed, say):
         for v in vs:
             r = assign[v.name].get(t.name, get_recipe("bf16"))
             n = draws if _random(r) else 1
-            key = (r, v.stream, n)
+            key = (tuple(r.policy(role) for role in ROLES), r.accumulator, r.dgrad_w_from_fprop, v.stream, n)
             if key not in cache:
                 outs = [_isolated(_emulator(t.name, d["w"], r, _draw_seed(seed, v.stream, b, i)), d["x"], d["w"],
                                   d["dy"], None)
@@ -540,7 +545,7 @@ def _end_to_end_rows(b, model, targets, measured, batch, loss_fn, ref, vs, assig
                      g_val, adam_state, betas, eps, say, record_rows):
     rows, steps = [], []
     ref_dir = {o: step_direction(g_ref, o, adam_state, betas, eps) for o in ("sgd", "adamw")} if g_val else None
-    ref_prog = {o: dot(g_val, ref_dir[o]) for o in ref_dir} if g_val else None
+    ref_prog = {o: dot(ref_dir[o], g_val) for o in ref_dir} if g_val else None
     for v in vs:
         n = draws if _random(v.recipe) else 1
         caps, ratios = [], {"sgd": [], "adamw": []}
@@ -561,7 +566,7 @@ def _end_to_end_rows(b, model, targets, measured, batch, loss_fn, ref, vs, assig
             if g_val is not None:
                 g = {nm: (p.grad.detach() if p.grad is not None else torch.zeros_like(p)) for nm, p in trainable}
                 for o in ("sgd", "adamw"):
-                    prog = dot(g_val, step_direction(g, o, adam_state, betas, eps))
+                    prog = dot(step_direction(g, o, adam_state, betas, eps), g_val)
                     ratios[o].append(prog / ref_prog[o] if ref_prog[o] != 0 else math.nan)
             model.zero_grad(set_to_none=True)
         if g_val is not None:
