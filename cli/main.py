@@ -25,6 +25,7 @@ import click
 from .analyze_cmd import analyze
 from .formats_cmd import formats
 from .oracle_cmds import diff, explain, vectors
+from .probe_cmd import probe
 
 #: Exit codes of an unexpected exception, of a failed write to stdout, of Ctrl-C and of a closed stdout (see the
 #: module docstring).
@@ -93,6 +94,7 @@ main.add_command(formats)
 main.add_command(explain)
 main.add_command(diff)
 main.add_command(vectors)
+main.add_command(probe)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

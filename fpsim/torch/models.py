@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ..recipe import LayerPolicy
 from .model_files import SUPPORTED_TYPES, BPETokenizer, GGUFConfig, GGUFError, HFTokenizer, ModelError, read_gguf
-from .probe import next_token_loss
+from .probes import next_token_loss
 
 __all__ = ["ModelError", "GGUFError", "GGUFConfig", "SUPPORTED_TYPES", "read_gguf", "GGUFLlama", "BPETokenizer",
            "load_bert", "BertEncoder", "HFTokenizer", "mnrl_loss", "MNRL_SCALE", "CampaignConfig", "CampaignLlama",
@@ -498,15 +498,15 @@ class Loaded:
     def batches(self, ids: np.ndarray, n: int, batch_size: int, seq_len: int) -> list[torch.Tensor]:
         """``n`` batches [batch_size, seq_len] of consecutive windows of the token stream ``ids``.  A BERT batch
         holds pairs of adjacent windows, anchors (rows 0 … B/2 − 1) then their positives, each window wrapped in
-        [CLS] … [SEP] when the tokenizer has them.  ValueError: ids outside the vocabulary, too few tokens, an odd
-        BERT batch."""
+        [CLS] … [SEP] when the tokenizer has them.  ValueError: ids outside the vocabulary, too few tokens, a BERT
+        batch of an odd size or fewer than two pairs (the ranking loss of one pair is 0, its gradient too)."""
         ids = np.asarray(ids).reshape(-1)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise ValueError(f"token id {bad} outside the model's vocabulary (0 … {self.vocab - 1})")
-        if self.arch == "hf" and batch_size % 2:
-            raise ValueError(f"--batch-size {batch_size}: a BERT batch is pairs (anchors, then their positives): "
-                             f"give an even size")
+        if self.arch == "hf" and (batch_size % 2 or batch_size < 4):
+            raise ValueError(f"--batch-size {batch_size}: a BERT batch is pairs (anchors, then their positives; "
+                             f"the ranking loss needs two pairs or more): give an even size of at least 4")
         w = seq_len - (2 if self.frame else 0)
         if w < 1:
             raise ValueError(f"--seq-len {seq_len} leaves no token between [CLS] and [SEP]")
