@@ -92,9 +92,13 @@ def test_campaign_checkpoint_tokens_plot_and_progress(tmp_path):
     toks = tmp_path / "t.npy"
     np.save(toks, (np.arange(2000) * 7 % 256).astype(np.int32))
     plots = tmp_path / "plots"
+    out = tmp_path / "p.json"
     r = probe(folder, "--tokens", toks, "--seq-len", 16, "--batch-size", 2, "--mode", "isolated",
-              "--without", "rht", "--layers", "blocks.1.mlp.*", "--plot", plots, "--progress", *FAST)
+              "--without", "rht", "--layers", "blocks.1.mlp.*", "--plot", plots, "--progress", "-o", out, *FAST)
     assert r.exit_code == 0, r.output
+    meta = strict_json(out.read_text())["meta"]
+    assert meta["adam_state"] == "given" and meta["model"]["step"] == 1  # the checkpoint's AdamW state and step
+    assert meta["modes"] == ["isolated"] and meta["data"]["source"].endswith("t.npy (token ids)")
     names = sorted(p.name for p in plots.iterdir())
     assert names == ["component_aa.png", "component_bf16.png", "component_four_over_six.png", "component_rht.png"]
     assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
