@@ -5,6 +5,9 @@
 Each study writes ``<out>/<name>/`` (CSV, figures, section.md); this script
 concatenates the sections in order into ``index.md`` and a self-contained
 ``index.html`` (figures embedded as base64), and links the benchmark pages.
+The studies of ``RUN_LAST`` (the page of what each component buys) read the
+others' outputs: they run after the rest, and again whenever ``--only`` runs
+any study, while their sections keep their place in the order (first).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from pathlib import Path
 from fpsim.io import atomic_write
 from studies.common import REPORTS
 
-#: Studies in report order (issue 7's numbering).
+#: Studies in report order (issue 7's numbering), after the page that sums them up (issue 46).
 STUDIES = [
+    "components",
     "format_error",
     "design_space",
     "scale_arithmetic",
@@ -35,6 +39,8 @@ STUDIES = [
 ]
 #: Studies whose module is not ``studies/<name>.py``.
 MODULES = {"smollm2": "studies.llm.study"}
+#: Studies that read the others' outputs: they run after every other study, their sections keep their place.
+RUN_LAST = ("components",)
 
 
 def _inline(text: str) -> str:
@@ -98,12 +104,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     names = [s for s in STUDIES if args.only is None or s in args.only]
-    sections, missing = [], []
-    for name in STUDIES:
+    if names:  # a study that reads the others' outputs is rendered again after any of them runs
+        names += [s for s in RUN_LAST if s not in names]
+    sections, missing = {}, []
+    for name in sorted(STUDIES, key=lambda s: s in RUN_LAST):  # report order, RUN_LAST's studies last
         if name not in names:  # --only: the other studies keep their last section in the index
             old = args.out / name / "section.md"
             if old.exists():
-                sections.append(old.read_text())
+                sections[name] = old.read_text()
             continue
         try:
             mod = importlib.import_module(MODULES.get(name, f"studies.{name}"))
@@ -113,7 +121,8 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         mod.main((["--quick"] if args.quick else []) + ["--out", str(args.out)])
         print(f"== {name}: {time.perf_counter() - t:.1f} s", flush=True)
-        sections.append((args.out / name / "section.md").read_text())
+        sections[name] = (args.out / name / "section.md").read_text()
+    sections = [sections[s] for s in STUDIES if s in sections]
     benches = sorted(p.name for p in args.out.glob("bench_*.md"))
     head = [
         "# fpsim reports",
