@@ -56,8 +56,9 @@ def summary_text(res, wall_s: float) -> str:
                             "out; gain and every layer are in --output FILE.json.", 116), ""]
     recs = res.components.to_dict("records")
     by = {(r["component"], r["gemm"], r["mode"], r["metric"]): r for r in recs}
+    step_metric = next((r["metric"] for r in recs if r["gemm"] == "step"), "step")  # the probe's model-level metric
     head = ["component", "gemm", "mode", "Δ rel_err", "95 % CI", "p", "mde80", "Δ bias", "95 % CI", "p", "mde80"]
-    rows, steps, last = [head], [["component", "optimizer", "Δ step_ratio", "95 % CI", "p", "mde80"]], None
+    rows, steps, last = [head], [["component", "optimizer", f"Δ {step_metric}", "95 % CI", "p", "mde80"]], None
     for comp in dict.fromkeys(r["component"] for r in recs):
         name = "A/A" if str(comp).startswith("A/A") else str(comp)
         for gemm in GEMMS:
@@ -68,13 +69,13 @@ def summary_text(res, wall_s: float) -> str:
                 rows.append([name if name != last else "", gemm, mode, *_effect(re_), *_effect(bi)])
                 last = name
         for opt in ("sgd", "adamw"):
-            r = by.get((comp, "step", opt, "step_ratio"))
+            r = by.get((comp, "step", opt, step_metric))
             if r is not None:
                 steps.append([name if opt == "sgd" else "", opt, *_effect(r)])
     lines += _table(rows, {3, 5, 6, 7, 9, 10}) if len(rows) > 1 else ["(no component: the variants compare nothing)"]
     if len(steps) > 1:
-        lines += ["", "One optimizer step: the held-out loss's first-order change as a fraction of FP32's "
-                  "(step_ratio)", ""]
+        lines += ["", f"One optimizer step: the held-out loss's first-order change relative to FP32's ({step_metric}; "
+                  "see fpsim.torch.probes)", ""]
         lines += _table(steps, {2, 4, 5})
     lines += [""] + _flag_lines(res.flags)
     return "\n".join(lines) + "\n"
@@ -156,7 +157,7 @@ def plot_components(components, folder: Path) -> list[Path]:
                    f"Δ {metric} (paired)")
         if steps:
             _panel(axes[2], [dict(r, series="step") for r in steps], ("sgd", "adamw"), "mode", ("step",), "series",
-                   "Δ step_ratio (held-out loss, one step)")
+                   f"Δ {steps[0]['metric']} (held-out loss, one step)")
         r0 = rows[0]
         diff = (f"{r0['against']} − {r0['variant']}" if comp == "four-over-six" else
                 f"{r0['variant']} − {r0['against']}")

@@ -63,7 +63,7 @@ def test_gguf_json_output_and_summary(gguf_file, tmp_path):
     _numbers_or_null(d["summary"], ("n", "mean", "ci_low", "ci_high", "sd"))
     _numbers_or_null(d["table"], ("batch", "draws", "rel_err", "cos", "gain", "bias", "noise"))
     assert {s["optimizer"] for s in d["steps"]} == {"sgd", "adamw"}
-    assert "Component effects" in r.stdout and "Δ rel_err" in r.stdout and "step_ratio" in r.stdout
+    assert "Component effects" in r.stdout and "Δ rel_err" in r.stdout and "One optimizer step" in r.stdout
     assert "flags: none to check" in r.stdout
     assert r.stderr.strip() == f"note: wrote {out}"  # no bar when stderr is not a terminal
 
