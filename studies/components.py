@@ -445,7 +445,7 @@ def gradient_cell(out: Path, key: str) -> Cell:
         return Cell(missing=f"`{_src(out, path)}` not written yet: study 10 has not been rendered")
     label = PROBE_LABELS.get(key)
     d = _read(path)
-    d = d[(d["component"] == label) & (d["metric"] != "step_ratio")]
+    d = d[(d["component"] == label) & (~d["metric"].isin(("step_ratio", "step_progress")))]
     if label is None or d.empty:
         return Cell(missing=f"no such comparison in `{_src(out, path)}`")
     groups = []
@@ -898,7 +898,7 @@ def main(argv=None) -> Path:
              "ratio on the plot (the table keeps each study's own unit); the 2D row's Dgrad interval on the plot "
              "maps the paired difference's interval with the 1×16 error held at its mean. Gradient: study 10's "
              "`probes.csv`, the effect on the metric the component exists to change (rel_err or bias, fractions of "
-             "the GEMM result's norm), its step-ratio rows left to section 10. Training: paired gap = mean over "
+             "the GEMM result's norm), its step-progress rows left to section 10. Training: paired gap = mean over "
              "seeds of the per-seed difference in final validation loss (nats/byte), computed here from the run "
              "CSVs with `studies.campaign.stats` (the same numbers as section 8's tables); 'detectable' is the "
              "smallest true gap a paired t-test at α = 0.05 finds with 80 % power at that seed count and spread. "

@@ -36,9 +36,10 @@ STUDIES = [
     "layer_sensitivity",
     "training",
     "smollm2",
+    "probes",
 ]
 #: Studies whose module is not ``studies/<name>.py``.
-MODULES = {"smollm2": "studies.llm.study"}
+MODULES = {"smollm2": "studies.llm.study", "probes": "studies.probes.study"}
 #: Studies that read the others' outputs: they run after every other study, their sections keep their place.
 RUN_LAST = ("components",)
 

@@ -126,6 +126,7 @@ def test_table_has_a_row_per_batch_layer_gemm_variant_and_mode(small):
     assert set(iso[(iso["variant"] == "recipe") & (iso["layer"] == "blocks.0.up")]["draws"]) == {3}
     assert set(iso[(iso["variant"] == "recipe") & (iso["layer"] == "blocks.1.up")]["draws"]) == {1}  # BF16 block
     assert set(res.steps["optimizer"]) == {"sgd", "adamw"} and len(res.steps) == 3 * len(vs) * 2
+    assert res.steps["progress_fp32"].notna().all()
 
 
 def test_bf16_and_the_bf16_block_are_a_bf16_rounding_away_and_nvfp4_is_not(small):
@@ -174,15 +175,32 @@ def test_isolated_gemms_equal_fpsim_linear_on_the_captured_operands():
         assert row.loc[g, "gain"] == pytest.approx((q * e).sum() / (e * e).sum(), rel=1e-6)
 
 
-def test_step_ratio_is_one_for_unquantized_gemms_and_the_sgd_formula():
+def test_step_progress_is_fp32s_for_unquantized_gemms_and_the_sgd_formula():
+    """progress = ⟨∇L_val, u(q)⟩: the fp32 recipe's equals the FP32 model's (float32 sums in another order); SGD's
+    is the dot product of the held-out gradient with the batch's gradient, recomputed here by hand."""
     m = _tiny()
+    val = _batches(1, 2)
     res = P.probe(m, _batches(2, 1), "nvfp4_paper", variants={"fp32": "fp32", "recipe": "nvfp4_paper"}, aa=False,
-                  modes=("end_to_end",), draws=1, loss_fn=P.next_token_loss, val_batches=_batches(1, 2),
+                  modes=("end_to_end",), draws=1, loss_fn=P.next_token_loss, val_batches=val,
                   keep_bf16=LayerPolicy())
     fp = res.steps[res.steps["variant"] == "fp32"]
-    assert np.allclose(fp["step_ratio"], 1.0, atol=1e-4)
-    q = res.steps[(res.steps["variant"] == "recipe") & (res.steps["optimizer"] == "sgd")]["step_ratio"]
+    assert np.allclose(fp["progress"], fp["progress_fp32"], rtol=1e-4)
+    sgd = res.steps[(res.steps["optimizer"] == "sgd")].set_index(["variant", "batch"])
+    params = dict(m.named_parameters())
+
+    def grad(batch):
+        m.zero_grad()
+        P.next_token_loss(m(batch), batch).backward()
+        return {n: p.grad.detach().double().clone() for n, p in params.items()}
+
+    gv, gb = grad(val[0]), grad(_batches(2, 1)[0])
+    m.zero_grad(set_to_none=True)
+    want = sum(float((gv[n] * gb[n]).sum()) for n in params)
+    assert sgd.loc[("fp32", 0), "progress_fp32"] == pytest.approx(want, rel=1e-5)
+    q = sgd.xs("recipe")["progress"] / sgd.xs("recipe")["progress_fp32"]
     assert ((q > 0.3) & (q < 1.3)).all() and not np.allclose(q, 1.0, atol=1e-3)
+    s = res.summary[(res.summary["metric"] == "step_progress") & (res.summary["mode"] == "sgd")].set_index("variant")
+    assert s.loc["fp32", "mean"] == pytest.approx(1.0, abs=1e-4)  # normalised by the FP32 mean progress
 
 
 def test_components_pair_each_ablation_with_the_recipe_and_holm_covers_them_all(small):

@@ -160,10 +160,15 @@ def summary(table: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                                 "variant": kd["variant"], "mode": kd["mode"], "metric": m,
                                 **t_summary(grp[m].to_numpy(float))})
     for (v, o), grp in steps.groupby(["variant", "optimizer"], sort=False):
-        out.append({"layer": "all", "gemm": "step", "variant": v, "mode": o, "metric": "step_ratio",
-                    **t_summary(grp["step_ratio"].to_numpy(float))})
+        out.append({"layer": "all", "gemm": "step", "variant": v, "mode": o, "metric": "step_progress",
+                    **t_summary(grp["progress"].to_numpy(float) / _fp32_progress(steps, o))})
     return pd.DataFrame(out, columns=["layer", "gemm", "variant", "mode", "metric", "n", "mean", "ci_low", "ci_high",
                                       "sd"])
+
+
+def _fp32_progress(steps: pd.DataFrame, opt: str) -> float:
+    """The FP32 gradients' mean first-order held-out progress over the batches (one value per batch)."""
+    return float(steps[steps["optimizer"] == opt].groupby("batch")["progress_fp32"].first().mean())
 
 
 def components(table: pd.DataFrame, steps: pd.DataFrame, vs: list) -> pd.DataFrame:
@@ -184,12 +189,12 @@ def components(table: pd.DataFrame, steps: pd.DataFrame, vs: list) -> pd.DataFra
                     out.append({"component": v.component, "variant": v.name, "against": v.compare, "gemm": gemm,
                                 "mode": mode, "metric": m, **paired_test(diffs)})
         for o, grp in steps.groupby("optimizer", sort=False):
-            a = grp[grp["variant"] == v.name].set_index("batch")["step_ratio"]
-            c = grp[grp["variant"] == v.compare].set_index("batch")["step_ratio"]
+            a = grp[grp["variant"] == v.name].set_index("batch")["progress"] / _fp32_progress(steps, o)
+            c = grp[grp["variant"] == v.compare].set_index("batch")["progress"] / _fp32_progress(steps, o)
             common = a.index.intersection(c.index)
             diffs = v.sign * (a.loc[common].to_numpy(float) - c.loc[common].to_numpy(float))
             out.append({"component": v.component, "variant": v.name, "against": v.compare, "gemm": "step",
-                        "mode": o, "metric": "step_ratio", **paired_test(diffs)})
+                        "mode": o, "metric": "step_progress", **paired_test(diffs)})
     adjusted = holm([r["p"] for r in out])
     for r, h in zip(out, adjusted):
         r["p_holm"] = h

@@ -28,25 +28,26 @@ noise           √s² / ‖g‖, the error of one draw around the draws' mean (
 bias_to_noise   bias / noise; null for a deterministic variant (no noise)
 ==============  ==================================================================================================
 
-Model level (``val_batches`` given): the held-out loss's first-order change after one optimizer step with the
-variant's gradients, as a fraction of the change the FP32 gradients give:
-``step_ratio = ⟨∇L_val, u(q)⟩ / ⟨∇L_val, u(g)⟩`` over every parameter the model trains, with ``u`` the SGD step
-(the gradient) or AdamW's (``m̂ / (√v̂ + ε)`` from ``adam_state``, or from a fresh state: the first step of AdamW);
-1 = the FP32 step's first-order progress on held-out data, 0.9 = 10 % of it lost.  Weight decay is the same for
-every variant and is left out.  This is first order in the learning rate: it says what one step's direction is
-worth, not where a whole run ends.
+Model level (``val_batches`` given): the held-out loss's first-order decrease after one optimizer step with the
+variant's gradients, ``progress = ⟨∇L_val, u(q)⟩`` summed over every parameter the model trains (per batch, the mean
+over draws), beside the FP32 gradients' ``progress_fp32 = ⟨∇L_val, u(g)⟩``, with ``u`` the SGD step (the gradient)
+or AdamW's (``m̂ / (√v̂ + ε)`` from ``adam_state``, or from a fresh state: AdamW's first step, ``g / (|g| + ε)``);
+the decrease per unit learning rate is ``η·progress``.  Summaries and component effects report
+``step_progress``: progress divided by the mean of ``progress_fp32`` over the batches (one constant per optimizer,
+so the paired differences keep their batch-to-batch pairing and no single batch's small FP32 progress can blow a
+ratio up); 1 = the FP32 steps' mean first-order progress on held-out data, 0.9 = 10 % of it lost.  Weight decay is
+the same for every variant and is left out.  This is first order in the learning rate: it says what one step's
+direction is worth, not where a whole run ends.
 
-Summaries: 95 % t-intervals over batches (each batch's value the mean over draws, and for ``layer == "all"`` over
-the measured layers); component effects are paired over batches (the variants of one batch share their draws'
+Summaries: 95 % t-intervals over batches (a batch's value: the mean over draws, for ``layer == "all"`` over the
+measured layers too); component effects are paired over batches (the variants of one batch share their draws'
 seeds), with two-sided t-test p-values, Holm's correction over every component row of the table, and the smallest
 effect the comparison could detect at 80 % power, ``(t₀.₉₇₅ + t₀.₈)·sd/√n`` with n − 1 degrees of freedom.
 
-As-built check: layers of the model that already are :class:`fpsim.torch.Linear` layers with a recipe (or a
-subclass of it: your own kernels behind the same module) run in isolated mode with their own code on the captured
-operands, and are compared with fpsim's emulation of their recipe (independent draws).  A layer and GEMM is
-flagged when its rel_err, gain or bias differs from the emulation's by more than 5 % of the emulation's rel_err
-(the tolerance: the size of difference that matters, against the GEMM's own error) and the paired t-test over
-batches is significant after Holm's correction over every tested (layer, GEMM, metric) at 5 %.
+As-built check: the model's own :class:`fpsim.torch.Linear` layers with a recipe (subclasses too: your kernels) run
+isolated with their own code and are compared with fpsim's emulation of their recipe (independent draws); a (layer,
+GEMM, metric ∈ rel_err, gain, bias) is flagged when the difference exceeds 5 % of the emulation's rel_err and its
+paired t-test over batches is significant after Holm's correction over every tested row at 5 % (docs/probe.md).
 """
 
 from __future__ import annotations
@@ -304,10 +305,10 @@ def _isolated(layer: torch.nn.Module, x, w, dy, bias) -> tuple[torch.Tensor, tor
 class ProbeResult:
     """What :func:`probe` measured.  ``table``: one row per batch × layer × GEMM × variant × mode (columns
     ``batch, layer, gemm, variant, mode, draws`` and :data:`METRICS`, ``note``); ``steps``: one row per batch ×
-    variant × optimizer (``step_ratio``, ``draws``); ``summary``: per layer (and ``"all"``) × GEMM × variant × mode
-    × metric, the mean over batches with its 95 % interval; ``components``: per component × GEMM × mode × metric
-    (and ``gemm == "step"`` for ``step_ratio``), the paired effect with interval, p, Holm's p and the 80 %-power
-    detectable effect; ``flags``: the as-built check; ``meta``: the probe's settings."""
+    variant × optimizer (``progress``, ``progress_fp32``, ``draws``); ``summary``: per layer (and ``"all"``) ×
+    GEMM × variant × mode × metric, the mean over batches with its 95 % interval; ``components``: per component ×
+    GEMM × mode × metric (and ``gemm == "step"`` for ``step_progress``), the paired effect with interval, p, Holm's
+    p and the 80 %-power detectable effect; ``flags``: the as-built check; ``meta``: the probe's settings."""
 
     table: pd.DataFrame
     steps: pd.DataFrame
@@ -336,7 +337,8 @@ def probe(model: torch.nn.Module, batches: Iterable, recipe: str | Recipe = "nvf
           variants: Mapping[str, str | Recipe] | None = None, draws: int = 16, loss_fn: Callable | None = None,
           val_batches: Iterable | None = None, layers: str | Iterable[str] = "*",
           modes: Iterable[str] = ("isolated", "end_to_end"), aa: bool = True, as_built: bool = True,
-          end_to_end_draws: int | None = None, adam_state: Mapping | None = None,
+          end_to_end_draws: int | None = None, end_to_end_variants: Iterable[str] | None = None,
+          adam_state: Mapping | None = None,
           adam_betas: tuple[float, float] = (0.9, 0.95), adam_eps: float = 1e-8, seed: int = 0,
           keep_bf16: LayerPolicy | None = None, skip: Iterable[str] = nn.HEAD_PATTERNS,
           progress: bool | Callable[[str], None] = False) -> ProbeResult:
@@ -373,6 +375,10 @@ def probe(model: torch.nn.Module, batches: Iterable, recipe: str | Recipe = "nvf
     if keep_bf16 is not None:  # every variant with a layer policy takes this one (an ablation without one keeps none)
         vs = [dataclasses.replace(v, recipe=dataclasses.replace(v.recipe, layers=keep_bf16))
               if v.recipe.layers != LayerPolicy() else v for v in vs]
+    e2e_names = None if end_to_end_variants is None else set(end_to_end_variants)
+    if e2e_names is not None and e2e_names - {v.name for v in vs}:
+        raise ValueError(f"end_to_end_variants names no variant: {sorted(e2e_names - {v.name for v in vs})}")
+    e2e_vs = [v for v in vs if e2e_names is None or v.name in e2e_names]
     if any(p.dtype != torch.float32 for p in model.parameters()):
         model = copy.deepcopy(model).float()
     pats = (layers,) if isinstance(layers, str) else tuple(layers)
@@ -403,7 +409,7 @@ def probe(model: torch.nn.Module, batches: Iterable, recipe: str | Recipe = "nvf
             if built:
                 flag_rows += _as_built_rows(b, built, ref, draws, seed)
             if "end_to_end" in modes or g_val is not None:
-                r2, s2 = _end_to_end_rows(b, model, targets, measured, batch, loss_fn, ref, vs, assign, e2e_draws,
+                r2, s2 = _end_to_end_rows(b, model, targets, measured, batch, loss_fn, ref, e2e_vs, assign, e2e_draws,
                                           seed, trainable, g_ref, g_val, adam_state, adam_betas, adam_eps, say,
                                           "end_to_end" in modes)
                 rows += r2
@@ -412,20 +418,19 @@ def probe(model: torch.nn.Module, batches: Iterable, recipe: str | Recipe = "nvf
         model.train(was_training)
         model.zero_grad(set_to_none=True)
     table = pd.DataFrame(rows, columns=["batch", "layer", "gemm", "variant", "mode", "draws", *METRICS, "note"])
-    steps = pd.DataFrame(step_rows, columns=["batch", "variant", "optimizer", "draws", "step_ratio"])
+    steps = pd.DataFrame(step_rows, columns=["batch", "variant", "optimizer", "draws", "progress", "progress_fp32"])
     meta = {"recipe": rec.name, "variants": {v.name: v.recipe.name for v in vs}, "draws": draws,
-            "end_to_end_draws": e2e_draws, "batches": len(batches), "layers_measured": sorted(measured),
+            "end_to_end_draws": e2e_draws, "end_to_end_variants": [v.name for v in e2e_vs], "batches": len(batches),
+            "layers_measured": sorted(measured),
             "modes": list(modes), "seed": seed, "val_batches": None if val_batches is None else "given",
             "adam_state": "given" if adam_state is not None else "fresh", "tolerance": TOLERANCE}
     return ProbeResult(table, steps, summary(table, steps), components(table, steps, vs), flags(flag_rows), meta)
 
 
 def _progress(progress):
-    if callable(progress):
-        return progress
-    if progress:
-        return lambda msg: print(f"fpsim probe: {msg}", file=sys.stderr, flush=True)
-    return lambda msg: None
+    if callable(progress) or not progress:
+        return progress if callable(progress) else (lambda msg: None)
+    return lambda msg: print(f"fpsim probe: {msg}", file=sys.stderr, flush=True)
 
 
 def _draw_seed(seed: int, stream: str, b: int, d: int) -> int:
@@ -567,12 +572,12 @@ def _end_to_end_rows(b, model, targets, measured, batch, loss_fn, ref, vs, assig
                 g = {nm: (p.grad.detach() if p.grad is not None else torch.zeros_like(p)) for nm, p in trainable}
                 for o in ("sgd", "adamw"):
                     prog = dot(step_direction(g, o, adam_state, betas, eps), g_val)
-                    ratios[o].append(prog / ref_prog[o] if ref_prog[o] != 0 else math.nan)
+                    ratios[o].append(prog)
             model.zero_grad(set_to_none=True)
         if g_val is not None:
             for o in ("sgd", "adamw"):
                 steps.append({"batch": b, "variant": v.name, "optimizer": o, "draws": n,
-                              "step_ratio": float(np.mean(ratios[o]))})
+                              "progress": float(np.mean(ratios[o])), "progress_fp32": ref_prog[o]})
         if not record_rows:
             continue
         for t in targets:
