@@ -154,18 +154,6 @@ def _measured(model, layers: tuple[str, ...]) -> list[str]:
     return got
 
 
-def _random(rec) -> bool:
-    """Whether a recipe draws random bits (the probe draws it several times)."""
-    from fpsim.recipe import ROLES
-
-    for role in ROLES:
-        p = rec.policy(role)
-        s = p.resolved()
-        if (s is not None and s.rounding.value == "sr") or (p.rht and p.rht_signs in ("per_layer", "per_call")):
-            return True
-    return False
-
-
 class _Bar:
     """The probe's progress messages as a tqdm bar on stderr: one unit per FP32 reference, isolated layer and end-to-end
     pass (the messages announce each unit as it starts)."""
@@ -192,8 +180,11 @@ class _Bar:
 
 
 def _units(n_batches: int, n_layers: int, variants: dict, modes: tuple[str, ...], draws: int, val: bool) -> int:
+    from fpsim.torch.probes import draws_random_bits
+
     e2e = min(draws, 4)
-    passes = sum(e2e if _random(r) else 1 for r in variants.values()) + (e2e if _random(variants["recipe"]) else 1)
+    passes = sum(e2e if draws_random_bits(r) else 1 for r in variants.values()) \
+        + (e2e if draws_random_bits(variants["recipe"]) else 1)
     return n_batches * (1 + (n_layers if "isolated" in modes else 0) + (passes if "end_to_end" in modes or val else 0))
 
 

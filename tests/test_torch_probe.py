@@ -14,7 +14,7 @@ from fpsim.recipe import LayerPolicy, get_recipe, linear  # noqa: E402
 from fpsim.torch import nn as fnn  # noqa: E402
 from fpsim.torch import probe_stats as S  # noqa: E402
 from fpsim.torch import probes as P  # noqa: E402
-from fpsim.torch.qlinear import QLinearFn, _copy, _Ops, _values, reference_ops  # noqa: E402
+from studies.probes import flag_rate  # noqa: E402
 
 D, VOCAB = 32, 48
 
@@ -255,92 +255,24 @@ def test_bad_arguments_are_clear_errors():
 
 # --- the as-built check: planted defects -------------------------------------------------------------------------
 
-def _block_amax(v: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """Per element, the max |v| of its 1×``block`` block along the last axis."""
-    r, c = v.shape
-    a = v.abs().reshape(r, c // block, block).amax(-1)
-    return a.repeat_interleave(block, dim=-1)
-
-
-def _zero_small_wgrad_dy(q, t):
-    """SR that rounds small magnitudes to zero: Wgrad's dY copy loses its ±0.5 codes (|v| ≤ amax/12 per block)."""
-    v = _values(q)
-    return torch.where(v.abs() <= _block_amax(v) / 12 * 1.0001, torch.zeros_like(v), v)
-
-
-def _swizzled_wgrad_x_scales(q, t):
-    """Wgrad's Xᵀ copy decoded with the block scales of the neighbouring block (scales read in a swizzled order):
-    each block's values scaled by (the amax of block j+1) / (its own)."""
-    v = _values(q)
-    a = _block_amax(v)
-    r, c = v.shape
-    swz = a.reshape(r, c // 16, 16).roll(1, dims=1).reshape(r, c)
-    return torch.where(a > 0, v * swz / a, v)
-
-
-def _wrong_axis_dgrad_w(q, t):
-    """Dgrad's Wᵀ copy (blocks along out) decoded with the forward copy's 1×16 scales of W (blocks along in):
-    element (i, j) of Wᵀ scaled by amax_W[j, i//16] / amax_Wᵀ[i, j//16]."""
-    v = _values(q)
-    own = _block_amax(v)
-    fwd = _block_amax(t.t().contiguous()).t()
-    return torch.where(own > 0, v * fwd / own, v)
-
-
-class PlantedLinear(fnn.Linear):
-    """fpsim's Linear with one role's copy replaced by ``bug(copy, source)`` (a plain float32 tensor)."""
-
-    bug_role, bug = None, None
-
-    def forward(self, x):
-        base = reference_ops(self.gemm)
-
-        def copy(t, policy, *, role, **kw):
-            q = _copy(t, policy, role=role, **kw)
-            return self.bug(q, t.to(torch.float32)) if role == self.bug_role else q
-
-        ops = _Ops(copy, base.mm, base.values, None)
-        x2d = x.reshape(-1, x.shape[-1])
-        y = QLinearFn.apply(x2d, self.weight, (self.recipe, self.seed, self.name, self.step, ops, torch.float32))
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-def _fpsim_model(seed, recipe, plant=None):
-    m = _tiny(seed, blocks=2)
-    fnn.convert(m, recipe, keep_bf16=[], seed=seed)
-    if plant is not None:
-        layer, role, bug = plant
-        parent, attr = layer.rsplit(".", 1)
-        old = m.get_submodule(layer)
-        new = PlantedLinear.from_linear(old, recipe=old.recipe, name=old.name, seed=old.seed)
-        new.bug_role, new.bug = role, bug
-        setattr(m.get_submodule(parent), attr, new)
-    return m
-
-
 def _flags(m, seed, recipe):
-    res = P.probe(m, _batches(6, 100 + seed, tokens=64), recipe, variants={}, aa=False, modes=("isolated",),
-                  draws=4, loss_fn=P.next_token_loss, seed=seed)
+    res, found = flag_rate.flagged(m, seed, recipe)
     f = res.flags
     assert len(f) == 4 * 3 * 3 and f["p_holm"].notna().all()  # 4 layers × 3 GEMMs × 3 metrics, every one tested
-    return {(r.layer, r.gemm) for r in res.flagged().itertuples()}
+    return found
 
 
-@pytest.mark.parametrize("plant, recipe", [
-    (("blocks.0.down", "wgrad_dy", _zero_small_wgrad_dy), "nvfp4_paper"),
-    (("blocks.1.up", "wgrad_x", _swizzled_wgrad_x_scales), "nvfp4_paper"),
-    (("blocks.0.up", "dgrad_w", _wrong_axis_dgrad_w), get_recipe("nvfp4_paper").without("2d")),
-], ids=["sr-zeroes-small-wgrad", "wgrad-scales-swizzled", "dgrad-wrong-axis-scales"])
-def test_a_planted_defect_is_flagged_on_its_layer_and_gemm_only(plant, recipe):
-    layer, role, _ = plant
-    assert _flags(_fpsim_model(0, recipe, plant), 0, recipe) == {(layer, role.split("_")[0])}
+@pytest.mark.parametrize("plant", list(flag_rate.PLANTS))
+def test_a_planted_defect_is_flagged_on_its_layer_and_gemm_only(plant):
+    """Each defect of studies/probes/flag_rate.py (SR zeroing small Wgrad dY values, Wgrad X scales read from the
+    neighbouring block, Dgrad W decoded with the forward copy's 1×16 scales) is flagged on its layer and GEMM only."""
+    layer, role, _, recipe = flag_rate.PLANTS[plant]
+    assert _flags(flag_rate.model(0, recipe, plant), 0, recipe) == {(layer, role.split("_")[0])}
 
 
 def test_the_correct_recipe_is_flagged_in_at_most_one_of_twenty_seeds():
     """The false-flag rate of the as-built check on fpsim's own layers (a correct implementation, compared with
     independent draws of itself): flagged runs over 20 seeds (model, batches and draws all change)."""
     rec = get_recipe("nvfp4_paper")
-    flagged = [s for s in range(20) if _flags(_fpsim_model(s, rec), s, rec)]
+    flagged = [s for s in range(20) if _flags(flag_rate.model(s, rec), s, rec)]
     assert len(flagged) <= 1, flagged

@@ -70,8 +70,8 @@ from ..transforms import derive_seed
 from . import nn
 from .probe_stats import GEMM_NAMES, METRICS, TOLERANCE, components, dot, flags, row_metrics, step_direction, summary
 
-__all__ = ["probe", "ProbeResult", "default_variants", "components_of", "next_token_loss", "GEMM_NAMES",
-           "METRICS", "TOLERANCE"]
+__all__ = ["probe", "ProbeResult", "default_variants", "components_of", "draws_random_bits", "next_token_loss",
+           "GEMM_NAMES", "METRICS", "TOLERANCE"]
 
 #: Components :meth:`fpsim.Recipe.without` removes.
 ABLATIONS = ("sr", "rht", "2d", "bf16_layers")
@@ -140,8 +140,9 @@ def _variants(recipe, variants: Mapping[str, str | Recipe] | None, aa: bool) -> 
     return out
 
 
-def _random(rec: Recipe) -> bool:
-    """Whether the recipe draws random bits (stochastic rounding, or seeded RHT signs)."""
+def draws_random_bits(rec: Recipe) -> bool:
+    """Whether the recipe draws random bits (stochastic rounding, or seeded RHT signs): the probe draws such a
+    variant ``draws`` times, any other once."""
     for role in ROLES:
         p = rec.policy(role)
         s = p.resolved()
@@ -485,7 +486,7 @@ def _isolated_rows(b, targets, measured, ref, vs, assign, draws, seed, say):
         say(f"batch {b + 1}: isolated {t.name}")
         for v in vs:
             r = assign[v.name].get(t.name, get_recipe("bf16"))
-            n = draws if _random(r) else 1
+            n = draws if draws_random_bits(r) else 1
             key = (tuple(r.policy(role) for role in ROLES), r.accumulator, r.dgrad_w_from_fprop, v.stream, n)
             if key not in cache:
                 outs = [_isolated(_emulator(t.name, d["w"], r, _draw_seed(seed, v.stream, b, i)), d["x"], d["w"],
@@ -509,7 +510,7 @@ def _as_built_rows(b, built, ref, draws, seed):
         if "skip" in d:
             continue
         lay = t.module
-        n = draws if _random(lay.recipe) else 1
+        n = draws if draws_random_bits(lay.recipe) else 1
         own, emu = [], []
         saved = lay.seed
         try:
@@ -552,7 +553,7 @@ def _end_to_end_rows(b, model, targets, measured, batch, loss_fn, ref, vs, assig
     ref_dir = {o: step_direction(g_ref, o, adam_state, betas, eps) for o in ("sgd", "adamw")} if g_val else None
     ref_prog = {o: dot(ref_dir[o], g_val) for o in ref_dir} if g_val else None
     for v in vs:
-        n = draws if _random(v.recipe) else 1
+        n = draws if draws_random_bits(v.recipe) else 1
         caps, ratios = [], {"sgd": [], "adamw": []}
         for i in range(n):
             say(f"batch {b + 1}: end to end, {v.name}, draw {i + 1}/{n}")

@@ -8,25 +8,17 @@ products (``scaled_dot_product_attention`` in the autocast dtype) stay high prec
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from fpsim.torch.models import CampaignConfig, CampaignLlama
 
 __all__ = ["Config", "SIZES", "Llama", "non_embedding_params"]
 
 
-@dataclass(frozen=True)
-class Config:
-    """Model shape: width ``d``, ``layers`` blocks of ``heads`` heads, SwiGLU hidden ``ffn``, context ``ctx``."""
-
-    d: int
-    layers: int
-    heads: int
-    ffn: int
-    ctx: int = 512
-    vocab: int = 256  # bytes
-    rope_base: float = 10000.0
+#: Model shape: width ``d``, ``layers`` blocks of ``heads`` heads, SwiGLU hidden ``ffn``, context ``ctx`` (the
+#: library's definition, which ``fpsim probe`` loads campaign checkpoints with).
+Config = CampaignConfig
 
 
 def _ffn(d: int) -> int:
@@ -44,63 +36,13 @@ SIZES = {
 }
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-
-
-class Attention(torch.nn.Module):
-    def __init__(self, c: Config):
-        super().__init__()
-        self.heads = c.heads
-        self.qkv = torch.nn.Linear(c.d, 3 * c.d, bias=False)
-        self.proj = torch.nn.Linear(c.d, c.d, bias=False)
-
-    def forward(self, x, cos, sin):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        q, k = _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(a.transpose(1, 2).reshape(b, t, d))
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, c: Config):
-        super().__init__()
-        self.gate_up = torch.nn.Linear(c.d, 2 * c.ffn, bias=False)
-        self.down = torch.nn.Linear(c.ffn, c.d, bias=False)
-
-    def forward(self, x):
-        g, u = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(g) * u)
-
-
-class Block(torch.nn.Module):
-    def __init__(self, c: Config):
-        super().__init__()
-        self.n1, self.n2 = torch.nn.RMSNorm(c.d), torch.nn.RMSNorm(c.d)
-        self.attn, self.mlp = Attention(c), MLP(c)
-
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.n1(x), cos, sin)
-        return x + self.mlp(self.n2(x))
-
-
-class Llama(torch.nn.Module):
-    """Byte-level decoder; ``forward(idx)`` returns float32 logits."""
+class Llama(CampaignLlama):
+    """Byte-level decoder (:class:`fpsim.torch.models.CampaignLlama`'s modules and forward) with the campaign's
+    initialisation: N(0, 0.02) for every linear and the embedding, GPT-2's N(0, 0.02/√(2·layers)) for the residual
+    projections; ``forward(idx)`` returns float32 logits."""
 
     def __init__(self, c: Config):
-        super().__init__()
-        self.config = c
-        self.embed = torch.nn.Embedding(c.vocab, c.d)
-        self.blocks = torch.nn.ModuleList(Block(c) for _ in range(c.layers))
-        self.norm = torch.nn.RMSNorm(c.d)
-        self.lm_head = torch.nn.Linear(c.d, c.vocab, bias=False)
-        hd = c.d // c.heads
-        inv = 1.0 / (c.rope_base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-        ang = torch.outer(torch.arange(c.ctx, dtype=torch.float64), inv)
-        self.register_buffer("cos", ang.cos().float(), persistent=False)
-        self.register_buffer("sin", ang.sin().float(), persistent=False)
+        super().__init__(c)
         self.apply(self._init)
         for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
             if name.endswith(("proj.weight", "down.weight")):
@@ -110,14 +52,6 @@ class Llama(torch.nn.Module):
     def _init(m):
         if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
             torch.nn.init.normal_(m.weight, 0.0, 0.02)
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        cos, sin = self.cos[:t], self.sin[:t]
-        x = self.embed(idx)
-        for blk in self.blocks:
-            x = blk(x, cos, sin)
-        return self.lm_head(self.norm(x)).float()
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:

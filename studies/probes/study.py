@@ -198,8 +198,22 @@ def main(argv=None) -> Path:
                       + md_table(d, formats={"effect": ".3g", "ci_low": ".3g", "ci_high": ".3g", "p_holm": ".2g",
                                              "mde80": ".2g"}))
     verdict = " ".join(_component_verdicts(df)) + " " + _qualifications(df, have)
+    fr = DATA / "flag_rate.json"
+    if fr.exists():
+        lines.append(_flag_rate(json.loads(fr.read_text())))
     return write_section(args, "10. Component probes on real models", claim,
                          settings + " " + " ".join(lines), verdict, ["forest.png"], tables)
+
+
+def _flag_rate(r: dict) -> str:
+    """The as-built check's measured false-flag rate and planted-defect detection (``flag_rate.json``)."""
+    plants = "; ".join(f"{name} ({p['layer']} {p['gemm']}): found alone in {p['found_exactly']} of {p['seeds']} "
+                       f"seeds, missed in {p['missed']}, with another row flagged too in {p['also_flagged_elsewhere']}"
+                       for name, p in r["plants"].items())
+    return (f"The as-built check (a model's own fpsim layers against fpsim's emulation, `studies/probes/flag_rate.py`"
+            f"): a correct small NVFP4 model was flagged in {r['correct_flagged']} of {r['correct_seeds']} seeds "
+            f"(false-flag rate {100 * r['false_flag_rate']:.0f} %, seeds {r['correct_flagged_seeds'] or 'none'}); "
+            f"planted defects: {plants}.")
 
 
 def _qualifications(df: pd.DataFrame, have: dict) -> str:
