@@ -146,36 +146,47 @@ def test_fullgraph_is_one_clear_error():
 
 
 class _CaptureSpy:
-    """Every CUDA graph inductor's CUDA-graph trees record (``mode="reduce-overhead"``): whether torch found it
-    empty ("The CUDA Graph is empty" from ``capture_end``) and whether the compiled piece computes anything (a piece
-    whose every output is one of its inputs, or None, launches no kernel).  The empty-graph warning of such a
-    pass-through piece is held back; any other warning is re-issued as it came."""
+    """Every CUDA graph inductor's CUDA-graph trees capture under ``mode="reduce-overhead"``, and whether torch found
+    it empty ("The CUDA Graph is empty", from ``capture_end``).
+
+    A tree manager, made once per device and process, captures one graph with nothing in it to register its memory
+    pool (``CUDAGraphTreeManager.__init__``: ``with torch.cuda.graph(...): pass``); torch 2.11 warns of that capture
+    too.  That warning, raised inside the manager's constructor, is the only one held back; every other warning is
+    re-issued as it came, and every graph the trees record for a compiled piece is kept in ``records``."""
 
     MESSAGE = "The CUDA Graph is empty"
 
     def __init__(self, monkeypatch):
+        import warnings
+
         import torch._inductor.cudagraph_trees as trees
 
-        self.captures = []  # (empty, pass_through)
-        record = trees.CUDAGraphNode._record
+        self.records = []  # True where torch found the recorded graph empty
+        self.pool_captures = 0
+        record, manager_init = trees.CUDAGraphNode._record, trees.CUDAGraphTreeManager.__init__
 
-        def spy(node, model, inputs):
-            import warnings
+        def reissue(caught, hold):
+            for w in caught:
+                if not (hold and self.MESSAGE in str(w.message)):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
-            held = {t.data_ptr() for t in inputs if torch.is_tensor(t)}
+        def spy_record(node, model, inputs):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 outs = record(node, model, inputs)
-            flat = outs if isinstance(outs, (list, tuple)) else (outs,)
-            through = all(o is None or (torch.is_tensor(o) and o.data_ptr() in held) for o in flat)
-            empty = any(self.MESSAGE in str(w.message) for w in caught)
-            self.captures.append((empty, through))
-            for w in caught:
-                if not (through and self.MESSAGE in str(w.message)):
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            self.records.append(any(self.MESSAGE in str(w.message) for w in caught))
+            reissue(caught, hold=False)
             return outs
 
-        monkeypatch.setattr(trees.CUDAGraphNode, "_record", spy)
+        def spy_manager_init(manager, *args, **kwargs):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                manager_init(manager, *args, **kwargs)
+            self.pool_captures += 1
+            reissue(caught, hold=True)
+
+        monkeypatch.setattr(trees.CUDAGraphNode, "_record", spy_record)
+        monkeypatch.setattr(trees.CUDAGraphTreeManager, "__init__", spy_manager_init)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the device machine)")
@@ -185,17 +196,13 @@ def test_compiled_model_on_cuda_fast_path(mode, monkeypatch):
     CUDA graphs under mode="reduce-overhead"); bit for bit the eager model.  The embedding is frozen: inductor
     sums its gradient rows with atomic adds on the GPU, in no fixed order.
 
-    Under "reduce-overhead" the pieces between the fpsim layers' graph breaks are captured as CUDA graphs.  The
-    backward of ``x + fc2(...)`` alone (no norm in these blocks) hands its incoming gradient through and launches
-    no kernel, and inductor's CUDA-graph trees capture it all the same, so torch warns that the graph is empty
-    (pytorch/pytorch#149653; newer inductor skips kernel-free graphs).  The test holds that warning back only for
-    such a pass-through piece, and checks that the pieces that do compute were captured with their work."""
+    Under "reduce-overhead" the pieces between the fpsim layers' graph breaks are captured as CUDA graphs, and each
+    recorded graph holds work.  torch's own empty capture, the one that registers a tree manager's memory pool, is
+    the only "graph is empty" warning let pass (see ``_CaptureSpy``); on the H100 the test records 6 graphs."""
     spy = _CaptureSpy(monkeypatch) if mode == "reduce-overhead" else None
     _compare("cuda", "blas", norm=False, frozen_embed=True, **({} if mode is None else {"mode": mode}))
     if spy is not None:
-        assert any(not e and not t for e, t in spy.captures), spy.captures  # pieces with kernels were captured
-        # an empty capture is a pass-through piece (and a pass-through piece has nothing to capture)
-        assert all(e == t for e, t in spy.captures), spy.captures
+        assert spy.records and not any(spy.records), spy.records  # graphs were recorded, none of them empty
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the device machine)")
