@@ -238,10 +238,13 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
               help="Processes analysing tensors in parallel.")
 @click.option("--scheduler", default=None, callback=_scheduler_address,
               help="Address of a Dask distributed scheduler (tcp://host:port).")
+@click.option("--reference", "reference", multiple=True, metavar="ORIGINAL",
+              help="The unquantized checkpoint (file or folder) a quantized checkpoint was made from: adds each "
+                   "quantized tensor's error against it and a conformance check (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac, out_format, output, workers,
-            scheduler, quiet, verbose):
+            scheduler, reference, quiet, verbose):
     """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
     from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
     from fpsim.io.errors import printable
@@ -280,6 +283,15 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     except InputError as e:
         note(f"error: {e}")
         sys.exit(EXIT_USAGE)
+    originals = None
+    if reference:
+        from .analyze_checkpoint import reference_tensors
+
+        try:
+            originals = reference_tensors(reference, note, files.append)
+        except InputError as e:
+            note(f"error: --reference {e}")
+            sys.exit(EXIT_USAGE)
     inputs = sorted(set(files) | {p for p in paths if os.path.isfile(p)})  # unreadable inputs are inputs too
     if output:
         try:  # before any work: a bad --output fails in the first second, not after the analysis
@@ -305,6 +317,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             note(f"note: {ref.note}")
         chosen.append(ref)
     labels = unique_labels(r.source for r in chosen)
+    groups, chosen, aside, qnotes = _split_quantized(chosen, note)
     kw = {"schemes": schemes, "rht_d": rht_d, "seeds": seeds, "recipe": recipe}
 
     def role_of(ref):
@@ -317,8 +330,18 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
             note(msg)
             failed += msg.startswith("error")
         rows += r
+    from .analyze_checkpoint import quantized_records, quantized_summary, render_quantized
+
+    recs, qfailed = quantized_records(groups, labels, originals, note)
+    failed += qfailed
     summary = summarize(rows, keep_frac)
-    text = render(rows, out_format, summary)
+    extra = {"quantized": recs, "quantized_summary": dict(quantized_summary(recs), set_aside=aside,
+                                                          reference=list(reference))} if groups else None
+    text = render(rows, out_format, summary, extra) + (render_quantized(recs) if out_format in ("table", "markdown")
+                                                       else "")
+    if groups and out_format == "csv":
+        note("note: the quantized-tensor report is not in CSV (one row per tensor and scheme): use --format json "
+             "or table")
     if output:
         try:
             atomic_write(output, text, inputs=inputs)
@@ -328,7 +351,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         note(f"wrote {len(rows)} rows to {output}")
     else:
         click.echo(text, nl=False)
-    if not rows:
+    if not rows and not recs:
         why = ("no tensor in " + ", ".join(paths) + " (supported files: .npz, .safetensors, .pt/.pth)"
                if not refs else f"no tensor matches --select {' '.join(select)}" if not chosen else
                "every tensor was skipped or unreadable (see above)")
@@ -336,6 +359,24 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         sys.exit(EXIT_NOTHING)
     if failed:
         sys.exit(EXIT_PARTIAL)
+
+
+def _split_quantized(chosen, note):
+    """(quantized groups, the float tensors left to analyse, scale tensors set aside): the packed weights and
+    scale tensors of compressed-tensors / ModelOpt checkpoints are reported once each, never analysed as floats."""
+    from fpsim.io.checkpoints import find_quantized
+
+    groups, rest, aside, notes = find_quantized(chosen)
+    for n in notes:
+        note(f"note: {n}")
+    if groups:
+        producers = sorted({f"{g.producer} {g.fmt.upper()}" for g in groups})
+        note(f"note: {len(groups)} quantized tensor(s) ({', '.join(producers)}): each packed weight is read with its "
+             f"scales and reported once below, not analysed as float tensors")
+    if aside:
+        note(f"note: {len(aside)} other scale tensor(s) of the quantized checkpoint set aside (not weights), "
+             f"e.g. {aside[0]}")
+    return groups, rest, aside, notes
 
 
 def _batches(refs, labels, role_of, n_batches: int) -> list[tuple[str, list]]:

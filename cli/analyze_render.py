@@ -58,8 +58,9 @@ def _csv_cell(v) -> str:
     return str(v)
 
 
-def render(rows: list[dict], fmt: str, summary: dict) -> str:
-    """rows as table | csv | json | markdown (conventions: the module docstring and LEGEND)."""
+def render(rows: list[dict], fmt: str, summary: dict, extra: dict | None = None) -> str:
+    """rows as table | csv | json | markdown (conventions: the module docstring and LEGEND); ``extra``: more
+    top-level JSON keys (the quantized-checkpoint records)."""
     from fpsim.analysis import METRIC_COLUMNS
     from fpsim.io import dumps
 
@@ -72,7 +73,7 @@ def render(rows: list[dict], fmt: str, summary: dict) -> str:
             it = dump_iteration(rec["tensor"])
             if it is not None:
                 rec["iteration"] = it
-        return dumps({"rows": recs, "summary": summary})
+        return dumps({"rows": recs, "summary": summary, **(extra or {})})
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")

@@ -1,0 +1,190 @@
+"""What a quantized checkpoint tensor shows, and how it compares with the original (``fpsim analyze``, docs/checkpoints.md).
+
+:func:`inspect_group` makes one record per :class:`~fpsim.io.checkpoints.QuantizedGroup`: from the file alone the
+code histogram, the zero-, subnormal- and max-scale blocks and the global scale; with the original tensor the
+error of the file's decoded values against it and a conformance check (are the file's bytes what fpsim's
+quantization of the original gives?).  Every number is a number or None, with the reason in ``notes``.
+:func:`share_global_scales` names, per tensor, the others of its checkpoint stored with the same global scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .checkpoints import QuantizedGroup, decode_quantized, read_codes
+from .errors import InputError
+from .readers import TensorRef
+
+__all__ = ["inspect_group", "share_global_scales", "CONVENTION"]
+
+#: What the conformance check compares the file with (until fpsim models each producer's own arithmetic).
+CONVENTION = "fpsim nvfp4 default (docs/spec.md §4, Transformer Engine's order)"
+_E4M3_MAX_BYTE = 0x7E  # 448, the largest finite E4M3 value
+
+
+def _scale_stats(scale_bytes: np.ndarray) -> dict:
+    mag = scale_bytes & 0x7F
+    return {"blocks": int(mag.size), "zero_scale_blocks": int(np.count_nonzero(mag == 0)),
+            "subnormal_scale_blocks": int(np.count_nonzero((mag & 0x78 == 0) & (mag != 0))),
+            "max_scale_blocks": int(np.count_nonzero(mag == _E4M3_MAX_BYTE)),
+            "nan_scale_blocks": int(np.count_nonzero(mag == 0x7F))}
+
+
+def _global(g: QuantizedGroup, value: float | None, rec: dict, notes: dict) -> None:
+    rec["global_scale"] = value
+    rec["global_scale_kind"] = g.global_kind
+    rec["implied_amax"] = None
+    if value is None:
+        notes["global_scale"] = notes["implied_amax"] = f"{g.fmt.upper()} has no global scale"
+        return
+    if not (math.isfinite(value) and value > 0):
+        notes["implied_amax"] = f"the global scale {value!r} is not a positive finite number"
+        return
+    rec["implied_amax"] = 2688.0 / value if g.global_kind == "encode" else value * 2688.0
+
+
+def _errors(x: np.ndarray, xq: np.ndarray, rec: dict, notes: dict, prefix: str = "") -> None:
+    """rel_error = ‖x − x̂‖/‖x‖, mse, max_abs_error, sqnr_db over the elements where both are finite (float64 sums)."""
+    ok = np.isfinite(x) & np.isfinite(xq)
+    d = (x[ok].astype(np.float64) - xq[ok].astype(np.float64))
+    ref2 = float(np.sum(np.square(x[ok], dtype=np.float64)))
+    err2 = float(np.sum(np.square(d)))
+    n = int(np.count_nonzero(ok))
+    rec[prefix + "rel_error"] = math.sqrt(err2 / ref2) if ref2 > 0 else None
+    if ref2 == 0:
+        notes[prefix + "rel_error"] = "the original is zero (or has no finite element)"
+    rec[prefix + "mse"] = err2 / n if n else None
+    rec[prefix + "max_abs_error"] = float(np.max(np.abs(d))) if n else None
+    if not n:
+        notes[prefix + "mse"] = notes[prefix + "max_abs_error"] = "no element is finite in both"
+    if prefix:
+        return
+    rec["sqnr_db"] = 10 * math.log10(ref2 / err2) if ref2 > 0 and err2 > 0 else None
+    if rec["sqnr_db"] is None:
+        notes["sqnr_db"] = "exact (no error)" if err2 == 0 and ref2 > 0 else notes.get("rel_error", "undefined")
+    rec["nonfinite_count"] = int(x.size - n)
+
+
+def _conformance(g: QuantizedGroup, x: np.ndarray, codes, scale_bytes, glob_, rec: dict, notes: dict) -> None:
+    """Compare the file's codes, block-scale bytes and global scale with fpsim's quantization of ``x``."""
+    from ..dispatch import quantize
+
+    rec["conformance_convention"] = CONVENTION
+    # The blocks are checked under the file's own global scale (the amax it implies), so that a global scale
+    # shared by fused projections (q/k/v, gate/up: both producers do this) is reported once, not as every block.
+    implied = rec.get("implied_amax")
+    q = quantize(x, "nvfp4", tensor_amax=implied) if implied is not None else quantize(x, "nvfp4")
+    q_own = quantize(x, "nvfp4") if implied is not None else q
+    exp_codes = np.empty((q.data.shape[0], 2 * q.data.shape[1]), np.uint8)
+    exp_codes[:, 0::2] = q.data & 0x0F
+    exp_codes[:, 1::2] = q.data >> 4
+    exp_codes = exp_codes[:, : codes.shape[1]]
+    amax = float(q_own.amax)
+    s_enc = np.float32(2688.0) / np.float32(amax) if amax > 0 and math.isfinite(amax) else np.float32(1.0)
+    if not math.isfinite(float(s_enc)) or s_enc == 0:
+        s_enc = np.float32(1.0)
+    expected_global = float(s_enc) if g.global_kind == "encode" else float(np.float32(amax) / np.float32(2688.0))
+    rec["expected_global_scale"] = expected_global
+    rec["global_scale_equal"] = bool(np.float32(glob_) == np.float32(expected_global)) if glob_ is not None else None
+    blocks = scale_bytes.shape[1]
+    pad = blocks * 16 - codes.shape[1]
+    diff_codes = np.pad(codes != exp_codes, ((0, 0), (0, pad))).reshape(codes.shape[0], blocks, 16).any(axis=2)
+    diff_scale = scale_bytes != q.scales
+    bad = diff_codes | diff_scale
+    rec["blocks_differing"] = int(np.count_nonzero(bad))
+    rec["blocks_scale_differing"] = int(np.count_nonzero(diff_scale))
+    rec["conformant"] = bool(rec["blocks_differing"] == 0 and rec["global_scale_equal"])
+    rec["first_difference"] = None
+    if rec["blocks_differing"]:
+        r, b = (int(v) for v in np.argwhere(bad)[0])
+        lo, hi = 16 * b, min(16 * b + 16, codes.shape[1])
+        rec["first_difference"] = {
+            "row": r, "block": b, "columns": [lo, hi], "scale_file": int(scale_bytes[r, b]),
+            "scale_expected": int(q.scales[r, b]), "codes_file": [int(c) for c in codes[r, lo:hi]],
+            "codes_expected": [int(c) for c in exp_codes[r, lo:hi]]}
+    else:
+        notes["first_difference"] = "no block differs"
+
+
+def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = None,
+                  reference_given: bool = False) -> dict:
+    """One record for ``g`` (see the module docstring); raises :class:`InputError` with one line when unreadable."""
+    rec: dict = {"tensor": label, "producer": g.producer, "format": g.fmt, "decoded_dtype": g.dtype,
+                 "parts": {k: r.name for k, r in g.parts.items()}, "shape": [int(s) for s in g.parts["codes"].shape]}
+    notes: dict = {}
+    rec["notes"] = notes
+    if g.error:
+        raise InputError(f"{label}: {g.error}")
+    codes, scale, glob_, inp = read_codes(g)
+    rec["shape"] = [int(s) for s in codes.shape]
+    rec["block"] = g.block
+    hist = np.bincount(codes.reshape(-1), minlength=256)
+    rec["code_histogram"] = [int(c) for c in hist[:16]] if g.fmt != "fp8" else None
+    if g.fmt == "fp8":
+        notes["code_histogram"] = "FP8 has 256 codes: not listed"
+        rec.update(blocks=None, zero_scale_blocks=None, subnormal_scale_blocks=None, max_scale_blocks=None,
+                   nan_scale_blocks=None)
+        for k in ("blocks", "zero_scale_blocks", "subnormal_scale_blocks", "max_scale_blocks", "nan_scale_blocks"):
+            notes[k] = "FP8 with FP32 scales has no E4M3 block scales"
+    elif g.fmt == "mxfp4":
+        rec.update(blocks=int(scale.size), zero_scale_blocks=None, subnormal_scale_blocks=None,
+                   max_scale_blocks=None, nan_scale_blocks=int(np.count_nonzero(scale == 0xFF)))
+        for k in ("zero_scale_blocks", "subnormal_scale_blocks", "max_scale_blocks"):
+            notes[k] = "E8M0 scales are powers of two: no zero or subnormal scale"
+    else:
+        rec.update(_scale_stats(scale))
+    _global(g, glob_, rec, notes)
+    rec["input_scale"] = inp
+    rec["input_scale_kind"] = ("encode" if g.producer == "compressed-tensors" else "decode") if inp is not None else None
+    if inp is None:
+        notes["input_scale"] = "no static activation scale in the file"
+    xq = decode_quantized(g, codes, scale, glob_)
+    rec["decoded_amax"] = float(np.max(np.abs(xq))) if xq.size and np.isfinite(xq).all() else None
+    if rec["decoded_amax"] is None:
+        notes["decoded_amax"] = "empty, or a decoded value is not finite"
+    ref_keys = ("rel_error", "mse", "max_abs_error", "sqnr_db", "nonfinite_count", "fpsim_rel_error", "fpsim_mse",
+                "fpsim_max_abs_error", "conformant", "global_scale_equal", "expected_global_scale",
+                "blocks_differing", "blocks_scale_differing", "first_difference", "conformance_convention")
+    if original is None:
+        why = (f"no tensor {g.name} in the reference" if reference_given else "no --reference given")
+        for k in ref_keys:
+            rec[k] = None
+            notes[k] = why
+        return rec
+    x = np.asarray(original.load(), np.float32)
+    if tuple(x.shape) != tuple(codes.shape):
+        raise InputError(f"{label}: the reference's {original.key} has shape {list(x.shape)}, the file's "
+                         f"tensor {list(codes.shape)}")
+    rec["reference"] = original.key
+    _errors(x, xq, rec, notes)
+    from ..dispatch import fake_quantize
+
+    scheme = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "fp8": "fp8_e4m3"}[g.fmt]
+    _errors(x, fake_quantize(x, scheme), rec, notes, prefix="fpsim_")
+    if g.fmt == "nvfp4":
+        _conformance(g, x, codes, scale, glob_, rec, notes)
+    else:
+        for k in ("conformant", "global_scale_equal", "expected_global_scale", "blocks_differing",
+                  "blocks_scale_differing", "first_difference", "conformance_convention"):
+            rec[k] = None
+            notes[k] = f"conformance is checked for NVFP4 only, not {g.fmt.upper()}"
+    return rec
+
+
+def share_global_scales(groups: list[QuantizedGroup], records: list[dict]) -> None:
+    """Set each record's ``shares_global_scale_with``: the tensors of its checkpoint whose global scale has the
+    same float32 bits (a fused q/k/v or gate/up projection shares one, as serving engines require)."""
+    by: dict[tuple, list[str]] = {}
+    for g, rec in zip(groups, records):
+        v = rec.get("global_scale")
+        if v is not None:
+            by.setdefault((g.directory, np.float32(v).tobytes()), []).append(rec["tensor"])
+    for g, rec in zip(groups, records):
+        v = rec.get("global_scale")
+        if v is None:
+            rec["shares_global_scale_with"] = None
+            rec["notes"]["shares_global_scale_with"] = rec["notes"].get("global_scale", "no global scale read")
+            continue
+        rec["shares_global_scale_with"] = [t for t in by[(g.directory, np.float32(v).tobytes())] if t != rec["tensor"]]

@@ -1,0 +1,126 @@
+"""Make the quantized checkpoints tests/test_io_checkpoints.py reads, through each producer's own save path.
+
+Run in a separate virtual environment (the libraries are not fpsim dependencies and must not change the
+installed torch/numpy/numba/triton)::
+
+    python -m venv --system-site-packages /tmp/ckpt/venv && . /tmp/ckpt/venv/bin/activate
+    pip freeze | grep -iE '^(torch|numpy|numba|triton)==' > /tmp/ckpt/constraints.txt
+    pip install -c /tmp/ckpt/constraints.txt "llmcompressor==0.14.0.1" transformers==5.17.0 "nvidia-modelopt==0.47.0"
+    pip install --no-deps "compressed-tensors==0.20.1"
+    python tests/data/checkpoints/generate.py tests/data/checkpoints
+
+Versions used for the committed files (2026-12-06, CPU only): torch 2.13.0+cpu, transformers 5.17.0,
+compressed-tensors 0.20.1 with llmcompressor 0.14.0.1 (which pins compressed-tensors 0.19.0; 0.20.1 was
+installed over it, as the issue's user had), nvidia-modelopt 0.47.0.
+
+It writes, from one tiny Llama (hidden 32, intermediate 64, 2 layers, vocabulary 64, seed 0, BF16):
+
+* ``reference/`` -- the BF16 original (``save_pretrained``), what ``--reference`` compares against;
+* ``ct_nvfp4/`` -- llmcompressor ``oneshot`` with the ``NVFP4`` preset scheme (weights and activations),
+  saved compressed (``nvfp4-pack-quantized``), sharded into two files;
+* ``modelopt_nvfp4/`` -- ModelOpt ``mtq.quantize`` with ``NVFP4_DEFAULT_CFG`` and ``export_hf_checkpoint``.
+
+Calibration for both: 4 sequences of 16 random token ids (seed 1) through the model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+HIDDEN, INTER, LAYERS, VOCAB = 32, 64, 2, 64
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                      max_position_embeddings=64, tie_word_embeddings=True, torch_dtype="bfloat16")
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    # A few outliers so the checkpoints show saturated and small-scale blocks, as real weights do.
+    with torch.no_grad():
+        w = model.model.layers[0].mlp.down_proj.weight
+        w[0, 0] = 40 * w.abs().max()
+        model.model.layers[1].self_attn.q_proj.weight[3, :16] = 0  # an all-zero block
+    return model
+
+
+def calibration():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (1, 16), generator=g) for _ in range(4)]
+
+
+def word_tokenizer():
+    """A tokenizer of VOCAB words "0".."63": oneshot insists on a processor when given a dataset; the
+    dataset here is already token ids, so it is never used to tokenize."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {str(i): i for i in range(VOCAB)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="0")),
+                                   pad_token="0")
+
+
+def save_reference(out: Path):
+    tiny_llama().save_pretrained(out / "reference")
+
+
+def load_reference(out: Path):
+    """The BF16 original as the user would load it (the producers read its config from the model)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(out / "reference", dtype=torch.bfloat16)
+
+
+def save_compressed_tensors(out: Path):
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    model = load_reference(out)
+    ds = Dataset.from_dict({"input_ids": [c[0].tolist() for c in calibration()]})
+    recipe = QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=["lm_head"])
+    oneshot(model=model, dataset=ds, recipe=recipe, num_calibration_samples=4, max_seq_length=16,
+            pipeline="basic", processor=word_tokenizer())
+    model.save_pretrained(out / "ct_nvfp4", save_compressed=True, max_shard_size="12KB")
+
+
+def save_modelopt(out: Path):
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+
+    model = load_reference(out)
+
+    def loop(m):
+        for ids in calibration():
+            m(ids)
+
+    mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, loop)
+    export_hf_checkpoint(model, export_dir=str(out / "modelopt_nvfp4"))
+
+
+def main(out: str):
+    root = Path(out)
+    for name in ("reference", "ct_nvfp4", "modelopt_nvfp4"):
+        shutil.rmtree(root / name, ignore_errors=True)
+    save_reference(root)
+    save_compressed_tensors(root)
+    save_modelopt(root)
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        # Only what a reader of the checkpoint needs: the tensors and the quantization metadata.
+        for f in d.iterdir():
+            if f.suffix not in (".safetensors", ".json") or f.name == "generation_config.json":
+                f.unlink()
+        print(d.name, sorted(f.name for f in d.iterdir()))
+    print(json.dumps({"torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent))
