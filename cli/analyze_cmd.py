@@ -303,6 +303,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         note(f"error: {msg}")
     failed = len(errors)
 
+    groups, refs, aside = _split_quantized(refs, note)
+    groups = [g for g in groups if not select or any(fnmatch.fnmatch(g.name, s) for s in select)]
     seen = set()
     chosen = []
     for ref in refs:
@@ -316,8 +318,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         if ref.note:
             note(f"note: {ref.note}")
         chosen.append(ref)
-    labels = unique_labels(r.source for r in chosen)
-    groups, chosen, aside, qnotes = _split_quantized(chosen, note)
+    labels = unique_labels([r.source for r in chosen] + [g.parts["codes"].source for g in groups])
     kw = {"schemes": schemes, "rht_d": rht_d, "seeds": seeds, "recipe": recipe}
 
     def role_of(ref):
@@ -352,8 +353,9 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     else:
         click.echo(text, nl=False)
     if not rows and not recs:
+        found = refs or groups or aside
         why = ("no tensor in " + ", ".join(paths) + " (supported files: .npz, .safetensors, .pt/.pth)"
-               if not refs else f"no tensor matches --select {' '.join(select)}" if not chosen else
+               if not found else f"no tensor matches --select {' '.join(select)}" if not chosen and not groups else
                "every tensor was skipped or unreadable (see above)")
         note(f"error: nothing could be analysed: {why}")
         sys.exit(EXIT_NOTHING)
@@ -376,7 +378,7 @@ def _split_quantized(chosen, note):
     if aside:
         note(f"note: {len(aside)} other scale tensor(s) of the quantized checkpoint set aside (not weights), "
              f"e.g. {aside[0]}")
-    return groups, rest, aside, notes
+    return groups, rest, aside
 
 
 def _batches(refs, labels, role_of, n_batches: int) -> list[tuple[str, list]]:

@@ -20,8 +20,8 @@ Both pack two E2M1 codes per byte, element 2j in the low nibble.  Activation sca
 (``k_scale``, an orphan ``weight_scale``) is set aside, never analysed as a weight.
 
 :func:`decode_quantized` decodes with the producer's order of operations, as their own dequantize does:
-compressed-tensors divides, ``code · (f32(s) / g)``, ModelOpt multiplies, ``code · (f32(s) · g2)``; both then
-cast to the checkpoint's dtype (``torch_dtype`` of ``config.json``: BF16 here, round to nearest even).
+compressed-tensors divides, ``code · (f32(s) / g)``, ModelOpt multiplies, ``code · (f32(s) · g2)`` and reads
+code 0x8 (−0) as +0; both then cast to the checkpoint's dtype (``torch_dtype`` of ``config.json``: BF16 here, round to nearest even).
 Nothing is unpickled; a tensor is read whole only when its report is made (one module's tensors at a time).
 """
 
@@ -256,6 +256,8 @@ def decode_quantized(g: QuantizedGroup, codes: np.ndarray, scale: np.ndarray, gl
         s = scale.reshape(-1, 1) if scale.size > 1 else scale.reshape(())
         return _cast(decode(codes, "e4m3") * s.astype(f32), g.dtype)
     values = decode(codes, "e2m1")
+    if g.producer == "modelopt":  # its value table maps code 0x8 to +0 (e2m1_values), not -0
+        values[codes == 0x8] = 0.0
     if g.fmt == "mxfp4":
         s = decode(scale, "e8m0")
     else:

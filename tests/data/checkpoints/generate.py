@@ -18,7 +18,10 @@ It writes, from one tiny Llama (hidden 32, intermediate 64, 2 layers, vocabulary
 * ``reference/`` -- the BF16 original (``save_pretrained``), what ``--reference`` compares against;
 * ``ct_nvfp4/`` -- llmcompressor ``oneshot`` with the ``NVFP4`` preset scheme (weights and activations),
   saved compressed (``nvfp4-pack-quantized``), sharded into two files;
-* ``modelopt_nvfp4/`` -- ModelOpt ``mtq.quantize`` with ``NVFP4_DEFAULT_CFG`` and ``export_hf_checkpoint``.
+* ``modelopt_nvfp4/`` -- ModelOpt ``mtq.quantize`` with ``NVFP4_DEFAULT_CFG`` and ``export_hf_checkpoint``;
+* ``decoded/ct_nvfp4.safetensors``, ``decoded/modelopt_nvfp4.safetensors`` -- every quantized weight of the two
+  checkpoints decoded by its producer's own code (compressed-tensors ``NVFP4PackedCompressor.decompress``,
+  ModelOpt ``NVFP4QTensor.dequantize``), what fpsim's decode is tested against bit for bit.
 
 Calibration for both: 4 sequences of 16 random token ids (seed 1) through the model.
 """
@@ -106,17 +109,57 @@ def save_modelopt(out: Path):
     export_hf_checkpoint(model, export_dir=str(out / "modelopt_nvfp4"))
 
 
+def _tensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def save_decoded(out: Path):
+    """Each quantized weight as its producer's own dequantize gives it (the test's independent reference)."""
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+    from safetensors.torch import save_file
+
+    (out / "decoded").mkdir(exist_ok=True)
+    cfg = json.loads((out / "ct_nvfp4" / "config.json").read_text())["quantization_config"]
+    scheme = QuantizationScheme(targets=["Linear"],
+                                weights=QuantizationArgs(**cfg["config_groups"]["group_0"]["weights"]))
+    t = _tensors(out / "ct_nvfp4")
+    dec = {}
+    for name in [n for n in t if n.endswith(".weight_packed")]:
+        p = name[: -len("weight_packed")]
+        sd = {k[len(p):]: v for k, v in t.items() if k.startswith(p)}
+        dec[p + "weight"] = NVFP4PackedCompressor.decompress(sd, scheme)["weight"].contiguous()
+    save_file(dec, out / "decoded" / "ct_nvfp4.safetensors")
+    t = _tensors(out / "modelopt_nvfp4")
+    dec = {}
+    for name in [n for n in t if n.endswith(".weight_scale_2")]:
+        p = name[: -len("weight_scale_2")]
+        packed = t[p + "weight"]
+        q = NVFP4QTensor(torch.Size([packed.shape[0], 2 * packed.shape[1]]), torch.bfloat16, packed)
+        dec[p + "weight"] = q.dequantize(dtype=torch.bfloat16, scale=t[p + "weight_scale"],
+                                         double_scale=t[p + "weight_scale_2"], block_sizes={-1: 16}).contiguous()
+    save_file(dec, out / "decoded" / "modelopt_nvfp4.safetensors")
+
+
 def main(out: str):
     root = Path(out)
-    for name in ("reference", "ct_nvfp4", "modelopt_nvfp4"):
+    for name in ("reference", "ct_nvfp4", "modelopt_nvfp4", "decoded"):
         shutil.rmtree(root / name, ignore_errors=True)
     save_reference(root)
     save_compressed_tensors(root)
     save_modelopt(root)
+    save_decoded(root)
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
         # Only what a reader of the checkpoint needs: the tensors and the quantization metadata.
         for f in d.iterdir():
-            if f.suffix not in (".safetensors", ".json") or f.name == "generation_config.json":
+            if f.suffix not in (".safetensors", ".json") or f.name in ("generation_config.json", "tokenizer.json",
+                                                                          "tokenizer_config.json"):
                 f.unlink()
         print(d.name, sorted(f.name for f in d.iterdir()))
     print(json.dumps({"torch": torch.__version__}))

@@ -1,0 +1,167 @@
+"""Quantized checkpoints (fpsim.io.checkpoints, issue 47 item 2): compressed-tensors and ModelOpt NVFP4 files made
+by the libraries themselves (tests/data/checkpoints/generate.py) are read as one tensor per packed weight, decoded
+bit for bit as the producer's own dequantize does, compared with the BF16 original, and their scale tensors are
+never analysed or ranked.  Hostile variants give one line naming the file and tensor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fpsim.io import open_tensors, write_safetensors
+from fpsim.io.checkpoints import SCALE_SUFFIXES, decode_quantized, find_quantized, read_codes
+from tests.cliutil import run, strict_json
+
+DATA = Path(__file__).resolve().parent / "data" / "checkpoints"
+CT, MO, REF = DATA / "ct_nvfp4", DATA / "modelopt_nvfp4", DATA / "reference"
+FAST = ["--formats", "nvfp4", "--seeds", "0"]
+LINEARS = [f"model.layers.{i}.{m}.weight" for i in (0, 1) for m in
+           ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+            "mlp.up_proj", "mlp.down_proj")]
+
+
+def _json(r):
+    return strict_json(r.stdout[r.stdout.index("{"):])
+
+
+def _bits(x):
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("folder", [CT, MO], ids=["compressed-tensors", "modelopt"])
+def test_scale_tensors_are_never_ranked_and_packed_weights_are_read(folder):
+    """The issue's defect: packed weights skipped as 'not a floating-point tensor', scale tensors analysed as
+    weights and ranked for BF16.  Now each quantized weight is one record and no scale tensor is analysed."""
+    r = run(folder, *FAST, "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert "not a floating-point tensor" not in r.output
+    d = _json(r)
+    analysed = [row["tensor"].split(":", 1)[1] for row in d["rows"]]
+    ranked = [e["tensor"].split(":", 1)[1] for e in d["summary"]["ranking"]]
+    for name in analysed + ranked + d["summary"]["keep_bf16"]:
+        leaf = name.rpartition(".")[2]
+        assert leaf not in SCALE_SUFFIXES and not leaf.endswith("_scale"), name
+    assert not any(n in analysed for n in LINEARS)  # the packed weights are not re-quantized as floats either
+    names = [q["tensor"].split(":", 1)[1] for q in d["quantized"]]
+    assert sorted(names) == sorted(LINEARS)  # each quantized tensor exactly once
+    assert {q["format"] for q in d["quantized"]} == {"nvfp4"}
+
+
+@pytest.mark.parametrize("folder,producer", [(CT, "compressed-tensors"), (MO, "modelopt")])
+def test_decode_equals_the_producers_own_dequantize(folder, producer):
+    """fpsim's decode of every quantized weight is bit-identical to the library's own (BF16), computed by
+    generate.py with compressed-tensors' NVFP4PackedCompressor.decompress / ModelOpt's NVFP4QTensor.dequantize."""
+    groups, rest, aside, notes = find_quantized(open_tensors(folder))
+    assert len(groups) == 14 and not aside and not notes
+    theirs = {t.name: t for t in open_tensors(DATA / "decoded" / f"{folder.name}.safetensors")}
+    for g in groups:
+        assert g.producer == producer and g.fmt == "nvfp4" and g.dtype == "bfloat16" and g.error is None
+        codes, scale, glob_, _ = read_codes(g)
+        ours = decode_quantized(g, codes, scale, glob_)
+        want = theirs[g.name].load().astype(np.float32)
+        bad = np.argwhere(_bits(ours) != _bits(want))
+        assert not bad.size, f"{g.name}: first difference at {bad[0]}: {ours[tuple(bad[0])]} vs {want[tuple(bad[0])]}"
+
+
+def test_what_the_file_shows_without_a_reference():
+    d = _json(run(CT, *FAST, "--format", "json"))
+    q = {r["tensor"].split(":", 1)[1]: r for r in d["quantized"]}
+    down = q["model.layers.0.mlp.down_proj.weight"]
+    assert down["shape"] == [32, 64] and down["blocks"] == 128 and sum(down["code_histogram"]) == 32 * 64
+    # compressed-tensors stores the encode scale 2688/amax, computed in BF16 (976 = bf16(2688/2.75))
+    assert down["global_scale"] == 976.0 and down["global_scale_kind"] == "encode"
+    assert down["decoded_amax"] == 2.75 and down["max_scale_blocks"] == 1
+    # llm-compressor fuses the global scales of q/k/v and of gate/up
+    qkv = q["model.layers.1.self_attn.q_proj.weight"]["shares_global_scale_with"]
+    assert sorted(t.split(":", 1)[1] for t in qkv) == ["model.layers.1.self_attn.k_proj.weight",
+                                                        "model.layers.1.self_attn.v_proj.weight"]
+    assert q["model.layers.0.self_attn.o_proj.weight"]["shares_global_scale_with"] == []
+    assert down["rel_error"] is None and down["notes"]["rel_error"] == "no --reference given"
+    mo = {r["tensor"].split(":", 1)[1]: r for r in _json(run(MO, *FAST, "--format", "json"))["quantized"]}
+    # ModelOpt stores the decode scale amax/2688
+    m = mo["model.layers.0.mlp.down_proj.weight"]
+    assert m["global_scale_kind"] == "decode" and m["implied_amax"] == pytest.approx(2.75, rel=1e-6)
+
+
+@pytest.mark.parametrize("folder,zero_block_scale", [(CT, 0x20), (MO, 0x38)], ids=["compressed-tensors", "modelopt"])
+def test_reference_gives_error_and_conformance_per_tensor(folder, zero_block_scale):
+    """With --reference each tensor gets its error against the original and a conformance verdict; the all-zero
+    block generate.py plants (layer 1 q_proj row 3, block 0) is where both producers' conventions leave fpsim's:
+    compressed-tensors writes scale 0.125 (0x20), ModelOpt 1.0 (0x38), fpsim 0."""
+    r = run(folder, *FAST, "--reference", REF, "--format", "json")
+    assert r.exit_code == 0, r.output
+    d = _json(r)
+    for q in d["quantized"]:
+        assert 0 < q["rel_error"] < 0.2 and q["sqnr_db"] > 10 and isinstance(q["conformant"], bool)
+        assert abs(q["rel_error"] - q["fpsim_rel_error"]) < 0.01
+        assert q["conformant"] == (q["blocks_differing"] == 0 and q["global_scale_equal"])
+    qp = next(q for q in d["quantized"] if q["tensor"].endswith("layers.1.self_attn.q_proj.weight"))
+    fd = qp["first_difference"]
+    assert (fd["row"], fd["block"], fd["scale_file"], fd["scale_expected"]) == (3, 0, zero_block_scale, 0)
+    assert fd["codes_file"] == fd["codes_expected"] == [0] * 16
+    assert d["quantized_summary"]["conformance_checked"] == 14
+    table = run(folder, *FAST, "--reference", REF).stdout
+    assert "row 3 block 0 (columns 0-15): scale byte" in table and "rel_error" in table
+
+
+def test_a_missing_reference_tensor_is_a_reason_not_a_failure(tmp_path):
+    ref = tmp_path / "ref.safetensors"
+    write_safetensors(ref, {"model.layers.0.mlp.down_proj.weight": np.zeros((32, 64), np.float32)})
+    d = _json(run(MO, *FAST, "--reference", ref, "--format", "json"))
+    q = {r["tensor"].split(":", 1)[1]: r for r in d["quantized"]}
+    assert q["model.layers.0.mlp.up_proj.weight"]["notes"]["rel_error"].startswith("no tensor model.layers.0")
+    assert q["model.layers.0.mlp.down_proj.weight"]["rel_error"] is None  # an all-zero original: no relative error
+    assert "the original is zero" in q["model.layers.0.mlp.down_proj.weight"]["notes"]["rel_error"]
+
+
+def _copy(src, tmp_path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_hostile_parts_give_one_line_naming_file_and_tensor(tmp_path):
+    """A scale tensor of the wrong shape: one error line naming the tensor, exit 1, the others still reported."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    rng = np.random.default_rng(0)
+    write_safetensors(bad / "model.safetensors", {
+        "a.weight_packed": rng.integers(0, 256, (4, 8), dtype=np.uint8),
+        "a.weight_scale": np.ones((4, 1), np.float32),
+        "a.weight_global_scale": np.ones(1, np.float32),
+        "b.weight": rng.integers(0, 256, (4, 8), dtype=np.uint8),
+        "b.weight_scale": np.full((4, 1), 0x38, np.uint8),
+        "b.weight_scale_2": np.float32(1.0).reshape(()),
+    })
+    r = run(bad, *FAST)
+    assert r.exit_code == 3, r.output  # nothing could be read
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert any("a.weight_scale" in ln and "dtype" in ln for ln in lines), r.stderr
+    assert any("b.weight_scale" in ln for ln in lines), r.stderr
+    assert all(len(ln) < 300 for ln in lines)
+
+
+def test_corrupt_metadata_is_a_note_and_the_tensors_still_read(tmp_path):
+    ck = _copy(MO, tmp_path)
+    (ck / "config.json").write_text('{"quantization_config": ')
+    (ck / "hf_quant_config.json").write_bytes(b"\xff\xfe")
+    r = run(ck, *FAST, "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert "corrupt JSON" in r.stderr
+    d = _json(r)
+    assert len(d["quantized"]) == 14
+    # without config.json's torch_dtype the decode is left in float32 (no BF16 cast), and says so in the record
+    assert {q["decoded_dtype"] for q in d["quantized"]} == {"float32"}
+
+
+def test_sharded_index_and_selection(tmp_path):
+    """The two shards of the compressed-tensors checkpoint are one checkpoint (module parts may sit in either);
+    --select picks quantized tensors by their logical name."""
+    d = _json(run(CT, *FAST, "--select", "*down_proj*", "--format", "json"))
+    assert sorted(q["tensor"].split(":", 1)[1] for q in d["quantized"]) == [
+        "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"]
+    assert json.loads((CT / "model.safetensors.index.json").read_text())["weight_map"]
