@@ -451,10 +451,14 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
 @click.option("--scheme", default=None, help="Block scheme (nvfp4 (default), mxfp4, mxfp8_e4m3, …).")
 @click.option("--element", default=None, help="Element-codec vectors of this format instead (e2m1, e4m3, …).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--dequantize-order", type=click.Choice(["fpsim", "torchao"]), default="fpsim", show_default=True,
-              help="Two-level schemes: decoded = fl(fl(e·s)·S_dec) (fpsim, TE) or fl(e·fl(pts·s)) (torchao).")
+@click.option("--dequantize-order", type=click.Choice(["fpsim", "te_cuda", "pts_s"]), default="fpsim",
+              show_default=True, help="Two-level schemes: decoded = fl(fl(e·s)·S_dec) (fpsim), "
+              "fl(e·fl(fl(s·amax)·fl(1/2688))) (Transformer Engine's CUDA) or fl(e·fl(pts·s)) (torchao's, ModelOpt's).")
+@click.option("--convention", default=None, metavar="NAME",
+              help="NVFP4: a producer's bytes and decoded values (torchao, compressed-tensors, modelopt, te-cuda, …; "
+                   "docs/spec.md §4.1).")
 @_scheme_options
-def vectors(scheme, element, out_dir, dequantize_order, scale_rule, block, tensor_scale, per_row_scale,
+def vectors(scheme, element, out_dir, dequantize_order, convention, scale_rule, block, tensor_scale, per_row_scale,
             four_over_six, nan_amax, scale_min) -> None:
     """Write golden test vectors (inputs, codes, scales, amax, decoded) of named edge cases.
 
@@ -472,7 +476,8 @@ def vectors(scheme, element, out_dir, dequantize_order, scale_rule, block, tenso
         _fail(f"--out {out_dir}: not a directory", 2)
     if element is not None:
         given = [n for n, v in (("--scheme", scheme), ("--scale-rule", scale_rule), ("--block", block),
-                                ("--scale-min", scale_min), ("--four-over-six", four_over_six)) if v is not None]
+                                ("--scale-min", scale_min), ("--four-over-six", four_over_six),
+                                ("--convention", convention)) if v is not None]
         given += [] if tensor_scale is None else ["--tensor-scale" if tensor_scale else "--no-tensor-scale"]
         given += ["--per-row-scale"] if per_row_scale else []
         given += [o for o, n in (("--nan-amax", "nan_amax"), ("--dequantize-order", "dequantize_order")) if _given(n)]
@@ -485,7 +490,8 @@ def vectors(scheme, element, out_dir, dequantize_order, scale_rule, block, tenso
     smin = None if scale_min is None else _number(scale_min, "--scale-min")
     try:
         m = write_vectors(sch, out_dir, element=element, scale_rules="all" if scale_rule == "all" else None,
-                          scale_min=smin, dequantize_order=dequantize_order, nan_amax=nan_amax)
+                          scale_min=smin, dequantize_order=dequantize_order, nan_amax=nan_amax,
+                          convention=convention)
     except ValueError as e:
         _fail(str(e).splitlines()[0], 2)
     except OutputError as e:

@@ -165,10 +165,19 @@ def get_convention(c: str | Convention | None) -> Convention:
         raise ValueError(f"unknown convention {c!r}; known: {', '.join(CONVENTIONS)}") from None
 
 
+_DECODE_PARTS = ("stored", "decode_rule", "decode_neg_zero", "decode_bf16")
+
+
 def is_native(c: Convention) -> bool:
     """True when the quantize parts are fpsim's own (the fused kernels then give the convention's bytes)."""
     base = FPSIM.parts()
-    return all(v == base[k] for k, v in c.parts().items() if k not in ("stored", "decode_rule"))
+    return all(v == base[k] for k, v in c.parts().items() if k not in _DECODE_PARTS)
+
+
+def decodes_native(c: Convention) -> bool:
+    """True when the decode parts are fpsim's own (SPEC §4's order, −0 kept, float32 values)."""
+    base = FPSIM.parts()
+    return all(c.parts()[k] == base[k] for k in _DECODE_PARTS if k != "stored")
 
 
 class NumpyOps:
@@ -270,12 +279,16 @@ def _scaled(X3, s, g, conv: Convention, ops):
     return X3 / (s * g)
 
 
-def quantize_blocks(X3, conv: Convention, bf16: bool, ops=NumpyOps):
+def quantize_blocks(X3, conv: Convention, bf16: bool, ops=NumpyOps, amax=None):
     """Codes [R, nb, BC] (uint8, one per element), scale bytes [R, nb] and the tensor amax (0-d) of the float32
-    blocks X3 (zero-padded to whole blocks) under ``conv``; ``bf16``: the input was bfloat16."""
+    blocks X3 (zero-padded to whole blocks) under ``conv``; ``bf16``: the input was bfloat16; ``amax``: a tensor
+    amax to use instead of max |X3|."""
     xp = ops.xp
     vmax = ops.amax_last(xp.abs(X3))
-    amax = ops.amax_last(vmax.reshape(-1))
+    if amax is None:
+        amax = ops.amax_last(vmax.reshape(-1))
+    else:
+        amax = ops.f32(amax, X3)
     g = global_scale(amax, conv, bf16, ops)
     sb, sv = _scale_bytes(_block_sdb(vmax, g, conv, bf16, ops), conv, ops)
     y = _scaled(X3, sv[..., None], g, conv, ops)
@@ -328,7 +341,8 @@ def decode_input(amax, conv: Convention, bf16: bool, ops=NumpyOps):
 def stored_global(q) -> np.ndarray:
     """The FP32 global scale the producer of ``q`` (a :class:`~fpsim.tensor.QuantizedTensor`) stores."""
     conv = get_convention(q.convention)
-    return np.asarray(stored_value(np.asarray(q.amax, F32), conv, q.dtype == "bfloat16"), F32)
+    with np.errstate(all="ignore"):
+        return np.asarray(stored_value(np.asarray(q.amax, F32), conv, q.dtype == "bfloat16"), F32)
 
 
 def decode(codes, scales, global_scale_value, convention: str | Convention, block: int = 16) -> np.ndarray:

@@ -89,10 +89,12 @@ def quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4",
              scale_rule: str | ScaleRule | None = None, seed: int | None = None,
              rbits: np.typing.ArrayLike | None = None, k: int | None = None, counter: int = 0,
              nan_amax: str = "propagate", tensor_amax: float | None = None,
-             backend: str | None = None) -> QuantizedTensor:
+             backend: str | None = None, convention: str | None = None) -> QuantizedTensor:
     """Quantize with a block-scaled scheme (docs/spec.md §4–§6): :func:`fpsim.scaling.quantize`'s arguments and
-    bits, on the chosen backend (see :mod:`fpsim.backends`)."""
-    plan = lower(scheme, block=block, rounding=rounding, scale_rule=scale_rule, k=k, nan_amax=nan_amax)
+    bits, on the chosen backend (see :mod:`fpsim.backends`); ``convention``: a producer's NVFP4 arithmetic
+    (:mod:`fpsim.conventions`, docs/spec.md §4.1)."""
+    plan = lower(scheme, block=block, rounding=rounding, scale_rule=scale_rule, k=k, nan_amax=nan_amax,
+                 convention=convention)
     # checked here as well as in the reference, so that no backend receives an argument the reference refuses
     kw = dict(seed=seed, rbits=rbits, counter=validate.counter_arg(counter),
               tensor_amax=validate.amax_arg(tensor_amax))
@@ -108,20 +110,25 @@ def quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4",
     if plan.is_sr and plan.block is not None and t.dim():  # the reference's check of the counters the call spans
         _, R, C = moved_2d(tuple(t.shape), validate.axis_arg(axis, t.dim()))
         validate.counter_arg(counter, span=R * plan.blocks_per_row(C) * plan.sr.calls_per_block)
-    return _torch_backend().quantize(t, plan.scheme, axis, **tkw).to_quantized(
-        getattr(x, "dtype", np.asarray(x).dtype).name)
+    dtype = getattr(x, "dtype", np.asarray(x).dtype).name
+    if plan.convention is not lower(plan.scheme).convention:
+        tkw["bf16"] = dtype == "bfloat16"
+    return _torch_backend().quantize(t, plan, axis, **tkw).to_quantized(dtype)
 
 
-def dequantize(qt: QuantizedTensor, backend: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
-    """Decode to float32 in the original shape (:func:`fpsim.scaling.dequantize`'s bits) on the chosen backend."""
+def dequantize(qt: QuantizedTensor, backend: str | None = None, out: np.ndarray | None = None,
+               convention: str | None = None) -> np.ndarray:
+    """Decode to float32 in the original shape (:func:`fpsim.scaling.dequantize`'s bits) on the chosen backend;
+    ``convention``: decode as that producer does (:mod:`fpsim.conventions`; default the tensor's own)."""
     if not isinstance(qt, QuantizedTensor):
         raise TypeError(f"dequantize needs a QuantizedTensor (from fpsim.quantize), got {type(qt).__name__}")
+    conv = qt.convention if convention is None else convention
     name = _chosen("dequantize", backend, qt, lower(qt.scheme))
     if name is None:
-        return scaling.dequantize(qt, out=out)
+        return scaling.dequantize(qt, out=out, convention=conv)
     tb = _torch_backend()
-    res = tb.TorchQuantized.from_quantized(qt, backends.torch_device(name)).dequantize().cpu().numpy()
-    return scaling.into(out, res)
+    res = tb.TorchQuantized.from_quantized(qt, backends.torch_device(name)).dequantize(convention=conv)
+    return scaling.into(out, res.cpu().numpy())
 
 
 def fake_quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4", backend: str | None = None,

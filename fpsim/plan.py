@@ -26,6 +26,7 @@ import numpy as np
 
 from ._hashing import cached_hash
 from .codecs import Rounding
+from .conventions import FPSIM, Convention, check_plan_parts, get_convention
 from .formats import FormatSpec, get_format
 from .random import stream_width
 from .schemes import BlockScheme, Kind, ScaleRule, get_scheme
@@ -159,6 +160,8 @@ class Plan:
     sr: SRLayout | None
     two_level: TwoLevel | None
     pow2: PowTwo | None
+    #: the producer whose arithmetic the two-level scales, elements and decode follow (:mod:`fpsim.conventions`)
+    convention: Convention = FPSIM
 
     @property
     def ignore_nan(self) -> bool:
@@ -204,7 +207,7 @@ def scale_arith(spec: FormatSpec) -> ScaleArith:
 
 
 @functools.lru_cache(maxsize=512)
-def _lower(sch: BlockScheme, nan: NanPolicy) -> Plan:
+def _lower(sch: BlockScheme, nan: NanPolicy, conv: Convention = FPSIM) -> Plan:
     kind = sch.kind
     el = sch.element
     mode = Rounding.RNE if sch.rounding is Rounding.SR else sch.rounding
@@ -226,18 +229,26 @@ def _lower(sch: BlockScheme, nan: NanPolicy) -> Plan:
                        F32(1.0) / F32(4.0), fos, scale_arith(sch.scale))
     elif kind is Kind.POW2:
         pow2 = PowTwo(sch.scale_rule, sch.scale_rule.rule_id, el.emax, el.mbits, F32(1.0) / F32(el.max))
-    return Plan(sch, kind, el, sch.scale, sch.block, sch.rounding, nan, el.bits == 4, path, arith, sr, two, pow2)
+    if conv is not FPSIM:
+        check_plan_parts(conv, sch)
+        if nan is not NanPolicy.PROPAGATE:
+            raise ValueError(f"convention {conv.name!r} takes NaN into every amax (nan_amax='propagate')")
+    return Plan(sch, kind, el, sch.scale, sch.block, sch.rounding, nan, el.bits == 4, path, arith, sr, two, pow2,
+                conv)
 
 
 def lower(scheme: str | BlockScheme | Plan, *, block: tuple[int, int] | None = None,
           rounding: str | Rounding | None = None, scale_rule: str | ScaleRule | None = None, k: int | None = None,
-          nan_amax: str | NanPolicy = "propagate") -> Plan:
+          nan_amax: str | NanPolicy = "propagate", convention: str | Convention | None = None) -> Plan:
     """The plan of ``scheme`` with the call's overrides (cached: equal arguments give the same object).
 
     ``block``, ``rounding``, ``scale_rule``, ``k`` override the scheme's block shape, element rounding,
-    E8M0 rule and SR bits (the scheme's own checks apply to the result); ``nan_amax`` is the NaN policy.
+    E8M0 rule and SR bits (the scheme's own checks apply to the result); ``nan_amax`` is the NaN policy;
+    ``convention`` a producer's arithmetic (:mod:`fpsim.conventions`; NVFP4 only, default fpsim's own).
     """
     if isinstance(scheme, Plan):
+        if convention is not None and get_convention(convention) is not scheme.convention:
+            return _lower(scheme.scheme, scheme.nan, get_convention(convention))
         return scheme
     sch = get_scheme(scheme)
     changes = {}
@@ -252,4 +263,4 @@ def lower(scheme: str | BlockScheme | Plan, *, block: tuple[int, int] | None = N
         changes["sr_bits"] = int(k)
     if changes:
         sch = dataclasses.replace(sch, **changes)
-    return _lower(sch, NanPolicy.parse(nan_amax))
+    return _lower(sch, NanPolicy.parse(nan_amax), get_convention(convention))

@@ -32,8 +32,10 @@ import numpy as np
 
 from . import _row_kernels as RK
 from . import _scaling_kernels as SK
+from . import conventions as CV
 from ._arrays import as_float32
 from .codecs import Rounding, decode, encode, encode_lut
+from .packing import pack_fp4, unpack_fp4
 from .plan import Plan, is_e2m1, lower
 from .random import seed_key
 from .schemes import BlockScheme, Kind, ScaleRule
@@ -235,6 +237,7 @@ def quantize(
     counter: int = 0,
     nan_amax: str = "propagate",
     tensor_amax: float | None = None,
+    convention: str | CV.Convention | None = None,
 ) -> QuantizedTensor:
     """Quantize a tensor with a block-scaled scheme on the CPU reference (docs/spec.md §4–§6).
 
@@ -261,6 +264,9 @@ def quantize(
         Use this FP32 tensor amax instead of measuring it (schemes with a per-tensor second level or
         per-tensor FP8 scale): quantizing a large tensor chunk by chunk with its global amax gives the
         bits of quantizing it whole.
+    convention
+        A producer's arithmetic (:mod:`fpsim.conventions`, NVFP4 only): the bytes that library writes; the
+        result remembers it, so ``q.dequantize()`` decodes in that producer's order.
 
     Examples
     --------
@@ -268,7 +274,8 @@ def quantize(
     >>> q.scales, float(q.amax), q.dequantize()[[1, 15]]
     (array([126], dtype=uint8), 15.0, array([ 1.25, 15.  ], dtype=float32))
     """
-    plan = lower(scheme, block=block, rounding=rounding, scale_rule=scale_rule, k=k, nan_amax=nan_amax)
+    plan = lower(scheme, block=block, rounding=rounding, scale_rule=scale_rule, k=k, nan_amax=nan_amax,
+                 convention=convention)
     if isinstance(scheme, Plan) and (block, rounding, scale_rule, k) != (None,) * 4:
         raise ValueError("a Plan carries its options: pass block/rounding/scale_rule/k to lower() instead")
     sch = plan.scheme
@@ -306,6 +313,9 @@ def quantize(
             y = x32 / d
         codes = encode(y, plan.element, plan.rounding, **sr_kw)
         return QuantizedTensor(codes, np.array(d, F32), np.array(amax), sch, shape, dtype, ax)
+    conv = plan.convention
+    if not CV.is_native(conv):
+        return _quantize_convention(plan, X, moved, shape, dtype, ax, tensor_amax)
     BR = plan.block[0]
     if BR > 1 and len(moved) != 2:
         raise ValueError(f"2-D blocks {plan.block} need a 2-D tensor, got shape {shape}")
@@ -321,7 +331,42 @@ def quantize(
     else:
         scales = _quantize_fp32(c)
     data = c.out.reshape(moved[:-1] + (c.out.shape[1],))
-    return QuantizedTensor(data, scales.reshape(moved[:-1] + (c.nb,)), amax, sch, shape, dtype, ax)
+    return QuantizedTensor(data, scales.reshape(moved[:-1] + (c.nb,)), amax, sch, shape, dtype, ax, conv.name)
+
+
+def blocks_3d(X: np.ndarray, bc: int) -> np.ndarray:
+    """float32 [R, nb, bc] of the float32 rows X [R, C] (or their bits), zero-padded to whole blocks."""
+    R, C = X.shape
+    nb = -(-C // bc)
+    P = np.zeros((R, nb * bc), F32)
+    P[:, :C] = X.view(F32)
+    return P.reshape(R, nb, bc)
+
+
+def _quantize_convention(plan: Plan, X, moved, shape, dtype: str, ax: int, tensor_amax) -> QuantizedTensor:
+    """A producer convention's NVFP4 bytes (:mod:`fpsim.conventions`) from the float32 bits X [R, C]."""
+    bc = plan.block[1]
+    am = None if tensor_amax is None else F32(tensor_amax)
+    with np.errstate(all="ignore"):
+        codes, scales, amax = CV.quantize_blocks(blocks_3d(X, bc), plan.convention, dtype == "bfloat16", amax=am)
+    R, nb = scales.shape
+    data = pack_fp4(np.asarray(codes, np.uint8).reshape(R, nb * bc))
+    return QuantizedTensor(data.reshape(moved[:-1] + (data.shape[1],)), np.asarray(scales, np.uint8).reshape(
+        moved[:-1] + (nb,)), np.array(amax, F32), plan.scheme, shape, dtype, ax, plan.convention.name)
+
+
+def dequantize_convention(qt: QuantizedTensor, conv: CV.Convention) -> np.ndarray:
+    """Decode an NVFP4 :class:`~fpsim.tensor.QuantizedTensor` as the producer of ``conv`` does (float32, [R, C])."""
+    CV.check_plan_parts(conv, qt.scheme)
+    moved, R, C = moved_2d(tuple(qt.shape), qt.axis)
+    bc = qt.scheme.block[1]
+    codes = np.ascontiguousarray(qt.data).reshape(R, -1) if R else np.zeros((0, 0), np.uint8)
+    e = decode(unpack_fp4(codes), "float4_e2m1fn").reshape(R, -1, bc)
+    s = decode(np.ascontiguousarray(qt.scales).reshape(R, -1), "float8_e4m3fn")[..., None]
+    with np.errstate(all="ignore"):
+        g = CV.decode_input(np.asarray(qt.amax, F32), conv, qt.dtype == "bfloat16")
+        out = np.asarray(CV.decode_blocks(e, s, g, conv), F32).reshape(R, -1)[:, :C]
+    return np.moveaxis(np.ascontiguousarray(out).reshape(moved), -1, qt.axis)
 
 
 def into(out: np.ndarray | None, res: np.ndarray) -> np.ndarray:
@@ -333,7 +378,7 @@ def into(out: np.ndarray | None, res: np.ndarray) -> np.ndarray:
     return out
 
 
-def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None) -> np.ndarray:
+def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None, convention: str | None = None) -> np.ndarray:
     """Decode a :class:`~fpsim.tensor.QuantizedTensor` to float32 in its original shape (CPU reference).
 
     NVFP4: ``fl((e2m1 · f32(s_b)) · S_dec)`` with S_dec recomputed from the stored amax; MX:
@@ -341,9 +386,13 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None) -> np.ndarray
     ``out``: a C-contiguous, writeable float32 array of the original shape to decode into (block schemes
     quantized along the last axis): reusing it saves the allocation and the page faults of a fresh output,
     which cost about as much as the decoding itself on large tensors.
+    ``convention``: decode as that producer does (:mod:`fpsim.conventions`; default the tensor's own).
     """
     if not isinstance(qt, QuantizedTensor):
         raise TypeError(f"dequantize needs a QuantizedTensor (from fpsim.quantize), got {type(qt).__name__}")
+    conv = CV.get_convention(qt.convention if convention is None else convention)
+    if not CV.decodes_native(conv):
+        return into(out, dequantize_convention(qt, conv))
     sch = qt.scheme
     plan = lower(sch)
     el = plan.element

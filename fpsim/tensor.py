@@ -52,6 +52,9 @@ class QuantizedTensor:
         ``per_row_scale``); NaN where the scheme has no second level.
     scheme, shape, dtype, axis
         The scheme, the original shape, the original dtype's name, the quantized axis.
+    convention
+        The producer convention the bytes were written in (:mod:`fpsim.conventions`; ``"fpsim"`` by default):
+        :meth:`dequantize` decodes in its order unless told otherwise.
     """
 
     data: np.ndarray
@@ -61,15 +64,19 @@ class QuantizedTensor:
     shape: tuple[int, ...]
     dtype: str
     axis: int
+    convention: str = "fpsim"
 
     def __post_init__(self) -> None:
         check_layout(self)
 
-    def dequantize(self, out: np.ndarray | None = None) -> np.ndarray:
-        """Decode to float32 in the original shape (§4–§6 decode rules): :func:`fpsim.dequantize` of this tensor."""
+    def dequantize(self, out: np.ndarray | None = None, convention: str | None = None) -> np.ndarray:
+        """Decode to float32 in the original shape (§4–§6 decode rules): :func:`fpsim.dequantize` of this tensor;
+        ``convention``: decode as that producer does (default: the tensor's own, :attr:`convention`)."""
         if _DECODER is None:
             raise RuntimeError("no decoder registered: import fpsim")
-        return _DECODER(self, out=out)
+        if convention is None:
+            return _DECODER(self, out=out)
+        return _DECODER(self, out=out, convention=convention)
 
     @property
     def size(self) -> int:
@@ -115,6 +122,7 @@ class QuantizedTensor:
             and tuple(self.shape) == tuple(other.shape)
             and self.dtype == other.dtype
             and self.axis == other.axis
+            and self.convention == other.convention
         )
 
 

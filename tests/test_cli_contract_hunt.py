@@ -151,7 +151,7 @@ def test_vectors_out_that_is_a_device_is_a_usage_error(tmp_path):
 
 
 def test_vectors_element_refuses_dequantize_order(tmp_path):
-    r = invoke("vectors", "--element", "e2m1", "--dequantize-order", "torchao", "--out", tmp_path / "v")
+    r = invoke("vectors", "--element", "e2m1", "--dequantize-order", "pts_s", "--out", tmp_path / "v")
     assert r.exit_code == 2 and "--dequantize-order" in r.output and not (tmp_path / "v").exists(), r.output
 
 

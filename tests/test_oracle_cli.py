@@ -107,15 +107,15 @@ def test_vectors_options(tmp_path):
     assert r.exit_code == 0
     m, cases = read_vectors(tmp_path / "f")
     assert m["scheme"]["four_over_six"] and all(c["kwargs"].get("nan_amax") == "ignore" for c in m["cases"])
-    r = _run(["vectors", "--scale-min", "2**-6", "--dequantize-order", "torchao", "--out", str(tmp_path / "t")])
+    r = _run(["vectors", "--scale-min", "2**-6", "--dequantize-order", "pts_s", "--out", str(tmp_path / "t")])
     assert r.exit_code == 0
     m, _ = read_vectors(tmp_path / "t")
-    assert m["scale_min"] == 2.0**-6 and m["dequantize_order"] == "torchao"
+    assert m["scale_min"] == 2.0**-6 and m["dequantize_order"] == "pts_s"
 
 
 @pytest.mark.parametrize("args", [["--element", "e2m1", "--scale-rule", "floor"], ["--scheme", "bf16"],
                                   ["--scheme", "nvfp4", "--scale-rule", "all"], ["--element", "e9m9"],
-                                  ["--scheme", "mxfp4", "--dequantize-order", "torchao"]])
+                                  ["--scheme", "mxfp4", "--dequantize-order", "pts_s"]])
 def test_vectors_refusals_leave_nothing(tmp_path, args):
     out = tmp_path / "new" / "v"
     r = _run(["vectors", *args, "--out", str(out)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,21 +82,49 @@ def test_two_level_decoder_matches_dequantize_and_torchao_order_differs(tmp_path
     codes = fpsim.unpack_fp4(q.data)
     te = decode_two_level(codes, q.scales, np.full(64, q.amax, np.float32), sch)
     assert te.tobytes() == q.dequantize().tobytes()
-    ta = decode_two_level(codes, q.scales, np.full(64, q.amax, np.float32), sch, "torchao")
+    ta = decode_two_level(codes, q.scales, np.full(64, q.amax, np.float32), sch, "pts_s")
     assert not np.array_equal(ta, te) and np.allclose(ta, te, rtol=1e-6, atol=0)
 
 
 def test_torchao_options_scale_clamp_and_dequantize_order(tmp_path):
-    m = write_vectors("nvfp4", tmp_path / "v", scale_min=2.0**-6, dequantize_order="torchao")
-    assert m["scale_min"] == 2.0**-6 and m["dequantize_order"] == "torchao" and "≥ 0.015625" in m["conventions"]
+    m = write_vectors("nvfp4", tmp_path / "v", scale_min=2.0**-6, dequantize_order="pts_s")
+    assert m["scale_min"] == 2.0**-6 and m["dequantize_order"] == "pts_s" and "≥ 0.015625" in m["conventions"]
     _, cases = read_vectors(tmp_path / "v")
     v = cases["subnormal E4M3 scale"]
     e4m3 = fpsim.get_format("e4m3").decode_table()
     assert e4m3[v["scales"]].min() >= 2.0**-6  # fpsim's own vectors have a subnormal scale here
     _, plain = read_vectors(tmp_path / "w") if write_vectors("nvfp4", tmp_path / "w") else (None, None)
     assert e4m3[plain["subnormal E4M3 scale"]["scales"]].min() < 2.0**-6
-    for kw in ({"scheme": "mxfp4", "scale_min": 0.1}, {"scheme": "mxfp4", "dequantize_order": "torchao"},
+    for kw in ({"scheme": "mxfp4", "scale_min": 0.1}, {"scheme": "mxfp4", "dequantize_order": "pts_s"},
                {"scheme": "nvfp4", "dequantize_order": "other"}):
         with pytest.raises(ValueError):
             write_vectors(out_dir=tmp_path / "x", **kw)
         assert not (tmp_path / "x").exists()
+
+
+def test_torchao_vectors_are_torchaos_on_zero_negative_zero_and_tiny_tensors(tmp_path):
+    """Issue 47 item 4: the vectors called torchao's were fpsim's scale order with a 2^-6 clamp, which writes scale
+    0x08 for the zero tensor, −0 and a 2^-149 tensor, where real torchao 0.18 gives NaN scales (0xFF) and NaN values
+    (tests/data/producers/torchao.npz, written by torchao).  That combination is now named for what it is
+    (``pts_s``) and ``convention="torchao"`` gives torchao's bytes."""
+    from fpsim.oracle.vectors import DEQUANTIZE_ORDERS
+
+    assert "torchao" not in DEQUANTIZE_ORDERS and "te_cuda" in DEQUANTIZE_ORDERS
+    m = write_vectors("nvfp4", tmp_path / "t", convention="torchao")
+    assert m["convention"] == "torchao" and m["dequantize_order"] == "s_pts"
+    _, cases = read_vectors(tmp_path / "t")
+    with np.load(Path(__file__).parent / "data" / "producers" / "torchao.npz") as z:
+        lib = {f"{k}.{f}": z[f"{k}.float32.{f}"] for k in ("zero", "negative_zero") for f in ("scales", "codes")}
+        assert set(lib["zero.scales"].ravel()) == set(lib["negative_zero.scales"].ravel()) == {0xFF}
+        assert z["tiny_subnormal.float32.scales"][0, 0] == 0xFF  # block amax 2^-149: fl(2^-149/6) / 0 = NaN
+        want_code = int(lib["zero.codes"].ravel()[0])
+    for name in ("zero tensor", "negative zero", "tiny tensor: S_enc capped at FLT_MAX"):
+        v = cases[name]
+        assert set(v["scales"].ravel()) == {0xFF} and np.isnan(v["decoded"]).all(), name
+        assert set(v["codes"][:, :v["input"].shape[-1]].ravel()) == {want_code}, name
+    plain = write_vectors("nvfp4", tmp_path / "p", scale_min=2.0**-6, dequantize_order="pts_s")
+    assert "convention" not in plain and read_vectors(tmp_path / "p")[1]["zero tensor"]["scales"].ravel()[0] == 0x08
+    with pytest.raises(ValueError, match="convention"):
+        write_vectors("nvfp4", tmp_path / "x", convention="torchao", scale_min=2.0**-6)
+    with pytest.raises(ValueError):
+        write_vectors("mxfp4", tmp_path / "y", convention="torchao")

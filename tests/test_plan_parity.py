@@ -83,6 +83,9 @@ def _plans():
             seed = (len(out) * 7919) % 1000 if plan.is_sr else None
             pid = f"{base.name}-{blk}-{rnd}{k or ''}-{rule or ''}-{nan}"
             out.append((pid, plan, seed, len(out) % 3 if plan.is_sr else 0))
+    for name in fpsim.conventions.names():  # the producer conventions (issue 47): NVFP4, RNE, NaN propagated
+        if name != "fpsim":
+            out.append((f"nvfp4-convention-{name}", lower("nvfp4", convention=name), None, 0))
     return out
 
 
@@ -173,6 +176,7 @@ def test_the_plan_set_covers_every_option():
     assert {p.rounding.value for p in plans} == {"rne", "rtz", "rna", "sr"}
     assert {p.nan.value for p in plans} == {"propagate", "ignore"}
     assert {p.element.name for p in plans} >= {"float8_e3m4"} and any(p.scale == UE5M3 for p in plans)
+    assert {p.convention.name for p in plans} == set(fpsim.conventions.names())
     assert sum(backends.unsupported("torch-cpu", "quantize", p) is None for p in plans) > 0.9 * len(plans)
 
 
@@ -233,6 +237,27 @@ def test_triton_kernels_return_the_reference_bytes_on_sampled_plans():
         assert_same(got.to_quantized(want.dtype), want, pid)
         assert same_bits(got.dequantize(impl="triton").cpu().numpy(), ref), pid
         assert same_bits(tb.fake_quantize(t, plan, axis, impl="triton", **kw).cpu().numpy(), ref), pid
+
+
+def test_producer_conventions_run_as_torch_operations_on_the_triton_path():
+    """The Triton kernels take no producer convention: the torch backend says so and runs them as torch operations
+    on the tensor's device (the reference's bytes; under the interpreter on CPU tensors, compiled on a GPU)."""
+    x, _ = _case(lower("nvfp4"), 2)
+    for name in fpsim.conventions.names():
+        plan = lower("nvfp4", convention=name)
+        t = torch.from_numpy(x).to(DEV)
+        if name == "fpsim":
+            assert triton_unsupported(plan) is None
+            continue
+        assert name in triton_unsupported(plan) and tb.route(plan, t, "auto") == "eager"
+        if triton_available():
+            with pytest.raises(ValueError, match=name):
+                tb.quantize(t, plan, impl="triton")
+        want = fpsim.quantize(x, "nvfp4", convention=name)
+        got = tb.quantize(t, plan)
+        assert_same(got.to_quantized(), want, name)
+        assert same_bits(got.dequantize(impl="triton" if triton_available() else "auto").cpu().numpy(),
+                         want.dequantize()), name
 
 
 def test_route_and_unsupported_name_the_hand_off():

@@ -37,7 +37,8 @@ def _global(g: QuantizedGroup, value: float | None, rec: dict, notes: dict) -> N
     rec["global_scale_kind"] = g.global_kind
     rec["implied_amax"] = None
     if value is None:
-        notes["global_scale"] = notes["implied_amax"] = f"{g.fmt.upper()} has no global scale"
+        notes["global_scale"] = notes["implied_amax"] = notes["global_scale_kind"] = \
+            f"{g.fmt.upper()} has no global scale"
         return
     if not (math.isfinite(value) and value > 0):
         notes["implied_amax"] = f"the global scale {value!r} is not a positive finite number"
@@ -139,7 +140,9 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
     rec["input_scale"] = inp
     rec["input_scale_kind"] = ("encode" if g.producer == "compressed-tensors" else "decode") if inp is not None else None
     if inp is None:
-        notes["input_scale"] = "no static activation scale in the file"
+        notes["input_scale"] = notes["input_scale_kind"] = "no static activation scale in the file"
+    if g.block is None:
+        notes["block"] = "FP8 scales are per tensor or per row, not per block"
     xq = decode_quantized(g, codes, scale, glob_)
     rec["decoded_amax"] = float(np.max(np.abs(xq))) if xq.size and np.isfinite(xq).all() else None
     if rec["decoded_amax"] is None:

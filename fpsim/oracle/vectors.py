@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from ..codecs import decode, encode
+from ..conventions import get_convention
 from ..dispatch import quantize
 from ..formats import get_format
 from ..io import OutputError, atomic_write, dumps
 from ..packing import pack_fp4, unpack_fp4
+from ..plan import lower
 from ..scaling import swizzle_scales
 from ..schemes import BlockScheme, Kind, ScaleRule, get_scheme
 from .common import F32
@@ -156,10 +158,12 @@ def _element_arrays(fmt) -> tuple[dict, list[tuple[str, dict, int | None, dict]]
                                                               "saturate": [True, False]}, None, enc)]
 
 
-#: Orders of the two-level decode x̂ from code value e, block scale s and tensor amax.
+#: Orders of the two-level decode x̂ from code value e, block scale s and tensor amax.  (Until issue 47 the
+#: ``pts_s`` order was called "torchao"; torchao's NVFP4 as a whole is ``convention="torchao"``.)
 DEQUANTIZE_ORDERS = {
-    "fpsim": "fl(fl(e·s)·S_dec), S_dec = fl(1/S_enc)  (SPEC §4; Transformer Engine)",
-    "torchao": "fl(e·fl(pts·s)), pts = fl(amax/2688)  (torchao's NVFP4 dequantize)",
+    "fpsim": "fl(fl(e·s)·S_dec), S_dec = fl(1/S_enc)  (SPEC §4; fpsim's own order, not Transformer Engine's)",
+    "te_cuda": "fl(e·fl(fl(s·amax)·fl(1/2688)))  (Transformer Engine's CUDA dequantize_fp4_kernel)",
+    "pts_s": "fl(e·fl(pts·s)), pts = fl(amax/2688)  (the decode order of torchao and ModelOpt)",
 }
 
 
@@ -178,14 +182,20 @@ def decode_two_level(codes: np.ndarray, scales: np.ndarray, amax_rows: np.ndarra
         if not sch.tensor_scale:
             return (e * s).astype(F32).reshape(R, -1)
         am = np.asarray(amax_rows, F32).reshape(R, 1, 1)
-        if order == "torchao":
+        if order == "pts_s":
             return (e * ((am / num).astype(F32) * s)).astype(F32).reshape(R, -1)
+        if order == "te_cuda":
+            return (e * ((s * am).astype(F32) * (F32(1.0) / num))).astype(F32).reshape(R, -1)
         s_dec = (F32(1.0) / tensor_s_enc(am, num)).astype(F32)
         return ((e * s).astype(F32) * s_dec).astype(F32).reshape(R, -1)
 
 
-def _case_bytes(x: np.ndarray, sch: BlockScheme, kw: dict, scale_min, order: str):
+def _case_bytes(x: np.ndarray, sch: BlockScheme, kw: dict, scale_min, order: str, convention=None):
     """(codes [R, nb·BC] one per byte, packed or None, scales, amax, decoded in x's shape, axis) of one case."""
+    if convention is not None:  # a producer's bytes and values (fpsim.conventions)
+        q = quantize(x, sch, convention=convention, **kw)
+        codes = unpack_fp4(q.data)
+        return codes, q.data, q.scales, np.asarray(q.amax, F32), q.dequantize(), q.axis
     if scale_min is None:
         q = quantize(x, sch, **kw)
         R = math.prod(q.data.shape[:-1])
@@ -215,7 +225,8 @@ def _case_bytes(x: np.ndarray, sch: BlockScheme, kw: dict, scale_min, order: str
     return codes, packed, scales, amax, np.moveaxis(dec.reshape(moved), -1, axis), axis
 
 
-def _scheme_arrays(sch: BlockScheme, rules, scale_min=None, order: str = "fpsim", nan_amax: str = "propagate"):
+def _scheme_arrays(sch: BlockScheme, rules, scale_min=None, order: str = "fpsim", nan_amax: str = "propagate",
+                   convention=None):
     """Manifest head and cases ``(name, kwargs, axis, arrays)`` of a block scheme (one set per scale rule)."""
     cases = []
     many = len(rules) > 1
@@ -224,7 +235,9 @@ def _scheme_arrays(sch: BlockScheme, rules, scale_min=None, order: str = "fpsim"
             kw = dict(kw, scale_rule=rule) if rule is not None else kw
             if nan_amax != "propagate":
                 kw = dict(kw, nan_amax=nan_amax)
-            codes, packed, scales, amax, decoded, axis = _case_bytes(x, sch, kw, scale_min, order)
+            if convention is not None and ("block" in kw or "nan_amax" in kw):
+                continue  # producers write 1x16 blocks and take NaN into every amax
+            codes, packed, scales, amax, decoded, axis = _case_bytes(x, sch, kw, scale_min, order, convention)
             R = math.prod(codes.shape[:-1])
             arrays = {"input": x, "codes": codes}
             if packed is not None:
@@ -241,11 +254,16 @@ def _scheme_arrays(sch: BlockScheme, rules, scale_min=None, order: str = "fpsim"
         conv = conv.replace("no lower scale clamp", f"block scale clamped to ≥ {scale_min:g} before encoding")
     if order != "fpsim":
         conv += f"; decoded = {DEQUANTIZE_ORDERS[order]}"
-    return {"scheme": sch.to_json(), "conventions": conv, "scale_min": scale_min, "dequantize_order": order}, cases
+    head = {"scheme": sch.to_json(), "conventions": conv, "scale_min": scale_min, "dequantize_order": order}
+    if convention is not None:
+        c = get_convention(convention)
+        head.update(conventions=f"producer convention {c.name} (docs/spec.md §4.1; {c.source}); 2-D tiles and "
+                    "ignored NaN left out", convention=c.name, dequantize_order=c.decode_rule.value)
+    return head, cases
 
 
 def write_vectors(scheme=None, out_dir=None, *, element=None, scale_rules=None, scale_min: float | None = None,
-                  dequantize_order: str = "fpsim", nan_amax: str = "propagate") -> dict:
+                  dequantize_order: str = "fpsim", nan_amax: str = "propagate", convention: str | None = None) -> dict:
     """Write golden vectors into ``out_dir`` (created, with ``bin/``, only once every array is computed).
 
     Either block-scheme vectors (``scheme``: the cases of :func:`vector_cases`) or element-codec vectors
@@ -254,7 +272,10 @@ def write_vectors(scheme=None, out_dir=None, *, element=None, scale_rules=None, 
     with several, each case name ends in `` [rule]``.  ``scale_min``: two-level schemes, clamp the block scale
     to at least this before encoding (torchao: ``2**-6``); ``dequantize_order``: how ``decoded`` is computed
     (:data:`DEQUANTIZE_ORDERS`; two-level schemes); ``nan_amax="ignore"``: every case ignores NaN in its
-    amaxes (SPEC §9).  Returns the manifest.
+    amaxes (SPEC §9); ``convention``: a producer's bytes and decoded values (:mod:`fpsim.conventions`, NVFP4:
+    ``"torchao"`` gives torchao's own, checked against torchao in tests/test_producers.py; the 2-D-tile and
+    ignored-NaN cases are left out).  ``scale_min`` with ``dequantize_order="pts_s"`` is *not* torchao: it is
+    fpsim's scale order with torchao's clamp and decode order.  Returns the manifest.
 
     Layout (every file written atomically through :func:`fpsim.io.atomic_write`)::
 
@@ -300,7 +321,11 @@ def write_vectors(scheme=None, out_dir=None, *, element=None, scale_rules=None, 
             raise ValueError("scale_min cannot be combined with four-over-six")
         if nan_amax not in ("propagate", "ignore"):
             raise ValueError("nan_amax must be 'propagate' or 'ignore'")
-        head, cases = _scheme_arrays(sch, rules, scale_min, dequantize_order, nan_amax)
+        if convention is not None:
+            if scale_min is not None or dequantize_order != "fpsim" or nan_amax != "propagate" or rules != [None]:
+                raise ValueError("a convention fixes the scale clamp, decode order and NaN policy: give it alone")
+            lower(sch, convention=convention)  # refuses unknown names and schemes the producers do not write
+        head, cases = _scheme_arrays(sch, rules, scale_min, dequantize_order, nan_amax, convention)
     manifest: dict = {"format": _VEC_TAG, "fpsim_version": fpsim.__version__, **head, "byteorder": "little",
                       "cases": []}
     blobs: dict[str, bytes] = {}

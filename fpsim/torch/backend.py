@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..conventions import is_native
 from ..plan import Plan, lower
 from ..schemes import BlockScheme, Kind, ScaleRule
 from ..tensor import moved_2d
 from .codecs import decode, encode
 from .container import TorchQuantized
+from .conventions import quantize_convention
 from .gemm import gemm
 from .quantize import absmax, amax_bits, eager_unsupported, quantize_eager, quantize_fused, triton_unsupported
 from .rht import (
@@ -126,16 +128,21 @@ def _rows(x, plan: Plan, axis: int):
 
 def quantize(x, scheme: str | BlockScheme | Plan = "nvfp4", axis: int = -1, *, block=None, rounding=None,
              scale_rule: str | ScaleRule | None = None, k: int | None = None, nan_amax: str = "propagate",
-             seed: int | None = None, counter: int = 0, tensor_amax=None, impl: str = "auto") -> TorchQuantized:
+             seed: int | None = None, counter: int = 0, tensor_amax=None, impl: str = "auto",
+             convention: str | None = None, bf16: bool | None = None) -> TorchQuantized:
     """:func:`fpsim.quantize` for a torch tensor, result on the tensor's device (same bits, same layouts).
 
     Arguments as :func:`fpsim.quantize` (``rbits=`` excepted: explicit random bits go through it); ``impl``
     ``"auto"`` (Triton on CUDA where the kernels take the plan, else torch operations), ``"triton"`` or
     ``"eager"``.  Stochastic rounding reads the Philox stream of the CPU quantizer in the same block order.
+    ``convention``: a producer's NVFP4 arithmetic (:mod:`fpsim.conventions`), run as torch operations; ``bf16``:
+    the values were bfloat16 (default: x's dtype says; compressed-tensors then forms its global scale in bfloat16).
     """
     torch = torch_module()
-    plan = _plan(scheme, block, rounding, scale_rule, k, nan_amax, seed)
+    plan = lower(_plan(scheme, block, rounding, scale_rule, k, nan_amax, seed), convention=convention)
     _check_tensor_amax(plan, tensor_amax)
+    if bf16 is None:
+        bf16 = x.dtype == torch.bfloat16
     x = x.to(torch.float32)
     if x.dim() == 0:
         raise ValueError("quantize needs at least one axis")
@@ -155,6 +162,11 @@ def quantize(x, scheme: str | BlockScheme | Plan = "nvfp4", axis: int = -1, *, b
             q, s, amax = quantize_eager(x, plan, amax, seed=seed, counter=counter)
         return TorchQuantized(q, s, amax.reshape(()), plan.scheme, shape, axis % x.dim())
     X, moved, ax = _rows(x, plan, axis)
+    if not is_native(plan.convention):
+        q, s, amax = quantize_convention(X, plan, bf16, tensor_amax)
+        lead = moved[:-1]
+        return TorchQuantized(q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1]), amax, plan.scheme, shape,
+                              ax, plan.convention.name, bf16)
     amax = _amax(X, plan, tensor_amax, fused)
     if fused:
         q, s = quantize_fused(X, plan, amax, seed=seed, counter=counter)
@@ -163,7 +175,7 @@ def quantize(x, scheme: str | BlockScheme | Plan = "nvfp4", axis: int = -1, *, b
     lead = moved[:-1]
     amax = amax.reshape(lead) if plan.two_level is not None and plan.two_level.per_row else amax.reshape(())
     return TorchQuantized(q.reshape(*lead, q.shape[-1]), s.reshape(*lead, s.shape[-1]), amax, plan.scheme, shape,
-                          ax)
+                          ax, plan.convention.name, bf16)
 
 
 def fake_quantize(x, scheme: str | BlockScheme | Plan = "nvfp4", axis: int = -1, *, block=None, rounding=None,

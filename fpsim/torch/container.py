@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from ..conventions import check_plan_parts, decodes_native, get_convention
 from ..plan import ElemPath, Plan, lower
 from ..schemes import Kind
 from ..tensor import QuantizedTensor, moved_2d
@@ -32,10 +33,12 @@ class TorchQuantized:
     scheme: object
     shape: tuple
     axis: int = -1
+    convention: str = "fpsim"  #: the producer convention of the bytes (:mod:`fpsim.conventions`)
+    bf16: bool = False  #: the quantized input was bfloat16 (a convention's global scale may depend on it)
 
     @property
     def plan(self) -> Plan:
-        return lower(self.scheme)
+        return lower(self.scheme, convention=self.convention if self.convention != "fpsim" else None)
 
     @classmethod
     def from_quantized(cls, q: QuantizedTensor, device="cpu") -> TorchQuantized:
@@ -46,19 +49,30 @@ class TorchQuantized:
         if data.dtype == np.uint16:
             data = data.astype(np.int32)
         return cls(torch.from_numpy(data).to(device), torch.from_numpy(np.array(q.scales, order="C")).to(device),
-                   torch.from_numpy(np.asarray(q.amax, np.float32).copy()).to(device), q.scheme, tuple(q.shape), q.axis)
+                   torch.from_numpy(np.asarray(q.amax, np.float32).copy()).to(device), q.scheme, tuple(q.shape), q.axis,
+                   q.convention, q.dtype == "bfloat16")
 
     def to_quantized(self, dtype: str = "float32") -> QuantizedTensor:
         """The numpy :class:`fpsim.QuantizedTensor` with these bits."""
         data = self.data.cpu().numpy().astype(self.plan.element.code_dtype, copy=False)
         return QuantizedTensor(data, self.scales.cpu().numpy(), self.amax.cpu().numpy(), self.scheme,
-                               tuple(self.shape), dtype, self.axis % len(self.shape))
+                               tuple(self.shape), dtype, self.axis % len(self.shape), self.convention)
 
-    def dequantize(self, dtype=None, impl: str = "auto"):
-        """Decode to float32 (or ``dtype``) in the original shape, on the tensor's device (the reference's bits)."""
+    def dequantize(self, dtype=None, impl: str = "auto", convention: str | None = None):
+        """Decode to float32 (or ``dtype``) in the original shape, on the tensor's device (the reference's bits);
+        ``convention``: decode as that producer does (:mod:`fpsim.conventions`; default the tensor's own)."""
         torch = torch_module()
         plan = self.plan
         ax = self.axis % len(self.shape)
+        conv = get_convention(self.convention if convention is None else convention)
+        if not decodes_native(conv):
+            from .conventions import dequantize_convention
+
+            check_plan_parts(conv, self.scheme)
+            moved, R, C = moved_2d(tuple(self.shape), ax)
+            out = dequantize_convention(self.data, self.scales, self.amax, conv, R, C, plan.block[1], self.bf16)
+            out = torch.movedim(out.reshape(moved), -1, ax)
+            return out if dtype is None else out.to(dtype)
         if plan.block is not None and use_triton(self.data, impl) and decodable(plan):
             out = dequantize_fused(self.data, self.scales, self.amax, self.shape[ax], plan, dtype)
             return torch.movedim(out, -1, ax)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..codecs import Rounding
+from ..conventions import is_native
 from ..plan import ElemPath, Plan
 from ..random import seed_key
 from ..schemes import Kind, ScaleRule
@@ -39,6 +40,8 @@ def _elements_unsupported(plan: Plan) -> str | None:
 
 def triton_unsupported(plan: Plan) -> str | None:
     """Why the fused Triton kernels do not run this plan, or None (they then give the reference's bits)."""
+    if not is_native(plan.convention):
+        return f"the {plan.convention.name} convention runs as torch operations (fpsim.torch.conventions)"
     if plan.kind is Kind.CAST:
         return "casts run as torch operations"
     if plan.rounding not in (Rounding.RNE, Rounding.SR):
