@@ -70,6 +70,14 @@ def _histogram(h) -> str:
     return f"+0:{h[0]} -0:{h[8]} " + " ".join(f"±{m}:{h[i + 1] + h[i + 9]}" for i, m in enumerate(mags))
 
 
+def _e4m3(byte: int) -> str:
+    import numpy as np
+
+    from fpsim import decode
+
+    return _num(float(decode(np.array([byte], np.uint8), "e4m3")[0]), 6)
+
+
 def _conformance(r: dict) -> str:
     if r.get("conformant") is None:
         return f"conformance {_MISSING}"
@@ -79,7 +87,8 @@ def _conformance(r: dict) -> str:
     if not fd:
         return head + "every block's codes and scale equal"
     diff = [i for i, (a, b) in enumerate(zip(fd["codes_file"], fd["codes_expected"])) if a != b]
-    what = (f"scale byte 0x{fd['scale_file']:02x} vs 0x{fd['scale_expected']:02x}"
+    what = (f"scale byte 0x{fd['scale_file']:02x} ({_e4m3(fd['scale_file'])}) vs 0x{fd['scale_expected']:02x} "
+            f"({_e4m3(fd['scale_expected'])})"
             if fd["scale_file"] != fd["scale_expected"] else "same scale")
     codes = f", codes differ at columns {[fd['columns'][0] + i for i in diff]}" if diff else ""
     return (head + f"{r['blocks_differing']} of {r['blocks']} blocks differ ({r['blocks_scale_differing']} in their "
@@ -87,11 +96,11 @@ def _conformance(r: dict) -> str:
             f"{what}{codes}")
 
 
-def render_quantized(recs: list[dict]) -> str:
+def render_quantized(recs: list[dict], lead: str = "\n") -> str:
     """The table section: per tensor a header line, what the file shows, and with --reference the comparison."""
     if not recs:
         return ""
-    out = ["", "Quantized tensors (read from the checkpoint: each packed weight with its scales, decoded as its "
+    out = [lead + "Quantized tensors (read from the checkpoint: each packed weight with its scales, decoded as its "
            "producer does; never re-quantized, never ranked)"]
     for r in recs:
         out.append(f"{r['tensor']}  ({r['producer']} {r['format'].upper()}, {'×'.join(map(str, r['shape']))}, "

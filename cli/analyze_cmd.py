@@ -305,6 +305,10 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
 
     groups, refs, aside = _split_quantized(refs, note)
     groups = [g for g in groups if not select or any(fnmatch.fnmatch(g.name, s) for s in select)]
+    if groups:
+        producers = sorted({f"{g.producer} {g.fmt.upper()}" for g in groups})
+        note(f"note: {len(groups)} quantized tensor(s) ({', '.join(producers)}): each packed weight is read with its "
+             f"scales and reported once below, not analysed as float tensors")
     seen = set()
     chosen = []
     for ref in refs:
@@ -338,8 +342,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     summary = summarize(rows, keep_frac)
     extra = {"quantized": recs, "quantized_summary": dict(quantized_summary(recs), set_aside=aside,
                                                           reference=list(reference))} if groups else None
-    text = render(rows, out_format, summary, extra) + (render_quantized(recs) if out_format in ("table", "markdown")
-                                                       else "")
+    text = render(rows, out_format, summary, extra) if rows or not recs or out_format in ("json", "csv") else ""
+    text += render_quantized(recs, lead="\n" if rows else "") if out_format in ("table", "markdown") else ""
     if groups and out_format == "csv":
         note("note: the quantized-tensor report is not in CSV (one row per tensor and scheme): use --format json "
              "or table")
@@ -349,7 +353,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         except OutputError as e:
             note(f"error: --output {e}")
             sys.exit(EXIT_OUTPUT)
-        note(f"wrote {len(rows)} rows to {output}")
+        note(f"wrote {len(rows)} rows{f' and {len(recs)} quantized tensors' if recs else ''} to {output}")
     else:
         click.echo(text, nl=False)
     if not rows and not recs:
@@ -371,10 +375,6 @@ def _split_quantized(chosen, note):
     groups, rest, aside, notes = find_quantized(chosen)
     for n in notes:
         note(f"note: {n}")
-    if groups:
-        producers = sorted({f"{g.producer} {g.fmt.upper()}" for g in groups})
-        note(f"note: {len(groups)} quantized tensor(s) ({', '.join(producers)}): each packed weight is read with its "
-             f"scales and reported once below, not analysed as float tensors")
     if aside:
         note(f"note: {len(aside)} other scale tensor(s) of the quantized checkpoint set aside (not weights), "
              f"e.g. {aside[0]}")

@@ -165,3 +165,11 @@ def test_sharded_index_and_selection(tmp_path):
     assert sorted(q["tensor"].split(":", 1)[1] for q in d["quantized"]) == [
         "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"]
     assert json.loads((CT / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+def test_every_null_has_a_reason():
+    """Every JSON value of a quantized record is a number, string, list or bool, or null with its reason."""
+    for args in ((CT,), (MO, "--reference", REF)):
+        for q in _json(run(*args, *FAST, "--format", "json"))["quantized"]:
+            missing = [k for k, v in q.items() if v is None and k not in q["notes"]]
+            assert not missing, (q["tensor"], missing)
