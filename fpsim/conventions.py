@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,12 +169,14 @@ def get_convention(c: str | Convention | None) -> Convention:
 _DECODE_PARTS = ("stored", "decode_rule", "decode_neg_zero", "decode_bf16")
 
 
+@functools.cache
 def is_native(c: Convention) -> bool:
     """True when the quantize parts are fpsim's own (the fused kernels then give the convention's bytes)."""
     base = FPSIM.parts()
     return all(v == base[k] for k, v in c.parts().items() if k not in _DECODE_PARTS)
 
 
+@functools.cache
 def decodes_native(c: Convention) -> bool:
     """True when the decode parts are fpsim's own (SPEC §4's order, −0 kept, float32 values)."""
     base = FPSIM.parts()
