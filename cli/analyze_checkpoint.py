@@ -26,29 +26,53 @@ def reference_tensors(paths: tuple[str, ...], note, on_file) -> dict:
     return out
 
 
-def quantized_records(groups, labels: dict, originals: dict | None, note) -> tuple[list[dict], int]:
-    """One record per quantized tensor (and the number that failed, each said in one ``error:`` line)."""
+def quantized_records(groups, chosen, labels: dict, originals: dict | None, note,
+                      convention: str | None = None) -> tuple[list[dict], int]:
+    """One record per chosen quantized tensor (and the number that failed, each said in one ``error:`` line).
+    ``groups``: every quantized tensor of the checkpoints, for the global scales they share."""
     from fpsim.io import InputError
-    from fpsim.io.checkpoint_check import inspect_group, share_global_scales
+    from fpsim.io.checkpoint_check import inspect_group, original_amax, sharing
 
-    recs, kept, failed = [], [], 0
-    for g in groups:
+    def label_of(g):
         codes = g.parts["codes"]
-        label = f"{labels.get(codes.source, codes.source)}:{g.name}"
-        orig = originals.get(g.name) if originals is not None else None
+        return f"{labels.get(codes.source, codes.source)}:{g.name}"
+
+    shared = sharing(groups)
+    amaxes: dict[str, float] = {}
+
+    def fused_amax(g):
+        """The largest amax of the originals of g and the tensors sharing its global scale (None if one is missing)."""
+        if originals is None or not shared[id(g)] or any(m.name not in originals for m in [g, *shared[id(g)]]):
+            return None
+        for m in [g, *shared[id(g)]]:
+            if m.name not in amaxes:
+                amaxes[m.name] = original_amax(originals[m.name])
+        return max(amaxes[m.name] for m in [g, *shared[id(g)]])
+
+    recs, failed = [], 0
+    for g in chosen:
+        label = label_of(g)
         try:
-            recs.append(inspect_group(g, label, orig, reference_given=originals is not None))
-            kept.append(g)
+            orig = originals.get(g.name) if originals is not None else None
+            rec = inspect_group(g, label, orig, reference_given=originals is not None, fused_amax=fused_amax(g),
+                                convention=convention)
         except InputError as e:
             note(f"error: {e}")
             failed += 1
+            continue
         except MemoryError:
             note(f"error: {label}: out of memory")
             failed += 1
+            continue
         except (ValueError, TypeError, OverflowError, ArithmeticError) as e:
             note(f"error: {label}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
             failed += 1
-    share_global_scales(kept, recs)
+            continue
+        rec["shares_global_scale_with"] = [label_of(m) for m in shared[id(g)]] if rec["global_scale"] is not None \
+            else None
+        if rec["shares_global_scale_with"] is None:
+            rec["notes"]["shares_global_scale_with"] = rec["notes"].get("global_scale", "no global scale read")
+        recs.append(rec)
     return recs, failed
 
 
@@ -82,8 +106,9 @@ def _conformance(r: dict) -> str:
     if r.get("conformant") is None:
         return f"conformance {_MISSING}"
     fd = r.get("first_difference")
-    glob = "equal" if r["global_scale_equal"] else f"differs (original alone gives {_num(r['expected_global_scale'], 8)})"
-    head = f"conformance vs {r['conformance_convention']}: global scale {glob}; "
+    glob = (f"equal (from {r['global_scale_from']})" if r["global_scale_equal"] else
+            f"differs (the convention gives {_num(r['expected_global_scale'], 8)} from the tensor's own amax)")
+    head = f"conformance to the {r['conformance_convention']} convention: global scale {glob}; "
     if not fd:
         return head + "every block's codes and scale equal"
     diff = [i for i, (a, b) in enumerate(zip(fd["codes_file"], fd["codes_expected"])) if a != b]

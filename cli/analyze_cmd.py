@@ -187,6 +187,16 @@ def _scheduler_address(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def _convention(ctx, param, value: str | None) -> str | None:
+    if value is None:
+        return None
+    from fpsim.conventions import names
+
+    if value not in names():
+        raise click.BadParameter(f"{value!r}: not a producer convention (one of {', '.join(names())})")
+    return value
+
+
 def _schemes(ctx, param, value: str) -> tuple[str, ...]:
     from fpsim.schemes import get_scheme
 
@@ -241,10 +251,13 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
 @click.option("--reference", "reference", multiple=True, metavar="ORIGINAL",
               help="The unquantized checkpoint (file or folder) a quantized checkpoint was made from: adds each "
                    "quantized tensor's error against it and a conformance check (repeatable).")
+@click.option("--convention", default=None, callback=_convention,
+              help="With --reference: check an NVFP4 checkpoint's blocks against this producer convention "
+                   "(fpsim.conventions, e.g. fpsim or te-cuda) instead of its producer's own.")
 @click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac, out_format, output, workers,
-            scheduler, reference, quiet, verbose):
+            scheduler, reference, convention, quiet, verbose):
     """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
     from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
     from fpsim.io.errors import printable
@@ -303,8 +316,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         note(f"error: {msg}")
     failed = len(errors)
 
-    groups, refs, aside = _split_quantized(refs, note)
-    groups = [g for g in groups if not select or any(fnmatch.fnmatch(g.name, s) for s in select)]
+    all_groups, refs, aside = _split_quantized(refs, note)
+    groups = [g for g in all_groups if not select or any(fnmatch.fnmatch(g.name, s) for s in select)]
     if groups:
         producers = sorted({f"{g.producer} {g.fmt.upper()}" for g in groups})
         note(f"note: {len(groups)} quantized tensor(s) ({', '.join(producers)}): each packed weight is read with its "
@@ -322,7 +335,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         if ref.note:
             note(f"note: {ref.note}")
         chosen.append(ref)
-    labels = unique_labels([r.source for r in chosen] + [g.parts["codes"].source for g in groups])
+    labels = unique_labels([r.source for r in chosen] + [g.parts["codes"].source for g in all_groups])
     kw = {"schemes": schemes, "rht_d": rht_d, "seeds": seeds, "recipe": recipe}
 
     def role_of(ref):
@@ -337,7 +350,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         rows += r
     from .analyze_checkpoint import quantized_records, quantized_summary, render_quantized
 
-    recs, qfailed = quantized_records(groups, labels, originals, note)
+    recs, qfailed = quantized_records(all_groups, groups, labels, originals, note, convention)
     failed += qfailed
     summary = summarize(rows, keep_frac)
     extra = {"quantized": recs, "quantized_summary": dict(quantized_summary(recs), set_aside=aside,

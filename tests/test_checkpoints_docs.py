@@ -26,7 +26,7 @@ def _commands():
 
 def test_console_blocks_run_as_pasted(tmp_path, monkeypatch):
     cmds = _commands()
-    assert len(cmds) == 4
+    assert len(cmds) == 5
     monkeypatch.chdir(ROOT)
     for cmd, shown in cmds:
         argv = shlex.split(cmd)

@@ -24,6 +24,12 @@ LINEARS = [f"model.layers.{i}.{m}.weight" for i in (0, 1) for m in
             "mlp.up_proj", "mlp.down_proj")]
 
 
+def _copy(src, tmp_path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
 def _json(r):
     return strict_json(r.stdout[r.stdout.index("{"):])
 
@@ -87,25 +93,68 @@ def test_what_the_file_shows_without_a_reference():
     assert m["global_scale_kind"] == "decode" and m["implied_amax"] == pytest.approx(2.75, rel=1e-6)
 
 
-@pytest.mark.parametrize("folder,zero_block_scale", [(CT, 0x20), (MO, 0x38)], ids=["compressed-tensors", "modelopt"])
-def test_reference_gives_error_and_conformance_per_tensor(folder, zero_block_scale):
-    """With --reference each tensor gets its error against the original and a conformance verdict; the all-zero
-    block generate.py plants (layer 1 q_proj row 3, block 0) is where both producers' conventions leave fpsim's:
-    compressed-tensors writes scale 0.125 (0x20), ModelOpt 1.0 (0x38), fpsim 0."""
+@pytest.mark.parametrize("folder", [CT, MO], ids=["compressed-tensors", "modelopt"])
+def test_reference_gives_error_and_conformance_per_tensor(folder):
+    """With --reference each tensor gets its error against the original and a conformance verdict: every byte of
+    both libraries' checkpoints is what the producer's convention (fpsim.conventions) gives the BF16 original,
+    the global scales of fused q/k/v and gate/up projections from the largest amax of the group."""
     r = run(folder, *FAST, "--reference", REF, "--format", "json")
     assert r.exit_code == 0, r.output
     d = _json(r)
+    fused = 0
     for q in d["quantized"]:
-        assert 0 < q["rel_error"] < 0.2 and q["sqnr_db"] > 10 and isinstance(q["conformant"], bool)
-        assert abs(q["rel_error"] - q["fpsim_rel_error"]) < 0.01
-        assert q["conformant"] == (q["blocks_differing"] == 0 and q["global_scale_equal"])
-    qp = next(q for q in d["quantized"] if q["tensor"].endswith("layers.1.self_attn.q_proj.weight"))
-    fd = qp["first_difference"]
+        assert 0 < q["rel_error"] < 0.2 and q["sqnr_db"] > 10 and abs(q["rel_error"] - q["fpsim_rel_error"]) < 0.01
+        assert q["conformant"] and q["blocks_differing"] == 0 and q["first_difference"] is None, q
+        assert q["conformance_convention"] == q["producer"]
+        module = q["tensor"].split(".")[-2]
+        assert len(q["shares_global_scale_with"]) == {"q_proj": 2, "k_proj": 2, "v_proj": 2, "gate_proj": 1,
+                                                      "up_proj": 1}.get(module, 0), q["tensor"]
+        fused += q["global_scale_from"].startswith("the largest amax")  # a member of a group without the group's max
+    assert fused >= 4  # in each layer at least two of q/k/v and one of gate/up
+    assert d["quantized_summary"] == dict(d["quantized_summary"], conformance_checked=14, conformant=14)
+
+
+@pytest.mark.parametrize("folder,zero_block_scale", [(CT, 0x20), (MO, 0x38)], ids=["compressed-tensors", "modelopt"])
+def test_convention_option_names_where_fpsim_differs(folder, zero_block_scale):
+    """--convention fpsim checks the same bytes against fpsim's own order: the all-zero block generate.py plants
+    (layer 1 q_proj row 3, block 0) is one place both producers leave it: compressed-tensors writes scale 0.125
+    (0x20), ModelOpt 1.0 (0x38), fpsim 0."""
+    d = _json(run(folder, *FAST, "--reference", REF, "--convention", "fpsim", "--select", "*layers.1.self_attn.q_proj*",
+                  "--format", "json"))
+    (q,) = d["quantized"]
+    fd = q["first_difference"]
+    assert not q["conformant"] and q["conformance_convention"] == "fpsim"
     assert (fd["row"], fd["block"], fd["scale_file"], fd["scale_expected"]) == (3, 0, zero_block_scale, 0)
     assert fd["codes_file"] == fd["codes_expected"] == [0] * 16
-    assert d["quantized_summary"]["conformance_checked"] == 14
-    table = run(folder, *FAST, "--reference", REF).stdout
-    assert "row 3 block 0 (columns 0-15): scale byte" in table and "rel_error" in table
+    table = run(folder, *FAST, "--reference", REF, "--convention", "fpsim", "--select", "*layers.1.self_attn.q_proj*")
+    assert "row 3 block 0 (columns 0-15): scale byte" in table.stdout
+
+
+def _poke(path: Path, tensor: str, index: tuple[int, int], xor: int) -> None:
+    """Flip bits of one byte of one tensor of a safetensors file in place."""
+    from fpsim.io.safetensors import read_header
+
+    e = next(e for e in read_header(path)[0] if e.name == tensor)
+    off = e.offset + index[0] * e.shape[1] + index[1]
+    raw = bytearray(path.read_bytes())
+    raw[off] ^= xor
+    path.write_bytes(bytes(raw))
+
+
+def test_a_changed_byte_is_named_by_its_block(tmp_path):
+    """A defect planted in a copy of the ModelOpt checkpoint: one code nibble (row 5, element 37: block 2) and
+    one block scale (row 9, block 3) of layer 0's down_proj; conformance names both blocks, nothing else."""
+    ck = _copy(MO, tmp_path)
+    _poke(ck / "model.safetensors", "model.layers.0.mlp.down_proj.weight", (5, 18), 0x10)  # element 37: high nibble
+    _poke(ck / "model.safetensors", "model.layers.0.mlp.down_proj.weight_scale", (9, 3), 0x01)
+    d = _json(run(ck, *FAST, "--reference", REF, "--format", "json"))
+    q = {r["tensor"].split(":", 1)[1]: r for r in d["quantized"]}
+    down = q.pop("model.layers.0.mlp.down_proj.weight")
+    assert not down["conformant"] and down["blocks_differing"] == 2 and down["blocks_scale_differing"] == 1
+    fd = down["first_difference"]
+    assert (fd["row"], fd["block"], fd["columns"]) == (5, 2, [32, 48]) and fd["scale_file"] == fd["scale_expected"]
+    assert [i for i, (a, b) in enumerate(zip(fd["codes_file"], fd["codes_expected"])) if a != b] == [5]
+    assert all(r["conformant"] for r in q.values())
 
 
 def test_a_missing_reference_tensor_is_a_reason_not_a_failure(tmp_path):
@@ -116,12 +165,6 @@ def test_a_missing_reference_tensor_is_a_reason_not_a_failure(tmp_path):
     assert q["model.layers.0.mlp.up_proj.weight"]["notes"]["rel_error"].startswith("no tensor model.layers.0")
     assert q["model.layers.0.mlp.down_proj.weight"]["rel_error"] is None  # an all-zero original: no relative error
     assert "the original is zero" in q["model.layers.0.mlp.down_proj.weight"]["notes"]["rel_error"]
-
-
-def _copy(src, tmp_path) -> Path:
-    dst = tmp_path / src.name
-    shutil.copytree(src, dst)
-    return dst
 
 
 def test_hostile_parts_give_one_line_naming_file_and_tensor(tmp_path):

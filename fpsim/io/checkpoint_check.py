@@ -1,10 +1,10 @@
-"""What a quantized checkpoint tensor shows, and how it compares with the original (``fpsim analyze``, docs/checkpoints.md).
+"""What a quantized checkpoint tensor shows, and how it compares with the original (docs/checkpoints.md).
 
-:func:`inspect_group` makes one record per :class:`~fpsim.io.checkpoints.QuantizedGroup`: from the file alone the
-code histogram, the zero-, subnormal- and max-scale blocks and the global scale; with the original tensor the
-error of the file's decoded values against it and a conformance check (are the file's bytes what fpsim's
-quantization of the original gives?).  Every number is a number or None, with the reason in ``notes``.
-:func:`share_global_scales` names, per tensor, the others of its checkpoint stored with the same global scale.
+:func:`inspect_group` makes one record per :class:`~fpsim.io.checkpoints.QuantizedGroup`: from the file alone
+the code histogram, the zero-, subnormal- and max-scale blocks and the global scale; with the original tensor
+the error of the file's decoded values against it and a conformance check (are the file's bytes what the
+producer's convention, :mod:`fpsim.conventions`, gives the original?).  Every number is a number or None, with
+the reason in ``notes``.  :func:`sharing` finds the tensors of a checkpoint stored with one global scale.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import math
 
 import numpy as np
 
-from .checkpoints import QuantizedGroup, decode_quantized, read_codes
+from .checkpoints import QuantizedGroup, decode_quantized, read_codes, read_global
 from .errors import InputError
 from .readers import TensorRef
 
-__all__ = ["inspect_group", "share_global_scales", "CONVENTION"]
+__all__ = ["inspect_group", "sharing", "original_amax"]
 
-#: What the conformance check compares the file with (until fpsim models each producer's own arithmetic).
-CONVENTION = "fpsim nvfp4 default (docs/spec.md §4, Transformer Engine's order)"
 _E4M3_MAX_BYTE = 0x7E  # 448, the largest finite E4M3 value
 
 
@@ -68,27 +66,52 @@ def _errors(x: np.ndarray, xq: np.ndarray, rec: dict, notes: dict, prefix: str =
     rec["nonfinite_count"] = int(x.size - n)
 
 
-def _conformance(g: QuantizedGroup, x: np.ndarray, codes, scale_bytes, glob_, rec: dict, notes: dict) -> None:
-    """Compare the file's codes, block-scale bytes and global scale with fpsim's quantization of ``x``."""
+def original_amax(ref: TensorRef) -> float:
+    """max |x| over the finite elements of an original tensor (0.0 when it has none)."""
+    x = np.abs(np.asarray(ref.load(), np.float32))
+    x = x[np.isfinite(x)]
+    return float(x.max()) if x.size else 0.0
+
+
+def _quantize(g: QuantizedGroup, x, glob_, fused_amax, convention, rec: dict, notes: dict):
+    """fpsim's quantization of ``x`` under ``g``'s producer convention, with the global scale the file holds when
+    the convention gives it from the tensor's own amax or from the largest amax of the tensors sharing it; under
+    ``convention`` instead (the same tensor amax) when one is named."""
+    from ..conventions import stored_global
     from ..dispatch import quantize
 
-    rec["conformance_convention"] = CONVENTION
-    # The blocks are checked under the file's own global scale (the amax it implies), so that a global scale
-    # shared by fused projections (q/k/v, gate/up: both producers do this) is reported once, not as every block.
-    implied = rec.get("implied_amax")
-    q = quantize(x, "nvfp4", tensor_amax=implied) if implied is not None else quantize(x, "nvfp4")
-    q_own = quantize(x, "nvfp4") if implied is not None else q
+    own = quantize(x, "nvfp4", convention=g.producer)
+    rec["expected_global_scale"] = float(stored_global(own))
+    tries = [("the tensor's own amax", own)]
+    if fused_amax is not None and fused_amax != float(own.amax):
+        tries.append(("the largest amax of the tensors sharing its global scale",
+                      quantize(x, "nvfp4", convention=g.producer, tensor_amax=fused_amax)))
+    for why, q in tries:
+        if glob_ is not None and np.float32(stored_global(q)) == np.float32(glob_):
+            rec["global_scale_equal"], rec["global_scale_from"] = True, why
+            break
+    else:
+        rec["global_scale_equal"], rec["global_scale_from"] = False, None
+        notes["global_scale_from"] = ("the file's global scale is not what the convention gives from the tensor's "
+                                      "own amax" + (" or its group's largest" if len(tries) > 1 else "")
+                                      + "; the blocks are checked under the amax it implies")
+        implied = rec.get("implied_amax")
+        q = quantize(x, "nvfp4", convention=g.producer, tensor_amax=implied) if implied is not None else own
+    if convention in (None, g.producer):
+        return q
+    return quantize(x, "nvfp4", convention=convention, tensor_amax=float(q.amax))  # the same amax, another order
+
+
+def _conformance(g: QuantizedGroup, x, codes, scale_bytes, glob_, fused_amax, convention, rec: dict,
+                 notes: dict) -> None:
+    """Compare the file's codes, block-scale bytes and global scale with the producer convention's quantization
+    of ``x`` (the original, in its own dtype: a BF16 original selects a convention's BF16 arithmetic)."""
+    rec["conformance_convention"] = convention or g.producer
+    q = _quantize(g, x, glob_, fused_amax, convention, rec, notes)
     exp_codes = np.empty((q.data.shape[0], 2 * q.data.shape[1]), np.uint8)
     exp_codes[:, 0::2] = q.data & 0x0F
     exp_codes[:, 1::2] = q.data >> 4
     exp_codes = exp_codes[:, : codes.shape[1]]
-    amax = float(q_own.amax)
-    s_enc = np.float32(2688.0) / np.float32(amax) if amax > 0 and math.isfinite(amax) else np.float32(1.0)
-    if not math.isfinite(float(s_enc)) or s_enc == 0:
-        s_enc = np.float32(1.0)
-    expected_global = float(s_enc) if g.global_kind == "encode" else float(np.float32(amax) / np.float32(2688.0))
-    rec["expected_global_scale"] = expected_global
-    rec["global_scale_equal"] = bool(np.float32(glob_) == np.float32(expected_global)) if glob_ is not None else None
     blocks = scale_bytes.shape[1]
     pad = blocks * 16 - codes.shape[1]
     diff_codes = np.pad(codes != exp_codes, ((0, 0), (0, pad))).reshape(codes.shape[0], blocks, 16).any(axis=2)
@@ -110,8 +133,11 @@ def _conformance(g: QuantizedGroup, x: np.ndarray, codes, scale_bytes, glob_, re
 
 
 def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = None,
-                  reference_given: bool = False) -> dict:
-    """One record for ``g`` (see the module docstring); raises :class:`InputError` with one line when unreadable."""
+                  reference_given: bool = False, fused_amax: float | None = None,
+                  convention: str | None = None) -> dict:
+    """One record for ``g`` (see the module docstring); raises :class:`InputError` with one line when unreadable.
+    ``fused_amax``: the largest amax of the originals of the tensors that share ``g``'s global scale;
+    ``convention``: check the blocks against this :mod:`fpsim.conventions` name instead of the producer's."""
     rec: dict = {"tensor": label, "producer": g.producer, "format": g.fmt, "decoded_dtype": g.dtype,
                  "parts": {k: r.name for k, r in g.parts.items()}, "shape": [int(s) for s in g.parts["codes"].shape]}
     notes: dict = {}
@@ -138,7 +164,8 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
         rec.update(_scale_stats(scale))
     _global(g, glob_, rec, notes)
     rec["input_scale"] = inp
-    rec["input_scale_kind"] = ("encode" if g.producer == "compressed-tensors" else "decode") if inp is not None else None
+    kind = "encode" if g.producer == "compressed-tensors" else "decode"
+    rec["input_scale_kind"] = kind if inp is not None else None
     if inp is None:
         notes["input_scale"] = notes["input_scale_kind"] = "no static activation scale in the file"
     if g.block is None:
@@ -148,7 +175,7 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
     if rec["decoded_amax"] is None:
         notes["decoded_amax"] = "empty, or a decoded value is not finite"
     ref_keys = ("rel_error", "mse", "max_abs_error", "sqnr_db", "nonfinite_count", "fpsim_rel_error", "fpsim_mse",
-                "fpsim_max_abs_error", "conformant", "global_scale_equal", "expected_global_scale",
+                "fpsim_max_abs_error", "conformant", "global_scale_equal", "global_scale_from", "expected_global_scale",
                 "blocks_differing", "blocks_scale_differing", "first_difference", "conformance_convention")
     if original is None:
         why = (f"no tensor {g.name} in the reference" if reference_given else "no --reference given")
@@ -156,7 +183,8 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
             rec[k] = None
             notes[k] = why
         return rec
-    x = np.asarray(original.load(), np.float32)
+    raw = original.load()
+    x = np.asarray(raw, np.float32)
     if tuple(x.shape) != tuple(codes.shape):
         raise InputError(f"{label}: the reference's {original.key} has shape {list(x.shape)}, the file's "
                          f"tensor {list(codes.shape)}")
@@ -167,27 +195,26 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
     scheme = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "fp8": "fp8_e4m3"}[g.fmt]
     _errors(x, fake_quantize(x, scheme), rec, notes, prefix="fpsim_")
     if g.fmt == "nvfp4":
-        _conformance(g, x, codes, scale, glob_, rec, notes)
+        bf16 = getattr(raw, "dtype", None) is not None and raw.dtype.name == "bfloat16"
+        _conformance(g, raw if bf16 else x, codes, scale, glob_, fused_amax, convention, rec, notes)
     else:
-        for k in ("conformant", "global_scale_equal", "expected_global_scale", "blocks_differing",
+        for k in ("conformant", "global_scale_equal", "global_scale_from", "expected_global_scale", "blocks_differing",
                   "blocks_scale_differing", "first_difference", "conformance_convention"):
             rec[k] = None
             notes[k] = f"conformance is checked for NVFP4 only, not {g.fmt.upper()}"
     return rec
 
 
-def share_global_scales(groups: list[QuantizedGroup], records: list[dict]) -> None:
-    """Set each record's ``shares_global_scale_with``: the tensors of its checkpoint whose global scale has the
-    same float32 bits (a fused q/k/v or gate/up projection shares one, as serving engines require)."""
-    by: dict[tuple, list[str]] = {}
-    for g, rec in zip(groups, records):
-        v = rec.get("global_scale")
+def sharing(groups: list[QuantizedGroup]) -> dict[int, list[QuantizedGroup]]:
+    """id(group) → the other groups of its checkpoint whose global scale has the same float32 bits (fused q/k/v
+    and gate/up projections share one, as serving engines require); [] for a group without a global scale."""
+    by: dict[tuple, list[QuantizedGroup]] = {}
+    for g in groups:
+        v = read_global(g)
         if v is not None:
-            by.setdefault((g.directory, np.float32(v).tobytes()), []).append(rec["tensor"])
-    for g, rec in zip(groups, records):
-        v = rec.get("global_scale")
-        if v is None:
-            rec["shares_global_scale_with"] = None
-            rec["notes"]["shares_global_scale_with"] = rec["notes"].get("global_scale", "no global scale read")
-            continue
-        rec["shares_global_scale_with"] = [t for t in by[(g.directory, np.float32(v).tobytes())] if t != rec["tensor"]]
+            by.setdefault((g.directory, np.float32(v).tobytes()), []).append(g)
+    out: dict[int, list[QuantizedGroup]] = {id(g): [] for g in groups}
+    for members in by.values():
+        for g in members:
+            out[id(g)] = [m for m in members if m is not g]
+    return out

@@ -19,10 +19,11 @@ Both pack two E2M1 codes per byte, element 2j in the low nibble.  Activation sca
 ``input_scale``) are attached to their module's tensor; every other scale tensor of a recognised checkpoint
 (``k_scale``, an orphan ``weight_scale``) is set aside, never analysed as a weight.
 
-:func:`decode_quantized` decodes with the producer's order of operations, as their own dequantize does:
-compressed-tensors divides, ``code · (f32(s) / g)``, ModelOpt multiplies, ``code · (f32(s) · g2)`` and reads
-code 0x8 (−0) as +0; both then cast to the checkpoint's dtype (``torch_dtype`` of ``config.json``: BF16 here, round to nearest even).
-Nothing is unpickled; a tensor is read whole only when its report is made (one module's tensors at a time).
+:func:`decode_quantized` decodes as the producer's own dequantize does, through its convention in
+:mod:`fpsim.conventions` (SPEC §4.1): compressed-tensors divides, ``code · (f32(s) / g)``, ModelOpt multiplies,
+``code · (f32(s) · g2)`` and reads code 0x8 (−0) as +0; both then cast to the checkpoint's dtype (``torch_dtype``
+of ``config.json``: BF16 here, round to nearest even).  Nothing is unpickled; a tensor is read whole only when
+its report is made (one module's tensors at a time).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 from .errors import json_object, printable
 from .readers import TensorRef
 
-__all__ = ["QuantizedGroup", "find_quantized", "decode_quantized", "read_codes", "SCALE_SUFFIXES"]
+__all__ = ["QuantizedGroup", "find_quantized", "decode_quantized", "read_codes", "read_global", "SCALE_SUFFIXES"]
 
 #: Names of scale tensors (the part after the module's dot): never weights.
 SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "weight_scale_2", "input_scale", "input_global_scale",
@@ -121,7 +122,6 @@ def _split(name: str) -> tuple[str, str]:
 
 def _classify(prefix: str, leaves: dict[str, TensorRef], hint: str | None) -> tuple[str, str, str] | None:
     """(producer, format, the leaf holding the codes) of one module's tensors, or None when it is not quantized."""
-    code = lambda r: r.dtype.name if r.dtype.kind == "V" or r.dtype.name.startswith("float8") else r.dtype.str
     scale = leaves.get("weight_scale")
     if "weight_packed" in leaves and leaves["weight_packed"].dtype == np.uint8 and scale is not None:
         return "compressed-tensors", ("nvfp4" if "weight_global_scale" in leaves else "mxfp4"), "weight_packed"
@@ -130,7 +130,7 @@ def _classify(prefix: str, leaves: dict[str, TensorRef], hint: str | None) -> tu
         return None
     if w.dtype == np.uint8 and "weight_scale_2" in leaves:
         return "modelopt", "nvfp4", "weight"
-    if code(w) == "float8_e4m3fn" and scale.dtype == np.float32:
+    if w.dtype.name == "float8_e4m3fn" and scale.dtype == np.float32:
         return hint or "compressed-tensors", "fp8", "weight"
     return None
 
@@ -215,6 +215,13 @@ def find_quantized(refs: list[TensorRef]) -> tuple[list[QuantizedGroup], list[Te
     return groups, rest, aside, notes
 
 
+def read_global(g: QuantizedGroup) -> float | None:
+    """The global scale of ``g`` as stored (float32 as a float), or None when it has none or its parts do not fit."""
+    if "global" not in g.parts or g.error:
+        return None
+    return float(np.asarray(g.parts["global"].load(), np.float32).reshape(-1)[0])
+
+
 def read_codes(g: QuantizedGroup) -> tuple[np.ndarray, np.ndarray, float | None, float | None]:
     """(codes, scale bytes or float32 scales, global scale as stored, input scale as stored) of ``g``.
 
@@ -230,7 +237,7 @@ def read_codes(g: QuantizedGroup) -> tuple[np.ndarray, np.ndarray, float | None,
         codes[:, 0::2] = packed & 0x0F  # element 2j: low nibble (both producers' pack order)
         codes[:, 1::2] = packed >> 4
         scale = np.ascontiguousarray(g.parts["scale"].load()).view(np.uint8)
-    glob_ = float(np.asarray(g.parts["global"].load(), np.float32).reshape(-1)[0]) if "global" in g.parts else None
+    glob_ = read_global(g)
     inp = g.parts.get("input")
     inp_v = float(np.asarray(inp.load(), np.float32).reshape(-1)[0]) if inp is not None and inp.error is None \
         and inp.dtype == np.float32 and inp.shape in ((), (1,)) else None
@@ -248,23 +255,22 @@ def _cast(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def decode_quantized(g: QuantizedGroup, codes: np.ndarray, scale: np.ndarray, glob_: float | None) -> np.ndarray:
-    """The float32 values ``g``'s producer decodes its tensor to, in the producer's order (module docstring)."""
+    """The float32 values ``g``'s producer decodes its tensor to: NVFP4 through :func:`fpsim.conventions.decode`
+    with the producer's convention (SPEC §4.1), then the cast to the checkpoint's dtype; MXFP4 and FP8 as
+    ``code · scale``, then the same cast."""
     from ..dispatch import decode
 
     f32 = np.float32
     if g.fmt == "fp8":
         s = scale.reshape(-1, 1) if scale.size > 1 else scale.reshape(())
         return _cast(decode(codes, "e4m3") * s.astype(f32), g.dtype)
-    values = decode(codes, "e2m1")
-    if g.producer == "modelopt":  # its value table maps code 0x8 to +0 (e2m1_values), not -0
-        values[codes == 0x8] = 0.0
-    if g.fmt == "mxfp4":
-        s = decode(scale, "e8m0")
-    else:
-        s32 = decode(scale, "e4m3")
-        if g.producer == "compressed-tensors":  # scale / global_scale (compressed_tensors _dequantize)
-            s = s32 / f32(glob_)
-        else:  # per_block_scale = scale * double_scale (modelopt NVFP4QTensor.dequantize)
-            s = s32 * f32(glob_)
-    per_elem = np.repeat(s.astype(f32), g.block, axis=1)[:, : values.shape[1]]
-    return _cast(values * per_elem, g.dtype)
+    pad = scale.shape[1] * g.block - codes.shape[1]  # codes padded to whole blocks (zeros), cut back after
+    padded = np.pad(codes, ((0, 0), (0, pad))) if pad else codes
+    if g.fmt == "nvfp4":
+        from ..conventions import decode as convention_decode
+
+        values = convention_decode(padded, scale, glob_, g.producer)
+    else:  # MXFP4: code · 2^(scale byte − 127)
+        per_elem = np.repeat(decode(scale, "e8m0"), g.block, axis=1)
+        values = decode(padded, "e2m1") * per_elem
+    return _cast(values[:, : codes.shape[1]], g.dtype)
