@@ -296,15 +296,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     except InputError as e:
         note(f"error: {e}")
         sys.exit(EXIT_USAGE)
-    originals = None
-    if reference:
-        from .analyze_checkpoint import reference_tensors
-
-        try:
-            originals = reference_tensors(reference, note, files.append)
-        except InputError as e:
-            note(f"error: --reference {e}")
-            sys.exit(EXIT_USAGE)
+    originals = _originals(reference, note, files)
     inputs = sorted(set(files) | {p for p in paths if os.path.isfile(p)})  # unreadable inputs are inputs too
     if output:
         try:  # before any work: a bad --output fails in the first second, not after the analysis
@@ -350,6 +342,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         rows += r
     from .analyze_checkpoint import quantized_records, quantized_summary, render_quantized
 
+    if (reference or convention) and not groups:
+        note("note: --reference/--convention: no quantized checkpoint tensor in the inputs, so they are not used")
     recs, qfailed = quantized_records(all_groups, groups, labels, originals, note, convention)
     failed += qfailed
     summary = summarize(rows, keep_frac)
@@ -378,6 +372,21 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         sys.exit(EXIT_NOTHING)
     if failed:
         sys.exit(EXIT_PARTIAL)
+
+
+def _originals(reference, note, files: list[str]) -> dict | None:
+    """The --reference tensors by name (None without --reference); a path that names nothing exits 2."""
+    if not reference:
+        return None
+    from fpsim.io import InputError
+
+    from .analyze_checkpoint import reference_tensors
+
+    try:
+        return reference_tensors(reference, note, files.append)
+    except InputError as e:
+        note(f"error: --reference {e}")
+        sys.exit(EXIT_USAGE)
 
 
 def _split_quantized(chosen, note):

@@ -216,3 +216,12 @@ def test_every_null_has_a_reason():
         for q in _json(run(*args, *FAST, "--format", "json"))["quantized"]:
             missing = [k for k, v in q.items() if v is None and k not in q["notes"]]
             assert not missing, (q["tensor"], missing)
+
+
+def test_reference_that_names_nothing_is_a_usage_error(tmp_path):
+    r = run(MO, *FAST, "--reference", tmp_path / "missing")
+    assert r.exit_code == 2 and r.stderr.count("error:") == 1 and "--reference" in r.stderr and "missing" in r.stderr
+    plain = tmp_path / "w.safetensors"
+    write_safetensors(plain, {"w": np.ones((4, 16), np.float32)})
+    r = run(plain, *FAST, "--reference", REF)
+    assert r.exit_code == 0 and "no quantized checkpoint tensor in the inputs" in r.stderr
