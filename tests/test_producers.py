@@ -93,7 +93,8 @@ def test_the_fpsim_convention_differs_from_each_library_on_the_edge_tensors():
         for case, g in golden(p).items():
             q = fpsim.quantize(as_input(case, g["input"]), "nvfp4")
             differs += not (fpsim.unpack_fp4(q.data).tobytes() == g["codes"].tobytes()
-                            and q.scales.tobytes() == g["scales"].tobytes() and same_values(q.dequantize(), g["decoded"]))
+                            and q.scales.tobytes() == g["scales"].tobytes()
+                            and same_values(q.dequantize(), g["decoded"]))
         assert differs >= 4, p
 
 

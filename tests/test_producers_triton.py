@@ -8,13 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests import tritonenv
+import fpsim
+from fpsim.plan import lower
+from fpsim.torch import backend as tb
+from fpsim.torch.quantize import triton_unsupported
+from tests import tritonenv  # sets TRITON_INTERPRET before Triton is imported (the kernels import it lazily)
 from tests.test_producers import PRODUCERS, as_input, golden, same_values
-
-import fpsim  # noqa: E402  (after tritonenv: it sets TRITON_INTERPRET before Triton is imported)
-from fpsim.plan import lower  # noqa: E402
-from fpsim.torch import backend as tb  # noqa: E402
-from fpsim.torch.quantize import triton_unsupported  # noqa: E402
 
 torch = tritonenv.torch
 pytestmark = tritonenv.INTERPRETER_WARNINGS
