@@ -97,3 +97,20 @@ def test_the_golden_files_are_what_the_installed_libraries_write(tmp_path):
             assert sorted(new.files) == sorted(old.files)
             for k in new.files:
                 assert new[k].tobytes() == old[k].tobytes(), (producer, k)
+
+
+def test_a_fused_groups_shared_global_scale_is_tensor_amax_of_the_group():
+    """q/k/v (or gate/up) share one compressed-tensors global scale: llmcompressor 0.14's Observer.get_global_scale
+    passes the group's absmax to generate_gparam.  fpsim: tensor_amax= the largest of the layers' amaxes."""
+    _need("compressed-tensors")
+    rng = np.random.default_rng(11)
+    layers = [(rng.standard_normal((4, 32)) * s).astype(np.float32) for s in (0.02, 0.7, 0.013)]
+    for dtype in ("float32", "bfloat16"):
+        xs = [x.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else x for x in layers]
+        m = max(float(np.max(np.abs(np.asarray(x, np.float32)))) for x in xs)
+        for x in xs:
+            codes, scales, g, dec = gen.produce("compressed-tensors", np.asarray(x, np.float32), dtype, absmax=m)
+            q = fpsim.quantize(x, "nvfp4", convention="compressed-tensors", tensor_amax=m)
+            assert fpsim.unpack_fp4(q.data).tobytes() == codes.tobytes() and q.scales.tobytes() == scales.tobytes()
+            assert C.stored_global(q).tobytes() == np.asarray(g, np.float32).reshape(()).tobytes()
+            assert _same(q.dequantize(), dec)

@@ -85,10 +85,11 @@ def run_torchao(x):
     return _codes(q.qdata.view(torch.uint8).numpy()), _e4m3_bytes(q.scale), pts.float().numpy(), dec.numpy()
 
 
-def run_compressed_tensors(x):
+def run_compressed_tensors(x, absmax=None):
     """compressed-tensors: the NVFP4 preset's weight args; generate_gparam(min, max) of the whole tensor (in x's
     dtype, as the observers pass it), calculate_qparams on the per-group min/max, NVFP4PackedCompressor.compress
-    and .decompress (CPU path)."""
+    and .decompress (CPU path).  ``absmax``: the absmax a fused group shares (llmcompressor 0.14's
+    Observer.get_global_scale passes generate_gparam(-absmax, absmax) over the fused layers' statistics)."""
     import torch
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from compressed_tensors.quantization import preset_name_to_scheme
@@ -96,7 +97,11 @@ def run_compressed_tensors(x):
 
     scheme = preset_name_to_scheme("NVFP4", ["Linear"])
     args = scheme.weights
-    g = generate_gparam(torch.min(x).reshape(1), torch.max(x).reshape(1))
+    if absmax is None:
+        g = generate_gparam(torch.min(x).reshape(1), torch.max(x).reshape(1))
+    else:
+        m = torch.tensor(absmax, dtype=x.dtype).reshape(1)
+        g = generate_gparam(-m, m)
     R, C = x.shape
     xg = x.reshape(R, C // 16, 16)
     scale, _ = calculate_qparams(torch.amin(xg, dim=-1), torch.amax(xg, dim=-1), args, global_scale=g)
@@ -129,7 +134,7 @@ def versions() -> dict[str, str]:
     return {p: version(p) for p in ("torch", "torchao", "compressed-tensors", "nvidia-modelopt")}
 
 
-def produce(producer: str, x32: np.ndarray, dtype: str):
+def produce(producer: str, x32: np.ndarray, dtype: str, **kw):
     """(codes, scales, global, decoded) of the library on the float32 tensor x32 given as ``dtype``."""
     import torch
 
@@ -138,7 +143,7 @@ def produce(producer: str, x32: np.ndarray, dtype: str):
         t = t.to(torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return RUNNERS[producer](t)
+        return RUNNERS[producer](t, **kw)
 
 
 def main(out: Path = HERE) -> None:
