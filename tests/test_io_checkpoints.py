@@ -1,5 +1,5 @@
-"""Quantized checkpoints (fpsim.io.checkpoints, issue 47 item 2): compressed-tensors and ModelOpt NVFP4 files made
-by the libraries themselves (tests/data/checkpoints/generate.py) are read as one tensor per packed weight, decoded
+"""Quantized checkpoints (fpsim.io.checkpoints, issue 47 item 2): compressed-tensors, ModelOpt and torchao NVFP4
+files made by the libraries themselves (tests/data/checkpoints/generate.py) are read as one tensor per packed weight, decoded
 bit for bit as the producer's own dequantize does, compared with the BF16 original, and their scale tensors are
 never analysed or ranked.  Hostile variants give one line naming the file and tensor."""
 
@@ -17,7 +17,8 @@ from fpsim.io.checkpoints import SCALE_SUFFIXES, decode_quantized, find_quantize
 from tests.cliutil import run, strict_json
 
 DATA = Path(__file__).resolve().parent / "data" / "checkpoints"
-CT, MO, REF = DATA / "ct_nvfp4", DATA / "modelopt_nvfp4", DATA / "reference"
+CT, MO, TA, REF = DATA / "ct_nvfp4", DATA / "modelopt_nvfp4", DATA / "torchao_nvfp4", DATA / "reference"
+ALL = pytest.mark.parametrize("folder", [CT, MO, TA], ids=["compressed-tensors", "modelopt", "torchao"])
 FAST = ["--formats", "nvfp4", "--seeds", "0"]
 LINEARS = [f"model.layers.{i}.{m}.weight" for i in (0, 1) for m in
            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -38,7 +39,7 @@ def _bits(x):
     return np.asarray(x, np.float32).view(np.uint32)
 
 
-@pytest.mark.parametrize("folder", [CT, MO], ids=["compressed-tensors", "modelopt"])
+@ALL
 def test_scale_tensors_are_never_ranked_and_packed_weights_are_read(folder):
     """The issue's defect: packed weights skipped as 'not a floating-point tensor', scale tensors analysed as
     weights and ranked for BF16.  Now each quantized weight is one record and no scale tensor is analysed."""
@@ -57,12 +58,13 @@ def test_scale_tensors_are_never_ranked_and_packed_weights_are_read(folder):
     assert {q["format"] for q in d["quantized"]} == {"nvfp4"}
 
 
-@pytest.mark.parametrize("folder,producer", [(CT, "compressed-tensors"), (MO, "modelopt")])
+@pytest.mark.parametrize("folder,producer", [(CT, "compressed-tensors"), (MO, "modelopt"), (TA, "torchao")])
 def test_decode_equals_the_producers_own_dequantize(folder, producer):
     """fpsim's decode of every quantized weight is bit-identical to the library's own (BF16), computed by
-    generate.py with compressed-tensors' NVFP4PackedCompressor.decompress / ModelOpt's NVFP4QTensor.dequantize."""
+    generate.py with compressed-tensors' NVFP4PackedCompressor.decompress, ModelOpt's NVFP4QTensor.dequantize and
+    torchao's NVFP4Tensor.dequantize (its block scales swizzled in the file)."""
     groups, rest, aside, notes = find_quantized(open_tensors(folder))
-    assert len(groups) == 14 and not aside and not notes
+    assert len(groups) == 14 and not aside and not notes and all(g.swizzled == (folder == TA) for g in groups)
     theirs = {t.name: t for t in open_tensors(DATA / "decoded" / f"{folder.name}.safetensors")}
     for g in groups:
         assert g.producer == producer and g.fmt == "nvfp4" and g.dtype == "bfloat16" and g.error is None
@@ -93,11 +95,12 @@ def test_what_the_file_shows_without_a_reference():
     assert m["global_scale_kind"] == "decode" and m["implied_amax"] == pytest.approx(2.75, rel=1e-6)
 
 
-@pytest.mark.parametrize("folder", [CT, MO], ids=["compressed-tensors", "modelopt"])
+@ALL
 def test_reference_gives_error_and_conformance_per_tensor(folder):
     """With --reference each tensor gets its error against the original and a conformance verdict: every byte of
-    both libraries' checkpoints is what the producer's convention (fpsim.conventions) gives the BF16 original,
-    the global scales of fused q/k/v and gate/up projections from the largest amax of the group."""
+    the three libraries' checkpoints is what the producer's convention (fpsim.conventions) gives the BF16
+    original, the global scales of fused q/k/v and gate/up projections (llm-compressor, ModelOpt; torchao fuses
+    none) from the largest amax of the group."""
     r = run(folder, *FAST, "--reference", REF, "--format", "json")
     assert r.exit_code == 0, r.output
     d = _json(r)
@@ -107,18 +110,20 @@ def test_reference_gives_error_and_conformance_per_tensor(folder):
         assert q["conformant"] and q["blocks_differing"] == 0 and q["first_difference"] is None, q
         assert q["conformance_convention"] == q["producer"]
         module = q["tensor"].split(".")[-2]
-        assert len(q["shares_global_scale_with"]) == {"q_proj": 2, "k_proj": 2, "v_proj": 2, "gate_proj": 1,
-                                                      "up_proj": 1}.get(module, 0), q["tensor"]
+        if folder != TA:  # torchao fuses none (two of its tensors share a value by equal amaxes, not by fusion)
+            shares = {"q_proj": 2, "k_proj": 2, "v_proj": 2, "gate_proj": 1, "up_proj": 1}
+            assert len(q["shares_global_scale_with"]) == shares.get(module, 0), q["tensor"]
         fused += q["global_scale_from"].startswith("the largest amax")  # a member of a group without the group's max
-    assert fused >= 4  # in each layer at least two of q/k/v and one of gate/up
+    assert fused >= (4 if folder != TA else 0)  # in each layer at least two of q/k/v and one of gate/up
     assert d["quantized_summary"] == dict(d["quantized_summary"], conformance_checked=14, conformant=14)
 
 
-@pytest.mark.parametrize("folder,zero_block_scale", [(CT, 0x20), (MO, 0x38)], ids=["compressed-tensors", "modelopt"])
+@pytest.mark.parametrize("folder,zero_block_scale", [(CT, 0x20), (MO, 0x38), (TA, 0x08)],
+                         ids=["compressed-tensors", "modelopt", "torchao"])
 def test_convention_option_names_where_fpsim_differs(folder, zero_block_scale):
     """--convention fpsim checks the same bytes against fpsim's own order: the all-zero block generate.py plants
-    (layer 1 q_proj row 3, block 0) is one place both producers leave it: compressed-tensors writes scale 0.125
-    (0x20), ModelOpt 1.0 (0x38), fpsim 0."""
+    (layer 1 q_proj row 3, block 0) is one place every producer leaves it: compressed-tensors writes scale 0.125
+    (0x20), ModelOpt 1.0 (0x38), torchao 2^-6 (0x08, its lower clamp), fpsim 0."""
     d = _json(run(folder, *FAST, "--reference", REF, "--convention", "fpsim", "--select", "*layers.1.self_attn.q_proj*",
                   "--format", "json"))
     (q,) = d["quantized"]
@@ -212,7 +217,7 @@ def test_sharded_index_and_selection(tmp_path):
 
 def test_every_null_has_a_reason():
     """Every JSON value of a quantized record is a number, string, list or bool, or null with its reason."""
-    for args in ((CT,), (MO, "--reference", REF)):
+    for args in ((CT,), (MO, "--reference", REF), (TA, "--reference", REF)):
         for q in _json(run(*args, *FAST, "--format", "json"))["quantized"]:
             missing = [k for k, v in q.items() if v is None and k not in q["notes"]]
             assert not missing, (q["tensor"], missing)

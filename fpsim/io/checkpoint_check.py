@@ -142,6 +142,8 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
                  "parts": {k: r.name for k, r in g.parts.items()}, "shape": [int(s) for s in g.parts["codes"].shape]}
     notes: dict = {}
     rec["notes"] = notes
+    if g.notes:
+        notes["layout"] = "; ".join(g.notes)
     if g.error:
         raise InputError(f"{label}: {g.error}")
     codes, scale, glob_, inp = read_codes(g)

@@ -1,7 +1,7 @@
 """Quantized checkpoints as their producers write them: a packed weight and its scales read as ONE tensor.
 
 :func:`find_quantized` recognises, among the tensors of safetensors checkpoints (a file, or the shards of one
-directory), the layouts of compressed-tensors (llm-compressor) and NVIDIA ModelOpt (docs/spec.md §11):
+directory), the layouts of compressed-tensors (llm-compressor), NVIDIA ModelOpt and torchao (docs/spec.md §11):
 
 =====================  ===============================================  ==========================================
 producer / format      tensors of module ``P``                          global scale stored
@@ -12,10 +12,12 @@ compressed-tensors     ``P.weight_packed`` U8 [R, C/2], ``P.weight_scale``  none
 MXFP4                  U8 (E8M0) [R, C/32]
 ModelOpt NVFP4         ``P.weight`` U8 [R, C/2], ``P.weight_scale``         ``P.weight_scale_2`` F32 []: the DECODE
                        F8_E4M3 [R, C/16]                                scale amax/2688
+torchao NVFP4          ``P._weight_qdata`` U8 [R, C/2],                    ``P._weight_per_tensor_scale`` F32 []:
+                       ``P._weight_scale`` F8_E4M3, swizzled (metadata)  the DECODE scale amax/2688
 FP8 (either)           ``P.weight`` F8_E4M3 [R, C], ``P.weight_scale`` F32  (per tensor or per row)
 =====================  ===============================================  ==========================================
 
-Both pack two E2M1 codes per byte, element 2j in the low nibble.  Activation scales (``input_global_scale``,
+All pack two E2M1 codes per byte, element 2j in the low nibble.  Activation scales (``input_global_scale``,
 ``input_scale``) are attached to their module's tensor; every other scale tensor of a recognised checkpoint
 (``k_scale``, an orphan ``weight_scale``) is set aside, never analysed as a weight.
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import json_object, printable
+from .errors import InputError, json_object, printable
 from .readers import TensorRef
 
 __all__ = ["QuantizedGroup", "find_quantized", "decode_quantized", "read_codes", "read_global", "SCALE_SUFFIXES"]
@@ -43,7 +45,8 @@ __all__ = ["QuantizedGroup", "find_quantized", "decode_quantized", "read_codes",
 #: Names of scale tensors (the part after the module's dot): never weights.
 SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "weight_scale_2", "input_scale", "input_global_scale",
                   "output_scale", "k_scale", "v_scale", "q_scale", "weight_zero_point", "input_zero_point",
-                  "weight_g_idx", "pre_quant_scale")
+                  "weight_g_idx", "pre_quant_scale", "_weight_scale", "_weight_per_tensor_scale",
+                  "_weight_act_per_tensor_scale")
 _METADATA_BYTES = 1 << 22  # config.json / hf_quant_config.json larger than this are not read (4 MiB)
 
 
@@ -64,6 +67,7 @@ class QuantizedGroup:
     dtype: str = "float32"
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    swizzled: bool = False  # block scales stored in the Blackwell tensor-core layout (torchao's default)
 
     @property
     def block(self) -> int | None:
@@ -122,6 +126,8 @@ def _split(name: str) -> tuple[str, str]:
 
 def _classify(prefix: str, leaves: dict[str, TensorRef], hint: str | None) -> tuple[str, str, str] | None:
     """(producer, format, the leaf holding the codes) of one module's tensors, or None when it is not quantized."""
+    if "_weight_qdata" in leaves and "_weight_scale" in leaves and "_weight_per_tensor_scale" in leaves:
+        return "torchao", "nvfp4", "_weight_qdata"
     scale = leaves.get("weight_scale")
     if "weight_packed" in leaves and leaves["weight_packed"].dtype == np.uint8 and scale is not None:
         return "compressed-tensors", ("nvfp4" if "weight_global_scale" in leaves else "mxfp4"), "weight_packed"
@@ -133,6 +139,26 @@ def _classify(prefix: str, leaves: dict[str, TensorRef], hint: str | None) -> tu
     if w.dtype.name == "float8_e4m3fn" and scale.dtype == np.float32:
         return hint or "compressed-tensors", "fp8", "weight"
     return None
+
+
+def _torchao_metadata(g: QuantizedGroup) -> None:
+    """Read torchao's per-tensor JSON in the file's ``__metadata__`` (torchao/prototype/safetensors): whether the
+    block scales are swizzled, and the dtype it decodes to; unreadable metadata is a note, the defaults kept."""
+    from .safetensors import read_header
+
+    src = g.parts["codes"].source
+    try:
+        raw = read_header(src)[1].get(g.name)
+        meta = json_object(raw.encode() if isinstance(raw, str) else b"", f"{src}: {g.name}: torchao metadata")
+        data = meta.get("_data") if isinstance(meta.get("_data"), dict) else {}
+    except (InputError, OSError, ValueError) as e:
+        g.notes.append(f"{e}; its block scales are read as swizzled")
+        g.swizzled = True
+        return
+    g.swizzled = data.get("is_swizzled_scales") is not False
+    orig = data.get("orig_dtype")
+    d = orig.get("_data") if isinstance(orig, dict) else None
+    g.dtype = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}.get(d, g.dtype)
 
 
 def _check(g: QuantizedGroup) -> str | None:
@@ -152,6 +178,11 @@ def _check(g: QuantizedGroup) -> str | None:
     if scale.dtype.name != want_scale:
         return f"{scale.name}: dtype {scale.dtype.name}, {g.producer} {g.fmt.upper()} stores {want_scale}"
     blocks = -(-2 * cols // g.block)
+    if g.swizzled:
+        want = 128 * -(-rows // 128) * 4 * -(-blocks // 4)
+        n = int(np.prod(scale.shape))
+        return None if n == want else (f"{scale.name}: {n} swizzled scale bytes, expected {want} for [{rows}, "
+                                       f"{blocks}] blocks")
     if tuple(scale.shape) != (rows, blocks):
         return (f"{scale.name}: shape {list(scale.shape)}, expected [{rows}, {blocks}] for {2 * cols} elements in "
                 f"blocks of {g.block}")
@@ -192,13 +223,17 @@ def find_quantized(refs: list[TensorRef]) -> tuple[list[QuantizedGroup], list[Te
             if kind is None:
                 continue
             producer, fmt, code_leaf = kind
-            parts = {"codes": leaves[code_leaf], "scale": leaves["weight_scale"]}
+            parts = {"codes": leaves[code_leaf], "scale": leaves["weight_scale" if "weight_scale" in leaves
+                                                                  else "_weight_scale"]}
             for role, leaf in (("global", "weight_global_scale"), ("global", "weight_scale_2"),
-                               ("input", "input_global_scale"), ("input", "input_scale")):
+                               ("global", "_weight_per_tensor_scale"), ("input", "input_global_scale"),
+                               ("input", "input_scale")):
                 if leaf in leaves:
                     parts[role] = leaves[leaf]
             g = QuantizedGroup(producer, fmt, f"{prefix}.weight" if prefix else "weight", directory, parts,
                                _model_dtype(config))
+            if producer == "torchao":
+                _torchao_metadata(g)
             g.error = _check(g)
             dgroups.append(g)
             used.update(id(r) for r in parts.values())
@@ -234,9 +269,13 @@ def read_codes(g: QuantizedGroup) -> tuple[np.ndarray, np.ndarray, float | None,
     else:
         packed = np.asarray(packed, np.uint8)
         codes = np.empty((packed.shape[0], 2 * packed.shape[1]), np.uint8)
-        codes[:, 0::2] = packed & 0x0F  # element 2j: low nibble (both producers' pack order)
+        codes[:, 0::2] = packed & 0x0F  # element 2j: low nibble (every producer's pack order)
         codes[:, 1::2] = packed >> 4
         scale = np.ascontiguousarray(g.parts["scale"].load()).view(np.uint8)
+        if g.swizzled:
+            from ..scaling import unswizzle_scales
+
+            scale = unswizzle_scales(scale, codes.shape[0], -(-codes.shape[1] // g.block))
     glob_ = read_global(g)
     inp = g.parts.get("input")
     inp_v = float(np.asarray(inp.load(), np.float32).reshape(-1)[0]) if inp is not None and inp.error is None \

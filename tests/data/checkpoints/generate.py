@@ -11,7 +11,7 @@ installed torch/numpy/numba/triton)::
 
 Versions used for the committed files (2026-12-06, CPU only): torch 2.13.0+cpu, transformers 5.17.0,
 compressed-tensors 0.20.1 with llmcompressor 0.14.0.1 (which pins compressed-tensors 0.19.0; 0.20.1 was
-installed over it, as the issue's user had), nvidia-modelopt 0.47.0.
+installed over it, as the issue's user had), nvidia-modelopt 0.47.0, torchao 0.18.0.
 
 It writes, from one tiny Llama (hidden 32, intermediate 64, 2 layers, vocabulary 64, seed 0, BF16):
 
@@ -19,9 +19,13 @@ It writes, from one tiny Llama (hidden 32, intermediate 64, 2 layers, vocabulary
 * ``ct_nvfp4/`` -- llmcompressor ``oneshot`` with the ``NVFP4`` preset scheme (weights and activations),
   saved compressed (``nvfp4-pack-quantized``), sharded into two files;
 * ``modelopt_nvfp4/`` -- ModelOpt ``mtq.quantize`` with ``NVFP4_DEFAULT_CFG`` and ``export_hf_checkpoint``;
+* ``torchao_nvfp4/`` -- ``from_pretrained(..., quantization_config=TorchAoConfig(NVFP4WeightOnlyConfig()))`` and
+  ``save_pretrained`` (torchao 0.18.0, already installed beside torch: its safetensors flattening of
+  ``NVFP4Tensor``, block scales swizzled);
 * ``decoded/ct_nvfp4.safetensors``, ``decoded/modelopt_nvfp4.safetensors`` -- every quantized weight of the two
   checkpoints decoded by its producer's own code (compressed-tensors ``NVFP4PackedCompressor.decompress``,
-  ModelOpt ``NVFP4QTensor.dequantize``), what fpsim's decode is tested against bit for bit.
+  ModelOpt ``NVFP4QTensor.dequantize``, torchao ``NVFP4Tensor.dequantize``), what fpsim's decode is tested
+  against bit for bit.
 
 Calibration for both: 4 sequences of 16 random token ids (seed 1) through the model.
 """
@@ -109,6 +113,22 @@ def save_modelopt(out: Path):
     export_hf_checkpoint(model, export_dir=str(out / "modelopt_nvfp4"))
 
 
+def save_torchao(out: Path):
+    """torchao's NVFP4 weight-only quantization through transformers, and each weight as torchao decodes it."""
+    from safetensors.torch import save_file
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+    from transformers import AutoModelForCausalLM, TorchAoConfig
+
+    model = AutoModelForCausalLM.from_pretrained(out / "reference", dtype=torch.bfloat16,
+                                                 quantization_config=TorchAoConfig(NVFP4WeightOnlyConfig()))
+    model.save_pretrained(out / "torchao_nvfp4", safe_serialization=True)
+    (out / "decoded").mkdir(exist_ok=True)
+    dec = {name: p.dequantize(torch.bfloat16).contiguous() for name, p in model.named_parameters()
+           if type(p).__name__ == "NVFP4Tensor" or type(getattr(p, "data", None)).__name__ == "NVFP4Tensor"}
+    assert len(dec) == 14, sorted(dec)
+    save_file(dec, out / "decoded" / "torchao_nvfp4.safetensors")
+
+
 def _tensors(folder: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -149,12 +169,13 @@ def save_decoded(out: Path):
 
 def main(out: str):
     root = Path(out)
-    for name in ("reference", "ct_nvfp4", "modelopt_nvfp4", "decoded"):
+    for name in ("reference", "ct_nvfp4", "modelopt_nvfp4", "torchao_nvfp4", "decoded"):
         shutil.rmtree(root / name, ignore_errors=True)
     save_reference(root)
     save_compressed_tensors(root)
     save_modelopt(root)
     save_decoded(root)
+    save_torchao(root)
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
         # Only what a reader of the checkpoint needs: the tensors and the quantization metadata.
         for f in d.iterdir():
