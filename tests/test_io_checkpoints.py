@@ -1,7 +1,7 @@
 """Quantized checkpoints (fpsim.io.checkpoints, issue 47 item 2): compressed-tensors, ModelOpt and torchao NVFP4
-files made by the libraries themselves (tests/data/checkpoints/generate.py) are read as one tensor per packed weight, decoded
-bit for bit as the producer's own dequantize does, compared with the BF16 original, and their scale tensors are
-never analysed or ranked.  Hostile variants give one line naming the file and tensor."""
+files made by the libraries themselves (tests/data/checkpoints/generate.py) are read as one tensor per packed
+weight, decoded bit for bit as the producer's own dequantize does, compared with the BF16 original, and their
+scale tensors are never analysed or ranked.  Hostile variants give one line naming the file and tensor."""
 
 from __future__ import annotations
 
