@@ -64,7 +64,7 @@ class EncodeRule(str, enum.Enum):
     """The scaled element y whose E2M1 code is stored, from x, the block scale's value s and the global g."""
 
     TE = "te"  #: fl(x·min(fl(1/fl(s·S_dec)), FLT_MAX)), S_dec = fl(1/S_enc)
-    TE_BF16 = "te_bf16"  #: fl(x·c), c = bf16(min(fl(S_enc/s), BF16_MAX)): TE's fast-math coefficient
+    TE_BF16 = "te_bf16"  #: bfloat16 inputs: fl(x·c), c = bf16(min(fl(S_enc/s), BF16_MAX)) (TE's fast math); else TE
     DIV_S_G = "div_s_g"  #: fl(x/fl(s/G))
     RECIP_PTS_S = "recip_pts_s"  #: fl(x·fl(fl(1/pts)/s))
     DIV_S_PTS = "div_s_pts"  #: fl(x/fl(s·pts))
@@ -266,10 +266,12 @@ def _scale_bytes(sdb, conv: Convention, ops):
     return sb, ops.decode(sb, "float8_e4m3fn")
 
 
-def _scaled(X3, s, g, conv: Convention, ops):
+def _scaled(X3, s, g, conv: Convention, bf16: bool, ops):
     """The scaled elements y [R, nb, BC] of :class:`EncodeRule` (s: [R, nb, 1] scale values)."""
     one = ops.f32(1.0, g)
     r = conv.encode_rule
+    if r is EncodeRule.TE_BF16 and not bf16:  # TE's fast-math kernel (the tuned 1D one) takes bfloat16 inputs only
+        r = EncodeRule.TE
     if r is EncodeRule.TE:
         enc = ops.xp.minimum(one / (s * (one / g)), ops.f32(FLT_MAX, g))
         return X3 * enc
@@ -294,7 +296,7 @@ def quantize_blocks(X3, conv: Convention, bf16: bool, ops=NumpyOps, amax=None):
         amax = ops.f32(amax, X3)
     g = global_scale(amax, conv, bf16, ops)
     sb, sv = _scale_bytes(_block_sdb(vmax, g, conv, bf16, ops), conv, ops)
-    y = _scaled(X3, sv[..., None], g, conv, ops)
+    y = _scaled(X3, sv[..., None], g, conv, bf16, ops)
     codes = ops.encode(y, "float4_e2m1fn")
     if not conv.neg_zero:
         codes = xp.where((y == 0) & ops.signbit(y), 0, codes)
