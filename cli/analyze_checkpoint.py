@@ -104,7 +104,7 @@ def _e4m3(byte: int) -> str:
 
 def _conformance(r: dict) -> str:
     if r.get("conformant") is None:
-        return f"conformance {_MISSING}"
+        return f"conformance: {r['notes'].get('conformant', _MISSING)}"
     fd = r.get("first_difference")
     glob = (f"equal (from {r['global_scale_from']})" if r["global_scale_equal"] else
             f"differs (the convention gives {_num(r['expected_global_scale'], 8)} from the tensor's own amax)")
@@ -130,17 +130,24 @@ def render_quantized(recs: list[dict], lead: str = "\n") -> str:
     for r in recs:
         out.append(f"{r['tensor']}  ({r['producer']} {r['format'].upper()}, {'×'.join(map(str, r['shape']))}, "
                    f"decoded to {r['decoded_dtype']})")
-        blocks = (f"  blocks {r['blocks']}: zero scale {_num(r['zero_scale_blocks'])}, subnormal scale "
-                  f"{_num(r['subnormal_scale_blocks'])}, at max scale 448 {_num(r['max_scale_blocks'])}, "
-                  f"NaN scale {_num(r['nan_scale_blocks'])}")
-        out.append(blocks if r["blocks"] is not None else f"  blocks {_MISSING}")
-        shared = r.get("shares_global_scale_with")
-        share = f"; shared with {', '.join(shared)}" if shared else ""
-        kind = f" ({r['global_scale_kind']} scale, amax {_num(r['implied_amax'])})" if r["global_scale_kind"] else ""
-        inp = (f"; input scale {_num(r['input_scale'], 6)} ({r['input_scale_kind']})"
+        inp = (f"input scale {_num(r['input_scale'], 6)} ({r['input_scale_kind']})"
                if r["input_scale"] is not None else "")
-        out.append(f"  global scale {_num(r['global_scale'], 8)}{kind}{share}{inp}")
-        out.append(f"  codes {_histogram(r['code_histogram'])}")
+        if r["format"] == "nvfp4":
+            out.append(f"  blocks {r['blocks']}: zero scale {_num(r['zero_scale_blocks'])}, subnormal scale "
+                       f"{_num(r['subnormal_scale_blocks'])}, at max scale 448 {_num(r['max_scale_blocks'])}, "
+                       f"NaN scale {_num(r['nan_scale_blocks'])}")
+            shared = r.get("shares_global_scale_with")
+            share = f"; shared with {', '.join(shared)}" if shared else ""
+            kind = f" ({r['global_scale_kind']} scale, amax {_num(r['implied_amax'])})"
+            out.append(f"  global scale {_num(r['global_scale'], 8)}{kind}{share}{'; ' + inp if inp else ''}")
+        else:
+            what = (f"{r['blocks']} blocks of {r['block']}: E8M0 scales" if r["blocks"] is not None
+                    else "scale per tensor or row:")
+            out.append(f"  {what} {_num(r['scale_min'])} to {_num(r['scale_max'])}"
+                       + (f", NaN scale {r['nan_scale_blocks']}" if r["nan_scale_blocks"] is not None else "")
+                       + (f"; {inp}" if inp else ""))
+        if r["code_histogram"] is not None:
+            out.append(f"  codes {_histogram(r['code_histogram'])}")
         if r.get("reference"):
             out.append(f"  vs {r['reference']}: rel_error {_num(r['rel_error'])}, sqnr_db {_num(r['sqnr_db'])}, "
                        f"max_abs_err {_num(r['max_abs_error'])} (fpsim {r['format']} of the original: rel_error "

@@ -19,6 +19,11 @@ from tests.cliutil import run, strict_json
 DATA = Path(__file__).resolve().parent / "data" / "checkpoints"
 CT, MO, TA, REF = DATA / "ct_nvfp4", DATA / "modelopt_nvfp4", DATA / "torchao_nvfp4", DATA / "reference"
 ALL = pytest.mark.parametrize("folder", [CT, MO, TA], ids=["compressed-tensors", "modelopt", "torchao"])
+#: Every checkpoint generate.py writes: folder → (producer, format).
+EVERY = {"ct_nvfp4": ("compressed-tensors", "nvfp4"), "modelopt_nvfp4": ("modelopt", "nvfp4"),
+         "torchao_nvfp4": ("torchao", "nvfp4"), "ct_mxfp4": ("compressed-tensors", "mxfp4"),
+         "ct_mxfp8": ("compressed-tensors", "mxfp8"), "ct_fp8": ("compressed-tensors", "fp8"),
+         "modelopt_mxfp8": ("modelopt", "mxfp8"), "modelopt_fp8": ("modelopt", "fp8")}
 FAST = ["--formats", "nvfp4", "--seeds", "0"]
 LINEARS = [f"model.layers.{i}.{m}.weight" for i in (0, 1) for m in
            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -39,35 +44,36 @@ def _bits(x):
     return np.asarray(x, np.float32).view(np.uint32)
 
 
-@ALL
-def test_scale_tensors_are_never_ranked_and_packed_weights_are_read(folder):
+@pytest.mark.parametrize("name", sorted(EVERY))
+def test_scale_tensors_are_never_ranked_and_packed_weights_are_read(name):
     """The issue's defect: packed weights skipped as 'not a floating-point tensor', scale tensors analysed as
     weights and ranked for BF16.  Now each quantized weight is one record and no scale tensor is analysed."""
-    r = run(folder, *FAST, "--format", "json")
+    r = run(DATA / name, *FAST, "--format", "json")
     assert r.exit_code == 0, r.output
     assert "not a floating-point tensor" not in r.output
     d = _json(r)
     analysed = [row["tensor"].split(":", 1)[1] for row in d["rows"]]
     ranked = [e["tensor"].split(":", 1)[1] for e in d["summary"]["ranking"]]
-    for name in analysed + ranked + d["summary"]["keep_bf16"]:
-        leaf = name.rpartition(".")[2]
-        assert leaf not in SCALE_SUFFIXES and not leaf.endswith("_scale"), name
+    for tensor in analysed + ranked + d["summary"]["keep_bf16"]:
+        leaf = tensor.rpartition(".")[2]
+        assert leaf not in SCALE_SUFFIXES and not leaf.endswith("_scale"), tensor
     assert not any(n in analysed for n in LINEARS)  # the packed weights are not re-quantized as floats either
     names = [q["tensor"].split(":", 1)[1] for q in d["quantized"]]
     assert sorted(names) == sorted(LINEARS)  # each quantized tensor exactly once
-    assert {q["format"] for q in d["quantized"]} == {"nvfp4"}
+    assert {(q["producer"], q["format"]) for q in d["quantized"]} == {EVERY[name]}
 
 
-@pytest.mark.parametrize("folder,producer", [(CT, "compressed-tensors"), (MO, "modelopt"), (TA, "torchao")])
-def test_decode_equals_the_producers_own_dequantize(folder, producer):
+@pytest.mark.parametrize("name", sorted(EVERY))
+def test_decode_equals_the_producers_own_dequantize(name):
     """fpsim's decode of every quantized weight is bit-identical to the library's own (BF16), computed by
-    generate.py with compressed-tensors' NVFP4PackedCompressor.decompress, ModelOpt's NVFP4QTensor.dequantize and
-    torchao's NVFP4Tensor.dequantize (its block scales swizzled in the file)."""
-    groups, rest, aside, notes = find_quantized(open_tensors(folder))
-    assert len(groups) == 14 and not aside and not notes and all(g.swizzled == (folder == TA) for g in groups)
-    theirs = {t.name: t for t in open_tensors(DATA / "decoded" / f"{folder.name}.safetensors")}
+    generate.py with compressed-tensors' compressors' decompress (NVFP4, MXFP4, MXFP8, FP8), ModelOpt's
+    NVFP4QTensor / MXFP8QTensor / FP8QTensor.dequantize and torchao's NVFP4Tensor.dequantize (its block scales
+    swizzled in the file)."""
+    groups, rest, aside, notes = find_quantized(open_tensors(DATA / name))
+    assert len(groups) == 14 and not aside and not notes and all(g.swizzled == (name == TA.name) for g in groups)
+    theirs = {t.name: t for t in open_tensors(DATA / "decoded" / f"{name}.safetensors")}
     for g in groups:
-        assert g.producer == producer and g.fmt == "nvfp4" and g.dtype == "bfloat16" and g.error is None
+        assert (g.producer, g.fmt) == EVERY[name] and g.dtype == "bfloat16" and g.error is None
         codes, scale, glob_, _ = read_codes(g)
         ours = decode_quantized(g, codes, scale, glob_)
         want = theirs[g.name].load().astype(np.float32)
@@ -162,6 +168,19 @@ def test_a_changed_byte_is_named_by_its_block(tmp_path):
     assert all(r["conformant"] for r in q.values())
 
 
+@pytest.mark.parametrize("name", ["ct_mxfp4", "ct_mxfp8", "ct_fp8", "modelopt_mxfp8", "modelopt_fp8"])
+def test_other_formats_give_error_not_conformance(name):
+    """MXFP4, MXFP8 and FP8 tensors: their scales' range and the error against the original (close to fpsim's own
+    quantization of it), conformance null with its reason (fpsim.conventions covers NVFP4 only)."""
+    d = _json(run(DATA / name, *FAST, "--reference", REF, "--format", "json"))
+    for q in d["quantized"]:
+        # within 25 % of fpsim's own (per-tensor FP8 against compressed-tensors' per-row scales: ~10 % more)
+        assert 0 < q["rel_error"] < 0.2 and abs(q["rel_error"] / q["fpsim_rel_error"] - 1) < 0.25, q["tensor"]
+        assert 0 < q["scale_min"] <= q["scale_max"] and q["global_scale"] is None
+        assert q["conformant"] is None and q["notes"]["conformant"].startswith("checked for NVFP4 only")
+        assert (q["blocks"] is None) == (q["format"] == "fp8")
+
+
 def test_a_missing_reference_tensor_is_a_reason_not_a_failure(tmp_path):
     ref = tmp_path / "ref.safetensors"
     write_safetensors(ref, {"model.layers.0.mlp.down_proj.weight": np.zeros((32, 64), np.float32)})
@@ -217,7 +236,8 @@ def test_sharded_index_and_selection(tmp_path):
 
 def test_every_null_has_a_reason():
     """Every JSON value of a quantized record is a number, string, list or bool, or null with its reason."""
-    for args in ((CT,), (MO, "--reference", REF), (TA, "--reference", REF)):
+    for args in ((CT,), (MO, "--reference", REF), (TA, "--reference", REF), (DATA / "ct_mxfp4", "--reference", REF),
+                 (DATA / "modelopt_fp8",)):
         for q in _json(run(*args, *FAST, "--format", "json"))["quantized"]:
             missing = [k for k, v in q.items() if v is None and k not in q["notes"]]
             assert not missing, (q["tensor"], missing)

@@ -150,20 +150,30 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
     rec["shape"] = [int(s) for s in codes.shape]
     rec["block"] = g.block
     hist = np.bincount(codes.reshape(-1), minlength=256)
-    rec["code_histogram"] = [int(c) for c in hist[:16]] if g.fmt != "fp8" else None
-    if g.fmt == "fp8":
+    rec["code_histogram"] = [int(c) for c in hist[:16]] if g.fmt in ("nvfp4", "mxfp4") else None
+    if rec["code_histogram"] is None:
         notes["code_histogram"] = "FP8 has 256 codes: not listed"
+    rec["scale_min"] = rec["scale_max"] = None  # the smallest and largest finite scale value (MX and FP8)
+    if g.fmt == "fp8":
         rec.update(blocks=None, zero_scale_blocks=None, subnormal_scale_blocks=None, max_scale_blocks=None,
                    nan_scale_blocks=None)
         for k in ("blocks", "zero_scale_blocks", "subnormal_scale_blocks", "max_scale_blocks", "nan_scale_blocks"):
-            notes[k] = "FP8 with FP32 scales has no E4M3 block scales"
-    elif g.fmt == "mxfp4":
+            notes[k] = "FP8 with a float scale per tensor or per row has no E4M3 block scales"
+        finite = scale[np.isfinite(scale)]
+    elif g.fmt in ("mxfp4", "mxfp8"):
         rec.update(blocks=int(scale.size), zero_scale_blocks=None, subnormal_scale_blocks=None,
                    max_scale_blocks=None, nan_scale_blocks=int(np.count_nonzero(scale == 0xFF)))
         for k in ("zero_scale_blocks", "subnormal_scale_blocks", "max_scale_blocks"):
             notes[k] = "E8M0 scales are powers of two: no zero or subnormal scale"
+        finite = np.ldexp(np.float64(1.0), scale[scale != 0xFF].astype(np.int64) - 127)
     else:
         rec.update(_scale_stats(scale))
+        finite = np.empty(0)
+        notes["scale_min"] = notes["scale_max"] = "NVFP4: see the block counts and the global scale"
+    if g.fmt != "nvfp4":
+        rec["scale_min"], rec["scale_max"] = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
+        if not finite.size:
+            notes["scale_min"] = notes["scale_max"] = "no finite scale"
     _global(g, glob_, rec, notes)
     rec["input_scale"] = inp
     kind = "encode" if g.producer == "compressed-tensors" else "decode"
@@ -194,7 +204,7 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
     _errors(x, xq, rec, notes)
     from ..dispatch import fake_quantize
 
-    scheme = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "fp8": "fp8_e4m3"}[g.fmt]
+    scheme = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "mxfp8": "mxfp8_e4m3", "fp8": "fp8_e4m3"}[g.fmt]
     _errors(x, fake_quantize(x, scheme), rec, notes, prefix="fpsim_")
     if g.fmt == "nvfp4":
         bf16 = getattr(raw, "dtype", None) is not None and raw.dtype.name == "bfloat16"
@@ -203,7 +213,7 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
         for k in ("conformant", "global_scale_equal", "global_scale_from", "expected_global_scale", "blocks_differing",
                   "blocks_scale_differing", "first_difference", "conformance_convention"):
             rec[k] = None
-            notes[k] = f"conformance is checked for NVFP4 only, not {g.fmt.upper()}"
+            notes[k] = f"checked for NVFP4 only, not {g.fmt.upper()}"
     return rec
 
 

@@ -10,11 +10,14 @@ compressed-tensors     ``P.weight_packed`` U8 [R, C/2], ``P.weight_scale``  ``P.
 NVFP4                  F8_E4M3 [R, C/16]                                ENCODE scale 2688/amax
 compressed-tensors     ``P.weight_packed`` U8 [R, C/2], ``P.weight_scale``  none
 MXFP4                  U8 (E8M0) [R, C/32]
+MXFP8 (either)         ``P.weight`` F8_E4M3 [R, C], ``P.weight_scale`` U8   none
+                       (E8M0) [R, C/32]
 ModelOpt NVFP4         ``P.weight`` U8 [R, C/2], ``P.weight_scale``         ``P.weight_scale_2`` F32 []: the DECODE
                        F8_E4M3 [R, C/16]                                scale amax/2688
 torchao NVFP4          ``P._weight_qdata`` U8 [R, C/2],                    ``P._weight_per_tensor_scale`` F32 []:
                        ``P._weight_scale`` F8_E4M3, swizzled (metadata)  the DECODE scale amax/2688
-FP8 (either)           ``P.weight`` F8_E4M3 [R, C], ``P.weight_scale`` F32  (per tensor or per row)
+FP8 (either)           ``P.weight`` F8_E4M3 [R, C], ``P.weight_scale`` F32  none (the scale is per tensor or
+                       or BF16                                          per row)
 =====================  ===============================================  ==========================================
 
 All pack two E2M1 codes per byte, element 2j in the low nibble.  Activation scales (``input_global_scale``,
@@ -71,7 +74,7 @@ class QuantizedGroup:
 
     @property
     def block(self) -> int | None:
-        return {"nvfp4": 16, "mxfp4": 32}.get(self.fmt)
+        return {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}.get(self.fmt)
 
     @property
     def global_kind(self) -> str | None:
@@ -136,7 +139,9 @@ def _classify(prefix: str, leaves: dict[str, TensorRef], hint: str | None) -> tu
         return None
     if w.dtype == np.uint8 and "weight_scale_2" in leaves:
         return "modelopt", "nvfp4", "weight"
-    if w.dtype.name == "float8_e4m3fn" and scale.dtype == np.float32:
+    if w.dtype.name == "float8_e4m3fn" and scale.dtype == np.uint8:
+        return hint or "compressed-tensors", "mxfp8", "weight"
+    if w.dtype.name == "float8_e4m3fn" and scale.dtype.kind in "fV" and scale.dtype.itemsize in (2, 4):
         return hint or "compressed-tensors", "fp8", "weight"
     return None
 
@@ -177,14 +182,15 @@ def _check(g: QuantizedGroup) -> str | None:
     want_scale = "float8_e4m3fn" if g.fmt == "nvfp4" else "uint8"
     if scale.dtype.name != want_scale:
         return f"{scale.name}: dtype {scale.dtype.name}, {g.producer} {g.fmt.upper()} stores {want_scale}"
-    blocks = -(-2 * cols // g.block)
+    elements = cols if g.fmt == "mxfp8" else 2 * cols  # 4-bit codes: two per byte
+    blocks = -(-elements // g.block)
     if g.swizzled:
         want = 128 * -(-rows // 128) * 4 * -(-blocks // 4)
         n = int(np.prod(scale.shape))
         return None if n == want else (f"{scale.name}: {n} swizzled scale bytes, expected {want} for [{rows}, "
                                        f"{blocks}] blocks")
     if tuple(scale.shape) != (rows, blocks):
-        return (f"{scale.name}: shape {list(scale.shape)}, expected [{rows}, {blocks}] for {2 * cols} elements in "
+        return (f"{scale.name}: shape {list(scale.shape)}, expected [{rows}, {blocks}] for {elements} elements in "
                 f"blocks of {g.block}")
     glob_ = g.parts.get("global")
     if g.fmt == "nvfp4" and (glob_ is None or glob_.dtype != np.float32 or int(np.prod(glob_.shape)) != 1):
@@ -266,6 +272,9 @@ def read_codes(g: QuantizedGroup) -> tuple[np.ndarray, np.ndarray, float | None,
     if g.fmt == "fp8":
         codes = np.ascontiguousarray(packed).view(np.uint8)
         scale = np.asarray(g.parts["scale"].load(), np.float32)
+    elif g.fmt == "mxfp8":
+        codes = np.ascontiguousarray(packed).view(np.uint8)
+        scale = np.ascontiguousarray(g.parts["scale"].load()).view(np.uint8)
     else:
         packed = np.asarray(packed, np.uint8)
         codes = np.empty((packed.shape[0], 2 * packed.shape[1]), np.uint8)
@@ -295,13 +304,15 @@ def _cast(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def decode_quantized(g: QuantizedGroup, codes: np.ndarray, scale: np.ndarray, glob_: float | None) -> np.ndarray:
     """The float32 values ``g``'s producer decodes its tensor to: NVFP4 through :func:`fpsim.conventions.decode`
-    with the producer's convention (SPEC §4.1), then the cast to the checkpoint's dtype; MXFP4 and FP8 as
-    ``code · scale``, then the same cast."""
+    with the producer's convention (SPEC §4.1), then the cast to the checkpoint's dtype; MXFP4, MXFP8 and FP8 as
+    ``value · scale`` (ModelOpt's FP8 scale cast to that dtype first), then the same cast."""
     from ..dispatch import decode
 
     f32 = np.float32
     if g.fmt == "fp8":
         s = scale.reshape(-1, 1) if scale.size > 1 else scale.reshape(())
+        if g.producer == "modelopt":  # FP8QTensor.dequantize: data.to(dtype) * scale.to(dtype)
+            s = _cast(s.astype(f32), g.dtype)
         return _cast(decode(codes, "e4m3") * s.astype(f32), g.dtype)
     pad = scale.shape[1] * g.block - codes.shape[1]  # codes padded to whole blocks (zeros), cut back after
     padded = np.pad(codes, ((0, 0), (0, pad))) if pad else codes
@@ -309,7 +320,7 @@ def decode_quantized(g: QuantizedGroup, codes: np.ndarray, scale: np.ndarray, gl
         from ..conventions import decode as convention_decode
 
         values = convention_decode(padded, scale, glob_, g.producer)
-    else:  # MXFP4: code · 2^(scale byte − 127)
+    else:  # MXFP4 / MXFP8: element value · 2^(scale byte − 127), exact in float32 (0xFF: NaN)
         per_elem = np.repeat(decode(scale, "e8m0"), g.block, axis=1)
-        values = decode(padded, "e2m1") * per_elem
+        values = decode(padded, "e2m1" if g.fmt == "mxfp4" else "e4m3") * per_elem
     return _cast(values[:, : codes.shape[1]], g.dtype)

@@ -27,7 +27,12 @@ It writes, from one tiny Llama (hidden 32, intermediate 64, 2 layers, vocabulary
   ModelOpt ``NVFP4QTensor.dequantize``, torchao ``NVFP4Tensor.dequantize``), what fpsim's decode is tested
   against bit for bit.
 
-Calibration for both: 4 sequences of 16 random token ids (seed 1) through the model.
+* ``ct_mxfp4``, ``ct_mxfp8``, ``ct_fp8`` -- llmcompressor presets MXFP4A16, MXFP8A16, FP8_DYNAMIC (weight-only
+  formats, FP8 with per-row BF16 scales); ``modelopt_fp8``, ``modelopt_mxfp8`` -- ModelOpt FP8_DEFAULT_CFG,
+  MXFP8_DEFAULT_CFG; each with its decoded weights in ``decoded/``.
+
+Calibration for the NVFP4 and ModelOpt runs: 4 sequences of 16 random token ids (seed 1) through the model.
+Reruns write identical tensor bytes; torchao's ``__metadata__`` lists its keys in a varying order.
 """
 
 from __future__ import annotations
@@ -129,6 +134,64 @@ def save_torchao(out: Path):
     save_file(dec, out / "decoded" / "torchao_nvfp4.safetensors")
 
 
+#: Other formats the producers write (weight-only where the scheme allows, so no calibration data is needed).
+CT_OTHER = {"ct_mxfp4": "MXFP4A16", "ct_mxfp8": "MXFP8A16", "ct_fp8": "FP8_DYNAMIC"}
+MODELOPT_OTHER = {"modelopt_fp8": "FP8_DEFAULT_CFG", "modelopt_mxfp8": "MXFP8_DEFAULT_CFG"}
+
+
+def save_other_formats(out: Path):
+    """MXFP4, MXFP8 and FP8 checkpoints of both libraries, and each weight as the library decodes it."""
+    import modelopt.torch.quantization as mtq
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from compressed_tensors.compressors.mxfp8.base import MXFP8QuantizationCompressor
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from modelopt.torch.export import export_hf_checkpoint
+    from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
+    from modelopt.torch.quantization.qtensor.mxfp8_tensor import MXFP8QTensor
+    from safetensors.torch import save_file
+
+    compressors = {"mxfp4-pack-quantized": MXFP4PackedCompressor, "mxfp8-quantized": MXFP8QuantizationCompressor,
+                   "float-quantized": FloatQuantizationCompressor}
+    for name, scheme_name in CT_OTHER.items():
+        model = load_reference(out)
+        oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=scheme_name, ignore=["lm_head"]),
+                processor=word_tokenizer())
+        model.save_pretrained(out / name, save_compressed=True)
+        cfg = json.loads((out / name / "config.json").read_text())["quantization_config"]
+        scheme = QuantizationScheme(targets=["Linear"],
+                                    weights=QuantizationArgs(**cfg["config_groups"]["group_0"]["weights"]))
+        t = _tensors(out / name)
+        code_leaf = "weight_packed" if name == "ct_mxfp4" else "weight"
+        dec = {}
+        for key in [k for k in t if k.endswith(".weight_scale")]:
+            p = key[: -len("weight_scale")]
+            sd = {leaf: t[p + leaf] for leaf in (code_leaf, "weight_scale")}
+            w = compressors[cfg["format"]].decompress(sd, scheme)["weight"]
+            dec[p + "weight"] = w.to(torch.bfloat16).contiguous()
+        save_file(dec, out / "decoded" / f"{name}.safetensors")
+    for name, cfg_name in MODELOPT_OTHER.items():
+        model = load_reference(out)
+
+        def loop(m):
+            for ids in calibration():
+                m(ids)
+
+        mtq.quantize(model, getattr(mtq, cfg_name), loop)
+        export_hf_checkpoint(model, export_dir=str(out / name))
+        t = _tensors(out / name)
+        qt = MXFP8QTensor if "mxfp8" in name else FP8QTensor
+        dec = {}
+        for key in [k for k in t if k.endswith(".weight_scale")]:
+            p = key[: -len("weight_scale")]
+            w = t[p + "weight"]
+            dec[p + "weight"] = qt(w.shape, torch.bfloat16, w).dequantize(
+                dtype=torch.bfloat16, scale=t[key]).contiguous()
+        save_file(dec, out / "decoded" / f"{name}.safetensors")
+
+
 def _tensors(folder: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -169,13 +232,14 @@ def save_decoded(out: Path):
 
 def main(out: str):
     root = Path(out)
-    for name in ("reference", "ct_nvfp4", "modelopt_nvfp4", "torchao_nvfp4", "decoded"):
+    for name in ("reference", "ct_nvfp4", "modelopt_nvfp4", "torchao_nvfp4", "decoded", *CT_OTHER, *MODELOPT_OTHER):
         shutil.rmtree(root / name, ignore_errors=True)
     save_reference(root)
     save_compressed_tensors(root)
     save_modelopt(root)
     save_decoded(root)
     save_torchao(root)
+    save_other_formats(root)
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
         # Only what a reader of the checkpoint needs: the tensors and the quantization metadata.
         for f in d.iterdir():
