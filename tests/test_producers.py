@@ -202,10 +202,12 @@ def test_a_convention_with_fpsims_parts_gives_fpsims_bytes(x):
 
 
 @settings(max_examples=20, deadline=None)
-@given(_tensors(), st.sampled_from([n for n in C.names() if n != "fpsim"]))
-def test_torch_cpu_equals_numba_cpu_on_every_convention(x, name):
+@given(_tensors(), st.sampled_from([n for n in C.names() if n != "fpsim"]), st.booleans())
+def test_torch_cpu_equals_numba_cpu_on_every_convention(x, name, bf16):
     if "torch-cpu" not in BACKENDS:
         pytest.skip("torch not installed")
+    if bf16:
+        x = x.astype(ml_dtypes.bfloat16)
     want = fpsim.quantize(x, "nvfp4", convention=name)
     got = fpsim.quantize(x, "nvfp4", convention=name, backend="torch-cpu")
     assert got.equals(want)
