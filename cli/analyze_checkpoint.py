@@ -148,6 +148,8 @@ def render_quantized(recs: list[dict], lead: str = "\n") -> str:
                        + (f"; {inp}" if inp else ""))
         if r["code_histogram"] is not None:
             out.append(f"  codes {_histogram(r['code_histogram'])}")
+        if r["notes"].get("layout"):
+            out.append(f"  note: {r['notes']['layout']}")
         if r.get("reference"):
             out.append(f"  vs {r['reference']}: rel_error {_num(r['rel_error'])}, sqnr_db {_num(r['sqnr_db'])}, "
                        f"max_abs_err {_num(r['max_abs_error'])} (fpsim {r['format']} of the original: rel_error "

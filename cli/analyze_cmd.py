@@ -350,7 +350,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
     extra = {"quantized": recs, "quantized_summary": dict(quantized_summary(recs), set_aside=aside,
                                                           reference=list(reference))} if groups else None
     text = render(rows, out_format, summary, extra) if rows or not recs or out_format in ("json", "csv") else ""
-    text += render_quantized(recs, lead="\n" if rows else "") if out_format in ("table", "markdown") else ""
+    section = render_quantized(recs, lead="\n" if rows else "") if out_format in ("table", "markdown") else ""
+    text += f"\n```text\n{section.lstrip()}```\n" if section and out_format == "markdown" else section
     if groups and out_format == "csv":
         note("note: the quantized-tensor report is not in CSV (one row per tensor and scheme): use --format json "
              "or table")

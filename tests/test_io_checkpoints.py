@@ -250,3 +250,27 @@ def test_reference_that_names_nothing_is_a_usage_error(tmp_path):
     write_safetensors(plain, {"w": np.ones((4, 16), np.float32)})
     r = run(plain, *FAST, "--reference", REF)
     assert r.exit_code == 0 and "no quantized checkpoint tensor in the inputs" in r.stderr
+
+
+def test_torchao_metadata_missing_or_corrupt_is_a_note(tmp_path):
+    """torchao's per-tensor JSON says the scales are swizzled; without it (or unreadable) the scales are read as
+    swizzled, torchao's default, and the record says why — still decoded right, as the conformance shows."""
+    import struct
+
+    raw = (TA / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    header["__metadata__"]["model.layers.0.mlp.down_proj.weight"] = "{not json"
+    del header["__metadata__"]["model.layers.0.mlp.up_proj.weight"]
+    new = json.dumps(header).encode()
+    ck = tmp_path / "torchao"
+    ck.mkdir()
+    (ck / "config.json").write_bytes((TA / "config.json").read_bytes())
+    (ck / "model.safetensors").write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])  # same tensor bytes
+    d = _json(run(ck, *FAST, "--reference", REF, "--format", "json"))
+    q = {r["tensor"].split(":", 1)[1]: r for r in d["quantized"]}
+    assert "torchao metadata" in q["model.layers.0.mlp.down_proj.weight"]["notes"]["layout"]
+    assert "read as swizzled" in q["model.layers.0.mlp.up_proj.weight"]["notes"]["layout"]
+    assert all(r["conformant"] for r in q.values())
+    md = run(ck, *FAST, "--format", "markdown").stdout
+    assert "```text\nQuantized tensors" in md
