@@ -4,8 +4,9 @@ tests/data/producers/<producer>.npz were written by the libraries themselves (te
 torchao 0.18.0, compressed-tensors 0.20.1, nvidia-modelopt 0.47.0, torch 2.13.0+cpu); each holds 9 edge tensors
 (zero, −0, zero blocks, subnormal and zero E4M3 scales, two tensors whose 2688/amax overflows, E2M1 and E4M3
 ties, outliers, random) in float32 and bfloat16.  Transformer Engine does not install without CUDA: its
-conventions are checked against vectors derived here by hand, operation by operation, from the cited CUDA and
-Python source (``_te_*`` below, each line naming the TE function it transcribes).
+conventions are checked against vectors DERIVED BY HAND from its cited CUDA and Python source, operation by
+operation — tests/data/producers/te-*.npz (te_by_hand.py, the same edge tensors) and ``_te_*`` below, each line
+naming the TE function it transcribes.
 NaN values are compared as NaN: their payload and sign are the host's (x86 here), not part of any convention.
 """
 
@@ -26,6 +27,7 @@ from fpsim import conventions as C
 
 DATA = Path(__file__).resolve().parent / "data" / "producers"
 PRODUCERS = ("torchao", "compressed-tensors", "modelopt")
+TE_BY_HAND = ("te-cuda", "te-cuda-fastmath", "te-python")  # golden files derived by hand from TE's source
 BACKENDS = [b for b in ("numba-cpu", "torch-cpu") if b in backends.available()]
 F = np.float32
 
@@ -59,6 +61,10 @@ def test_the_golden_files_cover_the_edge_tensors():
     for p in PRODUCERS:
         with np.load(DATA / f"{p}.npz") as z:
             assert {"torchao==0.18.0", "compressed-tensors==0.20.1", "nvidia-modelopt==0.47.0"} <= set(z["versions"])
+    for p in TE_BY_HAND:
+        with np.load(DATA / f"{p}.npz") as z:
+            assert "derived by hand, not run" in str(z["versions"][0])
+    for p in PRODUCERS + TE_BY_HAND:
         cases = golden(p)
         assert len(cases) == 18 and {c.rsplit(".", 1)[1] for c in cases} == {"float32", "bfloat16"}
         assert {c.rsplit(".", 1)[0] for c in cases} >= {"zero", "negative_zero", "zero_blocks", "small_scales",
@@ -66,7 +72,7 @@ def test_the_golden_files_cover_the_edge_tensors():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("producer", PRODUCERS)
+@pytest.mark.parametrize("producer", PRODUCERS + TE_BY_HAND)
 def test_each_convention_gives_its_libraries_bytes_and_values(producer, backend):
     for case, g in golden(producer).items():
         x = as_input(case, g["input"])
@@ -78,7 +84,7 @@ def test_each_convention_gives_its_libraries_bytes_and_values(producer, backend)
         assert same_values(fpsim.dequantize(q, backend=backend), g["decoded"]), (case, "decoded")
 
 
-@pytest.mark.parametrize("producer", PRODUCERS)
+@pytest.mark.parametrize("producer", PRODUCERS + TE_BY_HAND)
 def test_decoding_a_checkpoints_stored_arrays(producer):
     """fpsim.conventions.decode reads what the producer stores (codes, E4M3 bytes, its global scale)."""
     for case, g in golden(producer).items():
