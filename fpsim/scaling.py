@@ -7,13 +7,16 @@ and imports no backend (:func:`fpsim.quantize` is the dispatcher above it).
 
 Conventions (NVIDIA's, docs/spec.md):
 
-* NVFP4 follows Transformer Engine's FP32 operation order exactly (§4); block scales are *not* clamped
+* NVFP4 quantizes in Transformer Engine's FP32 operation order exactly (§4; the decode order is fpsim's own,
+  ``convention="te-cuda"`` decodes as Transformer Engine does, §4.1); block scales are *not* clamped
   from below, so blocks far below the tensor amax get subnormal or zero E4M3 scales (a zero-scale block
   decodes to zeros);
 * MX scales come from the block amax's exponent bits under a :class:`~fpsim.schemes.ScaleRule`
   (``rceil`` = ``cvt.rp.satfinite.ue8m0`` by default), elements are ``x · 2^-E`` encoded with
   saturation (§5);
 * FP8 with FP32 scales stores ``d = fl(amax / max_elem)`` and encodes ``fl(x / d)`` (§6);
+* ``convention=`` selects another producer's NVFP4 arithmetic (:mod:`fpsim.conventions`, §4.1), run by
+  :func:`fpsim.conventions.quantize_blocks` over numpy instead of the fused kernels;
 * inputs are converted to float32 first (float64/float16/bfloat16 by RNE); blocks run along the last
   axis unless ``axis`` says otherwise; ragged shapes are zero-padded for the computation and restored
   on decode;
