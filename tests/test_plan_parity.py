@@ -259,6 +259,8 @@ def test_producer_conventions_run_as_torch_operations_on_the_triton_path():
         assert_same(got.to_quantized(), want, name)
         assert same_bits(got.dequantize(impl="triton" if triton_available() else "auto").cpu().numpy(),
                          want.dequantize()), name
+        fake = tb.fake_quantize(t, plan, impl="triton" if triton_available() and name == "te-cuda" else "auto")
+        assert same_bits(fake.cpu().numpy(), want.dequantize()), name  # te-cuda: Triton codes, TE's decode order
 
 
 def test_route_and_unsupported_name_the_hand_off():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..conventions import is_native
+from ..conventions import decodes_native, is_native
 from ..plan import Plan, lower
 from ..schemes import BlockScheme, Kind, ScaleRule
 from ..tensor import moved_2d
@@ -189,7 +189,7 @@ def fake_quantize(x, scheme: str | BlockScheme | Plan = "nvfp4", axis: int = -1,
               counter=counter, tensor_amax=tensor_amax, impl=impl)
     plan = _plan(scheme, block, rounding, scale_rule, k, nan_amax, seed)
     x = x.to(torch.float32)
-    if x.dim() == 0 or route(plan, x, impl) != "triton":
+    if x.dim() == 0 or route(plan, x, impl) != "triton" or not decodes_native(plan.convention):
         return quantize(x, plan, axis, **{**kw, "block": None, "rounding": None, "scale_rule": None, "k": None}
                         ).dequantize(impl=impl)
     _check_tensor_amax(plan, tensor_amax)
