@@ -274,3 +274,29 @@ def test_torchao_metadata_missing_or_corrupt_is_a_note(tmp_path):
     assert all(r["conformant"] for r in q.values())
     md = run(ck, *FAST, "--format", "markdown").stdout
     assert "```text\nQuantized tensors" in md
+
+
+@pytest.mark.parametrize("name", ["ct_nvfp4", "modelopt_fp8", "ct_fp8"])
+def test_row_chunks_give_the_whole_tensor_record(name, monkeypatch):
+    """Records are made chunk by chunk of rows (bounded memory); 5-row chunks give the one-chunk record,
+    differences found under another convention and their first block included (per-tensor and per-row FP8
+    scales sliced right)."""
+    from fpsim.io import checkpoint_check as cc
+
+    keep = ("layers.1.self_attn.q_proj", "layers.0.mlp.gate_proj")
+    groups = [g for g in find_quantized(open_tensors(DATA / name))[0] if g.name.startswith(tuple(
+        f"model.{k}" for k in keep))]
+    assert len(groups) == 2
+    originals = {t.name: t for t in open_tensors(REF)}
+
+    def records():
+        return [cc.inspect_group(g, g.name, originals[g.name], True, convention="fpsim" if g.fmt == "nvfp4" else None)
+                for g in groups]
+
+    whole = records()
+    monkeypatch.setattr(cc, "_chunks", lambda rows, cols: [(r, min(r + 5, rows)) for r in range(0, rows, 5)])
+    for a, b in zip(records(), whole):
+        assert a.keys() == b.keys()
+        for k in a:  # sums of squares add in another order: equal to rounding
+            assert a[k] == (pytest.approx(b[k], rel=1e-12) if isinstance(b[k], float) else b[k]), (a["tensor"], k)
+    assert name != "ct_nvfp4" or any(r["blocks_differing"] for r in whole)

@@ -44,92 +44,127 @@ def _global(g: QuantizedGroup, value: float | None, rec: dict, notes: dict) -> N
     rec["implied_amax"] = 2688.0 / value if g.global_kind == "encode" else value * 2688.0
 
 
-def _errors(x: np.ndarray, xq: np.ndarray, rec: dict, notes: dict, prefix: str = "") -> None:
-    """rel_error = ‖x − x̂‖/‖x‖, mse, max_abs_error, sqnr_db over the elements where both are finite (float64 sums)."""
-    ok = np.isfinite(x) & np.isfinite(xq)
-    d = (x[ok].astype(np.float64) - xq[ok].astype(np.float64))
-    ref2 = float(np.sum(np.square(x[ok], dtype=np.float64)))
-    err2 = float(np.sum(np.square(d)))
-    n = int(np.count_nonzero(ok))
-    rec[prefix + "rel_error"] = math.sqrt(err2 / ref2) if ref2 > 0 else None
-    if ref2 == 0:
-        notes[prefix + "rel_error"] = "the original is zero (or has no finite element)"
-    rec[prefix + "mse"] = err2 / n if n else None
-    rec[prefix + "max_abs_error"] = float(np.max(np.abs(d))) if n else None
-    if not n:
-        notes[prefix + "mse"] = notes[prefix + "max_abs_error"] = "no element is finite in both"
-    if prefix:
-        return
-    rec["sqnr_db"] = 10 * math.log10(ref2 / err2) if ref2 > 0 and err2 > 0 else None
-    if rec["sqnr_db"] is None:
-        notes["sqnr_db"] = "exact (no error)" if err2 == 0 and ref2 > 0 else notes.get("rel_error", "undefined")
-    rec["nonfinite_count"] = int(x.size - n)
+class _Errors:
+    """Running sums of the error metrics over row chunks: rel_error = ‖x − x̂‖/‖x‖, mse, max_abs_error, sqnr_db
+    over the elements where both are finite (float64 sums)."""
+
+    def __init__(self):
+        self.ref2 = self.err2 = self.maxabs = 0.0
+        self.n = self.total = 0
+
+    def add(self, x: np.ndarray, xq: np.ndarray) -> None:
+        ok = np.isfinite(x) & np.isfinite(xq)
+        d = x[ok].astype(np.float64) - xq[ok].astype(np.float64)
+        self.ref2 += float(np.sum(np.square(x[ok], dtype=np.float64)))
+        self.err2 += float(np.sum(np.square(d)))
+        self.maxabs = max(self.maxabs, float(np.max(np.abs(d)))) if d.size else self.maxabs
+        self.n += int(d.size)
+        self.total += int(x.size)
+
+    def into(self, rec: dict, notes: dict, prefix: str = "") -> None:
+        ref2, err2, n = self.ref2, self.err2, self.n
+        rec[prefix + "rel_error"] = math.sqrt(err2 / ref2) if ref2 > 0 else None
+        if ref2 == 0:
+            notes[prefix + "rel_error"] = "the original is zero (or has no finite element)"
+        rec[prefix + "mse"] = err2 / n if n else None
+        rec[prefix + "max_abs_error"] = self.maxabs if n else None
+        if not n:
+            notes[prefix + "mse"] = notes[prefix + "max_abs_error"] = "no element is finite in both"
+        if prefix:
+            return
+        rec["sqnr_db"] = 10 * math.log10(ref2 / err2) if ref2 > 0 and err2 > 0 else None
+        if rec["sqnr_db"] is None:
+            notes["sqnr_db"] = "exact (no error)" if err2 == 0 and ref2 > 0 else notes.get("rel_error", "undefined")
+        rec["nonfinite_count"] = self.total - n
+
+
+def _chunks(rows: int, cols: int):
+    """Row ranges of about 2^20 elements: every comparison runs chunk by chunk, so memory follows the chunk."""
+    step = max(1, (1 << 20) // max(1, cols))
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def _amax(raw) -> float:
+    """max |x| over the finite elements of an array (0.0 when it has none), chunk by chunk."""
+    best = 0.0
+    for r0, r1 in _chunks(raw.shape[0], int(np.prod(raw.shape[1:], dtype=np.int64)) if raw.ndim > 1 else 1):
+        a = np.abs(np.asarray(raw[r0:r1], np.float32))
+        a = a[np.isfinite(a)]
+        best = max(best, float(a.max())) if a.size else best
+    return best
 
 
 def original_amax(ref: TensorRef) -> float:
     """max |x| over the finite elements of an original tensor (0.0 when it has none)."""
-    x = np.abs(np.asarray(ref.load(), np.float32))
-    x = x[np.isfinite(x)]
-    return float(x.max()) if x.size else 0.0
+    return _amax(ref.load())
 
 
-def _quantize(g: QuantizedGroup, x, glob_, fused_amax, convention, rec: dict, notes: dict):
-    """fpsim's quantization of ``x`` under ``g``'s producer convention, with the global scale the file holds when
-    the convention gives it from the tensor's own amax or from the largest amax of the tensors sharing it; under
-    ``convention`` instead (the same tensor amax) when one is named."""
+def _global_check(g: QuantizedGroup, raw, own_amax: float, glob_, fused_amax, rec: dict, notes: dict) -> float:
+    """Is the file's global scale what ``g``'s producer convention gives from the tensor's own amax, or from the
+    largest amax of the tensors sharing it?  Returns the tensor amax the blocks are then checked under."""
     from ..conventions import stored_global
     from ..dispatch import quantize
 
-    own = quantize(x, "nvfp4", convention=g.producer)
-    rec["expected_global_scale"] = float(stored_global(own))
-    tries = [("the tensor's own amax", own)]
-    if fused_amax is not None and fused_amax != float(own.amax):
-        tries.append(("the largest amax of the tensors sharing its global scale",
-                      quantize(x, "nvfp4", convention=g.producer, tensor_amax=fused_amax)))
-    for why, q in tries:
-        if glob_ is not None and np.float32(stored_global(q)) == np.float32(glob_):
+    def stored(amax: float) -> np.float32:  # the global scale depends on the amax and the input dtype only
+        return np.float32(stored_global(quantize(raw[:1], "nvfp4", convention=g.producer, tensor_amax=amax)))
+
+    rec["expected_global_scale"] = float(stored(own_amax))
+    tries = [("the tensor's own amax", own_amax)]
+    if fused_amax is not None and fused_amax != own_amax:
+        tries.append(("the largest amax of the tensors sharing its global scale", fused_amax))
+    for why, amax in tries:
+        if glob_ is not None and stored(amax) == np.float32(glob_):
             rec["global_scale_equal"], rec["global_scale_from"] = True, why
-            break
-    else:
-        rec["global_scale_equal"], rec["global_scale_from"] = False, None
-        notes["global_scale_from"] = ("the file's global scale is not what the convention gives from the tensor's "
-                                      "own amax" + (" or its group's largest" if len(tries) > 1 else "")
-                                      + "; the blocks are checked under the amax it implies")
-        implied = rec.get("implied_amax")
-        q = quantize(x, "nvfp4", convention=g.producer, tensor_amax=implied) if implied is not None else own
-    if convention in (None, g.producer):
-        return q
-    return quantize(x, "nvfp4", convention=convention, tensor_amax=float(q.amax))  # the same amax, another order
+            return amax
+    rec["global_scale_equal"], rec["global_scale_from"] = False, None
+    notes["global_scale_from"] = ("the file's global scale is not what the convention gives from the tensor's "
+                                  "own amax" + (" or its group's largest" if len(tries) > 1 else "")
+                                  + "; the blocks are checked under the amax it implies")
+    implied = rec.get("implied_amax")
+    return implied if implied is not None else own_amax
 
 
-def _conformance(g: QuantizedGroup, x, codes, scale_bytes, glob_, fused_amax, convention, rec: dict,
-                 notes: dict) -> None:
+def _conformance(g: QuantizedGroup, raw, own_amax: float, codes, scale_bytes, glob_, fused_amax, convention,
+                 rec: dict, notes: dict) -> None:
     """Compare the file's codes, block-scale bytes and global scale with the producer convention's quantization
-    of ``x`` (the original, in its own dtype: a BF16 original selects a convention's BF16 arithmetic)."""
-    rec["conformance_convention"] = convention or g.producer
-    q = _quantize(g, x, glob_, fused_amax, convention, rec, notes)
-    exp_codes = np.empty((q.data.shape[0], 2 * q.data.shape[1]), np.uint8)
-    exp_codes[:, 0::2] = q.data & 0x0F
-    exp_codes[:, 1::2] = q.data >> 4
-    exp_codes = exp_codes[:, : codes.shape[1]]
+    of the original ``raw`` in its own dtype (a BF16 original selects a convention's BF16 arithmetic), row chunk
+    by row chunk under one tensor amax; ``convention`` names another convention for the blocks."""
+    from ..dispatch import quantize
+
+    conv = convention or g.producer
+    rec["conformance_convention"] = conv
+    amax = _global_check(g, raw, own_amax, glob_, fused_amax, rec, notes)
     blocks = scale_bytes.shape[1]
     pad = blocks * 16 - codes.shape[1]
-    diff_codes = np.pad(codes != exp_codes, ((0, 0), (0, pad))).reshape(codes.shape[0], blocks, 16).any(axis=2)
-    diff_scale = scale_bytes != q.scales
-    bad = diff_codes | diff_scale
-    rec["blocks_differing"] = int(np.count_nonzero(bad))
-    rec["blocks_scale_differing"] = int(np.count_nonzero(diff_scale))
-    rec["conformant"] = bool(rec["blocks_differing"] == 0 and rec["global_scale_equal"])
-    rec["first_difference"] = None
-    if rec["blocks_differing"]:
-        r, b = (int(v) for v in np.argwhere(bad)[0])
-        lo, hi = 16 * b, min(16 * b + 16, codes.shape[1])
-        rec["first_difference"] = {
-            "row": r, "block": b, "columns": [lo, hi], "scale_file": int(scale_bytes[r, b]),
-            "scale_expected": int(q.scales[r, b]), "codes_file": [int(c) for c in codes[r, lo:hi]],
-            "codes_expected": [int(c) for c in exp_codes[r, lo:hi]]}
-    else:
+    n_bad = n_scale = 0
+    first = None
+    for r0, r1 in _chunks(*codes.shape):
+        q = quantize(raw[r0:r1], "nvfp4", convention=conv, tensor_amax=amax)
+        exp = np.empty((r1 - r0, 2 * q.data.shape[1]), np.uint8)
+        exp[:, 0::2] = q.data & 0x0F
+        exp[:, 1::2] = q.data >> 4
+        exp = exp[:, : codes.shape[1]]
+        c = codes[r0:r1]
+        diff_codes = np.pad(c != exp, ((0, 0), (0, pad))).reshape(r1 - r0, blocks, 16).any(axis=2)
+        diff_scale = scale_bytes[r0:r1] != q.scales
+        bad = diff_codes | diff_scale
+        n_bad += int(np.count_nonzero(bad))
+        n_scale += int(np.count_nonzero(diff_scale))
+        if first is None and bad.any():
+            r, b = (int(v) for v in np.argwhere(bad)[0])
+            lo, hi = 16 * b, min(16 * b + 16, codes.shape[1])
+            first = {"row": r0 + r, "block": b, "columns": [lo, hi], "scale_file": int(scale_bytes[r0 + r, b]),
+                     "scale_expected": int(q.scales[r, b]), "codes_file": [int(v) for v in c[r, lo:hi]],
+                     "codes_expected": [int(v) for v in exp[r, lo:hi]]}
+    rec["blocks_differing"], rec["blocks_scale_differing"] = n_bad, n_scale
+    rec["conformant"] = bool(n_bad == 0 and rec["global_scale_equal"])
+    rec["first_difference"] = first
+    if first is None:
         notes["first_difference"] = "no block differs"
+
+
+def _scale_rows(g: QuantizedGroup, scale: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    return scale if g.fmt == "fp8" and scale.size == 1 else scale[r0:r1]
 
 
 def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = None,
@@ -182,8 +217,13 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
         notes["input_scale"] = notes["input_scale_kind"] = "no static activation scale in the file"
     if g.block is None:
         notes["block"] = "FP8 scales are per tensor or per row, not per block"
-    xq = decode_quantized(g, codes, scale, glob_)
-    rec["decoded_amax"] = float(np.max(np.abs(xq))) if xq.size and np.isfinite(xq).all() else None
+    chunks = _chunks(*codes.shape)
+    decoded_amax, finite = 0.0, True
+    for r0, r1 in chunks:
+        xq = decode_quantized(g, codes[r0:r1], _scale_rows(g, scale, r0, r1), glob_)
+        finite = finite and bool(np.isfinite(xq).all())
+        decoded_amax = max(decoded_amax, float(np.max(np.abs(xq)))) if xq.size and finite else decoded_amax
+    rec["decoded_amax"] = decoded_amax if codes.size and finite else None
     if rec["decoded_amax"] is None:
         notes["decoded_amax"] = "empty, or a decoded value is not finite"
     ref_keys = ("rel_error", "mse", "max_abs_error", "sqnr_db", "nonfinite_count", "fpsim_rel_error", "fpsim_mse",
@@ -196,19 +236,28 @@ def inspect_group(g: QuantizedGroup, label: str, original: TensorRef | None = No
             notes[k] = why
         return rec
     raw = original.load()
-    x = np.asarray(raw, np.float32)
-    if tuple(x.shape) != tuple(codes.shape):
-        raise InputError(f"{label}: the reference's {original.key} has shape {list(x.shape)}, the file's "
+    if tuple(raw.shape) != tuple(codes.shape):
+        raise InputError(f"{label}: the reference's {original.key} has shape {list(raw.shape)}, the file's "
                          f"tensor {list(codes.shape)}")
+    if not (raw.dtype.kind == "f" or raw.dtype.name == "bfloat16"):
+        raise InputError(f"{label}: the reference's {original.key} is not a floating-point tensor ({raw.dtype})")
     rec["reference"] = original.key
-    _errors(x, xq, rec, notes)
     from ..dispatch import fake_quantize
 
+    own_amax = _amax(raw)
     scheme = {"nvfp4": "nvfp4", "mxfp4": "mxfp4", "mxfp8": "mxfp8_e4m3", "fp8": "fp8_e4m3"}[g.fmt]
-    _errors(x, fake_quantize(x, scheme), rec, notes, prefix="fpsim_")
+    kw = {"tensor_amax": own_amax} if g.fmt in ("nvfp4", "fp8") else {}  # one tensor scale over every chunk
+    ours, theirs = _Errors(), _Errors()
+    for r0, r1 in chunks:
+        x = np.asarray(raw[r0:r1], np.float32)
+        ours.add(x, decode_quantized(g, codes[r0:r1], _scale_rows(g, scale, r0, r1), glob_))
+        theirs.add(x, fake_quantize(x, scheme, **kw))
+    ours.into(rec, notes)
+    theirs.into(rec, notes, prefix="fpsim_")
     if g.fmt == "nvfp4":
-        bf16 = getattr(raw, "dtype", None) is not None and raw.dtype.name == "bfloat16"
-        _conformance(g, raw if bf16 else x, codes, scale, glob_, fused_amax, convention, rec, notes)
+        bf16 = raw.dtype.name == "bfloat16"
+        _conformance(g, raw if bf16 else np.asarray(raw, np.float32), own_amax, codes, scale, glob_, fused_amax,
+                     convention, rec, notes)
     else:
         for k in ("conformant", "global_scale_equal", "global_scale_from", "expected_global_scale", "blocks_differing",
                   "blocks_scale_differing", "first_difference", "conformance_convention"):
