@@ -42,7 +42,8 @@ _SERIAL_BYTES = 1 << 20
 def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tuple[list[dict], str | None]:
     """Analyse one tensor; (rows, None) or ([], "skip: …" / "error: …") — one line, never a traceback."""
     from fpsim._jit import get_num_threads, set_num_threads
-    from fpsim.analysis import TensorSkipped, analyze_tensor, check_analyzable, guess_role
+    from fpsim.analysis import TensorSkipped, analyze_tensor, check_analyzable
+    from fpsim.ranking import role_guess
     from fpsim.io import InputError
 
     key = f"{label}:{ref.name}"
@@ -53,8 +54,13 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
         if ref.error is None:  # an unreadable tensor stays an error; a readable one not analysed by design is
             check_analyzable(key, ref.dtype, ref.shape)  # skipped whatever --axis says
         arr = ref.row_source(axis, label=key)  # rows along `axis`, read in chunks: bounded memory for every axis
-        # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too)
-        return analyze_tensor(key, arr, role=role or guess_role(ref.name), **kw), None
+        # the role comes from the tensor's own name, never from the file's (a file dx_*.npz holds weights too), except
+        # for a Transformer Engine dump, whose one tensor is named by its file (<layer>_<tensor>_iter_N.pt)
+        guessed, why = role_guess(ref.name, ref.source) if role is None else (role, "--role")
+        rows = analyze_tensor(key, arr, role=guessed, **kw)
+        for r in rows:
+            r["role_from"] = why
+        return rows, None
     except TensorSkipped as e:
         return [], f"note: skipped {e}"
     except InputError as e:
@@ -157,9 +163,9 @@ class _OutputFormat(click.Choice):
             raise
 
 
-def _finite_fraction(ctx, param, value: float) -> float:
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-        raise click.BadParameter(f"{value} is not a fraction in [0, 1]")
+def _finite_ratio(ctx, param, value: float) -> float:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise click.BadParameter(f"{value} is not a finite ratio ≥ 0")
     return value
 
 
@@ -230,15 +236,18 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
               help="Also quantize each tensor as the recipe's GEMM copies (e.g. nvfp4_paper).")
 @click.option("--select", "select", multiple=True, help="Only tensors whose name matches this glob (repeatable).")
 @click.option("--role", "roles", multiple=True, metavar="GLOB=ROLE",
-              help="Override the role guessed from tensor names: weight, activation or gradient (repeatable).")
+              help="Override the role guessed from tensor names: weight, activation, gradient (GEMM operands, "
+                   "ranked) or norm, bias, rotary, embedding (never quantized by the recipe; repeatable).")
 @click.option("--axis", default=-1, show_default=True, type=int,
               help="Axis the blocks run along (any rank; negative counts from the last).")
 @click.option("--rht", "rht_d", default=0, show_default=True, type=click.IntRange(0, 1 << 16), callback=_power_of_two,
               help="Also analyse after a Hadamard transform of this size (a power of two).")
 @click.option("--seeds", default=4, show_default=True, type=click.IntRange(0, 1000),
               help="SR draws for the gradient bias estimate (0 = off).")
-@click.option("--keep-frac", default=0.16, show_default=True, type=float, callback=_finite_fraction,
-              help="Fraction in [0, 1] of highest-error tensors flagged to keep in BF16 (the paper keeps ≈ 16 %).")
+@click.option("--keep-above", default=1.5, show_default=True, type=float, callback=_finite_ratio,
+              help="Flag a tensor keep-BF16 when its bulk_rel_error under the first scheme exceeds this multiple of "
+                   "the scheme's bulk_rel_error on a standard Gaussian (a fixed threshold: the flag does not depend "
+                   "on the other tensors; fpsim.ranking).")
 @click.option("--format", "out_format", type=_OutputFormat(_OUTPUT_FORMATS), default=None,
               help="Output format (default: table on stdout; from the --output extension otherwise); "
                    "the schemes are --formats.")
@@ -256,11 +265,12 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
                    "(fpsim.conventions, e.g. fpsim or te-cuda) instead of its producer's own.")
 @click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
-def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac, out_format, output, workers,
+def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_above, out_format, output, workers,
             scheduler, reference, convention, quiet, verbose):
     """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
     from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
     from fpsim.io.errors import printable
+    from fpsim.ranking import ROLES
     from fpsim.recipe import get_recipe
 
     def note(msg: str) -> None:
@@ -275,8 +285,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         role_map = []
         for spec in roles:
             glob_, _, role = spec.partition("=")
-            if role not in ("weight", "activation", "gradient"):
-                raise ValueError(f"--role {spec!r}: role must be weight, activation or gradient")
+            if role not in ROLES:
+                raise ValueError(f"--role {spec!r}: role must be one of {', '.join(ROLES)}")
             role_map.append((glob_, role))
         if output == "":
             raise ValueError("--output '': give a file name")
@@ -346,7 +356,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_frac
         note("note: --reference/--convention: no quantized checkpoint tensor in the inputs, so they are not used")
     recs, qfailed = quantized_records(all_groups, groups, labels, originals, note, convention)
     failed += qfailed
-    summary = summarize(rows, keep_frac)
+    summary = summarize(rows, keep_above)
     extra = {"quantized": recs, "quantized_summary": dict(quantized_summary(recs), set_aside=aside,
                                                           reference=list(reference))} if groups else None
     text = render(rows, out_format, summary, extra) if rows or not recs or out_format in ("json", "csv") else ""

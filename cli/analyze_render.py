@@ -8,7 +8,7 @@ import io
 import math
 
 _TABLE = (("scheme", "scheme"), ("bits", "bits_per_element"), ("kurtosis", "kurtosis"), ("sqnr_db", "sqnr_db"),
-          ("rel_error", "rel_error"), ("max_abs_err", "max_abs_error"), ("flushed", "flushed_frac"),
+          ("rel_error", "rel_error"), ("bulk_err", "bulk_rel_error"), ("max_abs_err", "max_abs_error"), ("flushed", "flushed_frac"),
           ("saturated", "saturated_frac"), ("small_scale", "small_scale_block_frac"),
           ("dyn_range", "block_dyn_range_log2"), ("bias_rne", "bias_rne"), ("bias_sr", "bias_sr"),
           ("±ci95", "bias_sr_ci95"))
@@ -158,11 +158,21 @@ def _reason_lines(rows: list[dict], shown: set) -> list[str]:
 def _ranking_lines(summary: dict) -> list[str]:
     if not summary["ranking"] and not summary["unranked"]:
         return ["no tensor to rank"]
-    lines = [f"ranking by relative error under {summary['ranking_scheme']} (highest first; [keep BF16]: the "
-             f"{summary['keep_frac']:.0%} with the highest error):"]
-    lines += [f"  {i + 1:>3}. {e['tensor']}  {_fmt(e['rel_error'])}{'  [keep BF16]' if e['keep_bf16'] else ''}"
-              for i, e in enumerate(summary["ranking"])]
+    ref = summary["gaussian_bulk_rel_error"]
+    lines = [f"ranking: keep BF16 when bulk_rel_error under {summary['ranking_scheme']} > {_fmt(summary['keep_above'])} × "
+             f"its value on a standard Gaussian ({_fmt(ref)});",
+             "  bulk = |x| ≤ 8·median|x|, so outliers cannot hide the damage to the other elements (fpsim.ranking). "
+             "Highest first:",
+             f"  {'rank':>7}  {'bulk/gauss':>10}  {'bulk_err':>8}  {'rel_error':>9}  tensor"]
+    lines += [f"  {e['rank']:>3}/{e['of']:<3}  {_fmt(e['bulk_vs_gaussian']):>10}  {_fmt(e['bulk_rel_error']):>8}  "
+              f"{_fmt(e['rel_error']):>9}  {e['tensor']}{'  [keep BF16]' if e['keep_bf16'] else ''}"
+              for e in summary["ranking"]]
     lines += [f"  not ranked: {e['tensor']}: {e['reason']}" for e in summary["unranked"]]
+    by: dict[str, list[str]] = {}
+    for t, r in summary["roles"].items():
+        by.setdefault(f"{r['role']} ({r['from']})" if r["from"] else r["role"], []).append(t)
+    lines.append("roles (guessed from the name, or a Transformer Engine dump's file name; --role overrides):")
+    lines += [f"  {k}: {len(v)} tensor(s), e.g. {v[0]}" for k, v in by.items()]
     if summary.get("iterations"):
         err = {e["tensor"]: e["rel_error"] for e in summary["ranking"]}
         lines.append(f"by iteration (Transformer Engine DumpTensors files; mean relative error under "
@@ -190,36 +200,24 @@ def _markdown(rows: list[dict], summary: dict) -> str:
     notes = _reason_lines(rows, set(METRIC_COLUMNS))
     if notes:
         lines += [notes[0], ""] + [f"* {n.strip()}" for n in notes[1:] if n.strip()] + [""]
-    ranked = ", ".join(f"{e['tensor']} ({_fmt(e['rel_error'])}{', keep BF16' if e['keep_bf16'] else ''})"
+    ranked = ", ".join(f"{e['tensor']} ({_fmt(e['bulk_vs_gaussian'])}{', keep BF16' if e['keep_bf16'] else ''})"
                        for e in summary["ranking"])
-    lines.append(f"**Ranking by relative error** ({summary['ranking_scheme']}): {ranked}" if ranked
-                 else "**Ranking by relative error**: no tensor to rank")
+    lines.append(f"**Ranking by bulk error over a Gaussian's** ({summary['ranking_scheme']}; keep BF16 above "
+                 f"{_fmt(summary['keep_above'])}): {ranked}" if ranked
+                 else "**Ranking by bulk error over a Gaussian's**: no tensor to rank")
     lines += [f"* not ranked: {e['tensor']}: {e['reason']}" for e in summary["unranked"]]
     return "\n".join(lines) + "\n"
 
 
-def summarize(rows: list[dict], keep_frac: float) -> dict:
-    """Rank tensors by relative error under the first scheme, highest first; flag the worst ``keep_frac`` of
-    the ranked tensors (the recipe keeps ≈ 16 % in BF16).  A tensor whose error is not a number is not ranked
-    (it is listed with the reason), never counted as the best."""
-    summary = {"ranking_scheme": None, "keep_frac": keep_frac, "ranking": [], "unranked": [], "keep_bf16": []}
+def summarize(rows: list[dict], keep_above: float) -> dict:
+    """The keep-BF16 summary (:func:`fpsim.ranking.rank`: a fixed threshold on the bulk error over its Gaussian
+    yardstick, the rank beside it), with the Transformer Engine dumps' iterations."""
+    from fpsim.ranking import rank
+
+    summary = rank(rows, keep_above)
     if not rows:
         return summary
-    first = rows[0]["scheme"]
-    summary["ranking_scheme"] = first
-    ranked = []
-    for r in rows:
-        if r["scheme"] != first:
-            continue
-        e = r["rel_error"]
-        if isinstance(e, float) and math.isfinite(e):
-            ranked.append((r["tensor"], e))
-        else:
-            summary["unranked"].append({"tensor": r["tensor"], "reason": r["notes"].get("rel_error", "no value")})
-    ranked.sort(key=lambda te: -te[1])
-    keep = [t for t, _ in ranked[: math.ceil(keep_frac * len(ranked))]]
-    summary["keep_bf16"] = keep
-    summary["ranking"] = [{"tensor": t, "rel_error": e, "keep_bf16": t in keep} for t, e in ranked]
+    first = summary["ranking_scheme"]
     from fpsim.io import dump_iteration as iteration_of
 
     groups: dict[str, list[str]] = {}

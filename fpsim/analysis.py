@@ -37,6 +37,7 @@ from ._arrays import as_float32
 from .dispatch import quantize, rht
 from .random import stream_width
 from .recipe import ROLE_TENSOR, ROLES, get_recipe, operand_steps, quantize_operand
+from .roles import guess_role as _guess_role
 from .schemes import Kind, get_scheme
 from .tensor import QuantizedTensor
 
@@ -47,13 +48,15 @@ DEFAULT_SCHEMES = ("nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3", "bf16")
 #: Columns of one result row, in order (each row also has ``notes``: column → why it is nan/null).
 METRIC_COLUMNS = (
     "tensor", "role", "scheme", "shape", "numel", "kurtosis", "amax_over_std", "nan_count", "inf_count",
-    "nonfinite_out_count", "mse", "sqnr_db", "rel_error", "max_abs_error", "flushed_frac", "saturated_frac",
+    "nonfinite_out_count", "mse", "sqnr_db", "rel_error", "bulk_rel_error", "max_abs_error", "flushed_frac", "saturated_frac",
     "small_scale_block_frac", "block_dyn_range_log2", "bits_per_element", "bias_rne", "bias_sr", "bias_sr_ci95",
 )
 #: What each column measures (denominators, units, when it is empty).
 LEGEND = {
     "tensor": "file:name of the tensor",
-    "role": "weight, activation or gradient (guessed from the name; --role overrides)",
+    "role": "weight, activation or gradient (GEMM operands), or norm, bias, rotary or embedding (never quantized "
+            "by the recipe, not ranked); guessed from the name or a Transformer Engine dump's file name (the rule is "
+            "in the summary), --role overrides",
     "scheme": "format (e.g. nvfp4), format+rhtD (after a D-point Hadamard transform) or recipe:role "
               "(the copy that GEMM role of the recipe quantizes; with SR, the error columns are of the seed-0 draw); "
               "RHT rows compare the rotated tensor with its quantization (mse, sqnr, rel_error as in the input's "
@@ -69,7 +72,10 @@ LEGEND = {
                            "element NaN, SPEC §9); excluded from the error metrics",
     "mse": "mean (x − x̂)² over the measured elements (finite x with finite x̂), in the tensor's units squared",
     "sqnr_db": "10·log10(Σx² / Σ(x − x̂)²) over the measured elements, dB; empty when exact (no error)",
-    "rel_error": "‖x − x̂‖ / ‖x‖ over the measured elements (the ranking's key)",
+    "rel_error": "‖x − x̂‖ / ‖x‖ over the measured elements",
+    "bulk_rel_error": "‖x − x̂‖ / ‖x‖ over the measured elements with |x| ≤ 8·median|x| (the bulk; the median over "
+                      "the finite non-zero |x|, to bfloat16 precision, rounded up): what outliers cannot hide; the "
+                      "ranking's key over its value on a standard Gaussian (fpsim.ranking); plain scheme rows only",
     "max_abs_error": "max |x − x̂| over the measured elements",
     "flushed_frac": "non-zero x decoded to 0, over the measured non-zero elements",
     "saturated_frac": "x clipped at its block's largest magnitude (|x| > |x̂|, x̂ = ± the element max times a "
@@ -90,20 +96,17 @@ LEGEND = {
                     "with seeds − 1 degrees of freedom); empty with one draw",
 }
 _CHUNK_BYTES = 64 << 20
+#: The bulk of bulk_rel_error: |x| ≤ BULK_MEDIANS · median|x| (a Gaussian's is 5.4 σ: all but 7e-8 of it).
+BULK_MEDIANS = 8.0
 
 
 class TensorSkipped(Exception):
     """A tensor that is not analysed by design (one-line reason)."""
 
 
-def guess_role(name: str) -> str:
-    """``"gradient"``, ``"weight"`` or ``"activation"`` from a tensor's name (override with --role)."""
-    n = name.lower()
-    if "grad" in n or n.startswith("d") and n[1:2] in ("y", "x", "w", "_") or ".dy" in n:
-        return "gradient"
-    if "weight" in n or n.endswith(".w") or n.endswith("_w") or n == "w":
-        return "weight"
-    return "activation"
+def guess_role(name: str, source: str | None = None) -> str:
+    """The role of a tensor from its name (and a Transformer Engine dump's file name): :func:`fpsim.roles.role_guess`."""
+    return _guess_role(name, source)
 
 
 def mean_ci95(samples) -> tuple[float, float]:
@@ -147,6 +150,9 @@ class _Acc:
     small_scale: int = 0
     dyn_sum: float = 0.0
     dyn_n: int = 0
+    bound: float | None = None  # the bulk's |x| bound (bulk_rel_error), or None: not measured
+    bulk_sq: float = 0.0
+    bulk_err_sq: float = 0.0
 
     def add(self, x: np.ndarray, xq: np.ndarray, q: QuantizedTensor | None, errors: bool = True,
             elements: bool = True) -> None:
@@ -165,6 +171,13 @@ class _Acc:
             self.err_sq += float(f[:, 1].sum())
             self.err_sum += float(f[:, 2].sum())
             self.max_abs_err = max(self.max_abs_err, float(f[:, 3].max()) if x2.size else 0.0)
+            if self.bound is not None and x2.size:  # NaN and ±inf fail |x| ≤ bound
+                with np.errstate(invalid="ignore"):
+                    m = (np.abs(x2) <= self.bound) & np.isfinite(q2)
+                xb = x2[m].astype(np.float64)
+                d = xb - q2[m]
+                self.bulk_sq += float(xb @ xb)
+                self.bulk_err_sq += float(d @ d)
         if elements:
             self.n += x2.size
             self.nonzero += int(k[:, 1].sum())
@@ -192,9 +205,9 @@ class _Acc:
             self.dyn_n += int(k[:, 1].sum())
 
 
-def _moment_chunks(chunks: Iterator[np.ndarray], mean: float):
+def _moment_chunks(chunks: Iterator[np.ndarray], mean: float, hist: np.ndarray | None = None):
     """Sums of :func:`moment_rows` over the chunks (float32 2-D arrays): (Σv, Σd², Σd⁴), counts, amax, min, max
-    (amax 0 and min > max when no value is finite)."""
+    (amax 0 and min > max when no value is finite); ``hist`` counts the finite non-zero |x| by their top 16 bits."""
     tf = np.zeros(3)
     tk = np.zeros(3, np.int64)
     lo, hi = math.inf, -math.inf
@@ -205,6 +218,9 @@ def _moment_chunks(chunks: Iterator[np.ndarray], mean: float):
         f = np.empty((c.shape[0], 5), order="F")  # column-major: numpy sums each column pairwise over the rows
         k = np.empty((c.shape[0], 3), np.int64)
         moment_rows(c, np.float64(mean), f, k)
+        if hist is not None:  # |x|'s bits >> 16: bfloat16-wide bins, ordered as the magnitudes are
+            b = c.view(np.uint32) & np.uint32(0x7FFFFFFF)
+            hist += np.bincount((b[(b != 0) & (b < 0x7F800000)] >> 16).astype(np.intp), minlength=hist.size)
         tf += f[:, :3].sum(axis=0)
         tk += k.sum(axis=0)
         lo, hi = min(lo, float(f[:, 3].min())), max(hi, float(f[:, 4].max()))
@@ -234,7 +250,8 @@ def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows
         first = chunks(True)
     else:
         first = chunks()
-    (s1, _, _), (n, nan, inf), amax, lo, hi = _moment_chunks(first, 0.0)
+    hist = np.zeros(0x7F80, np.int64)
+    (s1, _, _), (n, nan, inf), amax, lo, hi = _moment_chunks(first, 0.0, hist)
     n = int(n)
     mean = s1 / n if n else math.nan
     var = s4 = 0.0
@@ -245,7 +262,16 @@ def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows
     std = math.sqrt(var) if n else math.nan
     kurt = (float(s4) / n) / (var * var) if n and var > 0 else math.nan
     return {"amax": float(amax), "std": float(std), "kurtosis": float(kurt), "nan_count": int(nan),
-            "inf_count": int(inf), "n": n, "beyond_f32": beyond[0]}
+            "inf_count": int(inf), "n": n, "beyond_f32": beyond[0], "median_abs": _median_bin(hist)}
+
+
+def _median_bin(hist: np.ndarray) -> float:
+    """The upper edge of the bin holding the median (the ⌈n/2⌉-th smallest) of the counted |x|; nan when none."""
+    n = int(hist.sum())
+    if not n:
+        return math.nan
+    i = int(np.searchsorted(np.cumsum(hist), (n + 1) // 2))
+    return float(np.array([(i + 1) << 16], np.uint32).view(np.float32)[0])
 
 
 def _as_2d(arr):
@@ -316,6 +342,14 @@ def _row(acc: _Acc, stats: dict, scheme: str, bits: float, sch, amax_nan: bool) 
                if amax_nan else "no finite element" if not acc.nonfinite_out
                else "every finite element decodes to NaN or ±inf")
         notes.update(dict.fromkeys(err, why))
+    if acc.bound is None:
+        r["bulk_rel_error"] = math.nan
+        notes.setdefault("bulk_rel_error", "measured on the plain scheme rows only (the ranking's)")
+    elif acc.bulk_sq > 0:
+        r["bulk_rel_error"] = math.sqrt(acc.bulk_err_sq / acc.bulk_sq)
+    else:
+        r["bulk_rel_error"] = math.nan
+        notes["bulk_rel_error"] = notes.get("mse") or "no non-zero measured element in the bulk"
     if acc.nonfinite_out and m:
         notes["nonfinite_out_count"] = "finite elements decoded to NaN/±inf; the error metrics exclude them"
     finite_nz = acc.nonzero
@@ -344,7 +378,7 @@ def _row(acc: _Acc, stats: dict, scheme: str, bits: float, sch, amax_nan: bool) 
 
 
 def _finish(r: dict) -> dict:
-    return {k: _plus0(v) for k, v in r.items()}
+    return {k: _plus0(v) for k, v in r.items() if k != "median_abs"}
 
 
 def check_analyzable(name: str, dtype, shape: tuple[int, ...]) -> None:
@@ -387,7 +421,7 @@ def analyze_tensor(
     # digits (float64 sums in another order).
     stored = arr.stored_2d() if hasattr(arr, "stored_2d") else x2d
     mom = _moments(stored, _chunk_rows(stored.shape[1], chunk_bytes))
-    stats0 = _stats(base, mom)
+    stats0 = dict(_stats(base, mom), median_abs=mom["median_abs"])
     wide = mom["beyond_f32"]
     if wide:  # the analysis runs on float32, where these are ±inf: say so rather than let inf_count mislead
         stats0["notes"]["inf_count"] = (f"includes {wide} finite {np.dtype(arr.dtype).name} elements beyond "
@@ -436,7 +470,8 @@ def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: st
             # NaN-propagating (SPEC §9): once a chunk's max is NaN the tensor amax stays NaN, whatever follows
             amax = math.nan if math.isnan(m) or math.isnan(amax) else max(amax, m)
     kw = {"tensor_amax": amax} if amax is not None else {}
-    acc = _Acc()
+    med = stats.get("median_abs", math.nan)
+    acc = _Acc(bound=None if d or not math.isfinite(med) else BULK_MEDIANS * med)
     nbytes = 0
     for c in _chunks(x2d, chunk_rows, d):
         q = quantize(c, sch, **kw)
@@ -497,6 +532,8 @@ def _sr_counter(sch, row0: int, cols: int) -> int:
 def _recipe_rows(name, x2d, role, recipe, stats0, seeds, max_bytes) -> list[dict]:
     """Rows for the recipe's GEMM copies of this tensor (SPEC §8), as rows × last axis."""
     rec = get_recipe(recipe)
+    if role not in ("weight", "activation", "gradient"):
+        return []  # not a GEMM operand: no recipe copy (fpsim.ranking.UNQUANTIZED_ROLES)
     tensor = {"weight": "w", "activation": "x", "gradient": "dy"}[role]
     roles = [r for r in ROLES if ROLE_TENSOR[r] == tensor]
     nbytes = 4 * x2d.shape[0] * x2d.shape[1]

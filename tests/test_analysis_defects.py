@@ -77,13 +77,12 @@ def test_nan_is_never_ranked_best(tmp_path):
     np.savez(p, a_weight=rng.standard_normal((32, 64)).astype(np.float32),
              b_weight=(rng.standard_t(3, (32, 64))).astype(np.float32), bad_weight=bad,
              c_weight=rng.laplace(size=(32, 64)).astype(np.float32))
-    r = run(p, "--formats", "nvfp4", "--format", "json", "--seeds", "0", "--keep-frac", "0.25")
+    r = run(p, "--formats", "nvfp4", "--format", "json", "--seeds", "0", "--keep-above", "0")
     s = strict_json(r.output)["summary"]
-    assert all(isinstance(e["rel_error"], float) for e in s["ranking"])
-    assert [e["rel_error"] for e in s["ranking"]] == sorted((e["rel_error"] for e in s["ranking"]), reverse=True)
+    key = [e["bulk_vs_gaussian"] for e in s["ranking"]]
+    assert all(isinstance(k, float) for k in key) and key == sorted(key, reverse=True)
     assert [u["tensor"] for u in s["unranked"]] == ["t.npz:bad_weight"] and "NaN" in s["unranked"][0]["reason"]
-    assert "t.npz:bad_weight" not in s["keep_bf16"] and len(s["keep_bf16"]) == 1
-    assert s["keep_bf16"] == [s["ranking"][0]["tensor"]]
+    assert "t.npz:bad_weight" not in s["keep_bf16"] and len(s["keep_bf16"]) == 3  # every ranked one is above 0
 
 
 # --- item 3: recipe and RHT rows -----------------------------------------------------------------------
@@ -156,7 +155,12 @@ def test_table_fits_160_columns_and_keep_bf16_is_shown_once_per_tensor():
     lines = r.output.splitlines()
     assert max(map(len, lines)) <= 160
     headers = [ln for ln in lines if ln.startswith("tinylm_capture.safetensors:")]
-    assert len(headers) == 9 and sum("→ keep BF16" in ln for ln in headers) == 2
+    # flagged: the three whose bulk fares > 1.5× worse than a Gaussian's (head/fc2 gradients, head input: 32-73 %
+    # of their elements flushed under NVFP4), fpsim.ranking
+    flagged = [ln.split()[0] for ln in headers if "→ keep BF16" in ln]
+    assert len(headers) == 9 and flagged == ["tinylm_capture.safetensors:fc2.grad_output",
+                                             "tinylm_capture.safetensors:head.input",
+                                             "tinylm_capture.safetensors:head.grad_output"]
     assert not any("keep" in ln.lower() for ln in lines if ln.startswith("  nvfp4"))
 
 

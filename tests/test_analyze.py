@@ -36,7 +36,7 @@ def test_bundled_example_table():
     for layer in ("fc1", "fc2", "head"):
         for kind in ("weight", "input", "grad_output"):
             assert f"{layer}.{kind}" in r.output
-    assert "ranking by relative error under nvfp4" in r.output and "[keep BF16]" in r.output
+    assert "ranking: keep BF16 when bulk_rel_error under nvfp4" in r.output and "  1/" in r.output
     assert max(map(len, r.output.splitlines())) <= 160
 
 
@@ -62,7 +62,7 @@ def test_csv_and_markdown_outputs(tmp_path, good):
     assert (df["sqnr_db"] > 10).all()
     r = run(good, *FAST, "--format", "markdown")
     assert r.output.startswith("**good.safetensors:") and "| scheme | bits |" in r.output
-    assert "**Ranking by relative error**" in r.output
+    assert "**Ranking by bulk error over a Gaussian's**" in r.output
 
 
 def test_metrics_match_a_direct_computation(good):
@@ -197,7 +197,7 @@ def test_select_role_override_and_bad_options(good):
     rows = strict_json(r.output)["rows"]
     assert {x["tensor"] for x in rows} == {"good.safetensors:l.weight"} and rows[0]["role"] == "gradient"
     assert run(good, "--formats", "nvfp5").exit_code == 2
-    assert run(good, "--role", "x=bias").exit_code == 2
+    assert run(good, "--role", "x=biases").exit_code == 2
     assert run(good, "--rht", "12").exit_code == 2
 
 

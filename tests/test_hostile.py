@@ -374,11 +374,11 @@ def test_same_basename_in_two_directories_gets_distinct_labels(tmp_path):
         (tmp_path / d).mkdir()
         x = rng.standard_t(2, (8, 64)).astype(np.float32) * scale  # b: deep in the subnormal-scale range
         np.savez(tmp_path / d / "x.npz", w=x)
-    r = run(tmp_path / "a" / "x.npz", tmp_path / "b" / "x.npz", *FAST, "--format", "json", "--keep-frac", "0.5")
+    r = run(tmp_path / "a" / "x.npz", tmp_path / "b" / "x.npz", *FAST, "--format", "json")
     rows = rows_of(r)
     assert {x["tensor"] for x in rows} == {"a/x.npz:w", "b/x.npz:w"}
-    keep = json.loads(r.stdout[r.stdout.index("{"):])["summary"]["keep_bf16"]
-    assert len(keep) == 1 and keep[0] in {"a/x.npz:w", "b/x.npz:w"}
+    ranked = json.loads(r.stdout[r.stdout.index("{"):])["summary"]["ranking"]
+    assert {e["tensor"] for e in ranked} == {"a/x.npz:w", "b/x.npz:w"}
 
 
 def test_roles_come_from_the_tensor_name_not_the_file(tmp_path):
@@ -410,7 +410,7 @@ def test_unreadable_directory_is_reported(tmp_path, good):
 
 
 @pytest.mark.parametrize("opt", [
-    ["--keep-frac", "nan"], ["--keep-frac", "inf"], ["--keep-frac", "-0.5"], ["--seeds", "-1"],
+    ["--keep-above", "nan"], ["--keep-above", "inf"], ["--keep-above", "-0.5"], ["--seeds", "-1"],
     ["--seeds", str(10**9)], ["--workers", "0"], ["--formats", ""], ["--formats", " , "], ["--rht", "12"],
     ["--scheduler", "not a url"], ["--scheduler", "http://localhost:8786"], ["--scheduler", "tcp://host"],
 ])
