@@ -83,6 +83,19 @@ def test_bias_and_noise_separate_a_shared_error_from_each_draws_own():
     assert m0["bias"] < 0.3 * sigma * math.sqrt(n / draws) / gn
 
 
+def test_identical_draws_give_the_one_draw_metrics_bit_for_bit():
+    """A variant that draws no random bits gives the same result in every draw (Fprop under SR, say); its metrics
+    over D identical draws must be those of one draw exactly.  A float mean of D equal values can be an ulp off
+    (0.1 + 0.1 + 0.1 = 0.30000000000000004), and the paired test then "resolves" a 1e-16 effect over batches."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        g = torch.from_numpy(rng.standard_normal(257))
+        q = (g + torch.from_numpy(0.1 * rng.standard_normal(257))).float()
+        one = S.row_metrics(g, [q])
+        for d in (2, 3, 4, 7):
+            assert S.row_metrics(g, [q] * d) == one
+
+
 def test_a_zero_reference_is_null_with_a_reason():
     m = S.row_metrics(torch.zeros(4, dtype=torch.float64), [torch.ones(4)])
     assert m["rel_err"] is None and m["note"] == "the reference is zero"
