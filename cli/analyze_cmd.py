@@ -92,6 +92,14 @@ def _collect(futures, tasks) -> list:
     return out
 
 
+def _worker_threads(threads: int) -> None:
+    """A --workers process's Numba threads: its share of the cores (N workers each running a pool of every core
+    would oversubscribe them)."""
+    from fpsim._jit import set_num_threads
+
+    set_num_threads(threads)
+
+
 def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: dict) -> list:
     """Analyse some tensors of one file (in this process, a worker process or on a Dask worker): the file is
     opened once for all of them.  ``items``: (tensor name, label, role override)."""
@@ -155,9 +163,9 @@ class _OutputFormat(click.Choice):
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            from fpsim.schemes import SCHEMES
+            from fpsim.schemes import SCHEME_ALIASES
 
-            if any(v.strip() in SCHEMES for v in str(value).split(",")):
+            if any(v.strip().lower() in SCHEME_ALIASES for v in str(value).split(",")):
                 self.fail(f"{value!r} is a scheme, not an output format: did you mean --formats {value}? "
                           f"(--format chooses the output: {', '.join(_OUTPUT_FORMATS)})", param, ctx)
             raise
@@ -267,36 +275,17 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_above, out_format, output, workers,
             scheduler, reference, convention, quiet, verbose):
-    """Quantize every tensor of PATHS (.npz, .safetensors, .pt; files, directories, globs) under each format."""
+    """Quantize every tensor of PATHS (.npz, .npy, .safetensors, .pt/.pth/.bin; files, directories, globs) under each
+    format."""
     from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
     from fpsim.io.errors import printable
-    from fpsim.ranking import ROLES
-    from fpsim.recipe import get_recipe
-
     def note(msg: str) -> None:
         """stderr: "error: …" lines always, other notes unless --quiet; one line each, whatever the file and
         tensor names in them hold (a newline, a terminal escape, undecodable bytes)."""
         if not quiet or msg.startswith("error:"):
             click.echo(printable(msg), err=True)
 
-    try:
-        if recipe:
-            get_recipe(recipe)
-        role_map = []
-        for spec in roles:
-            glob_, _, role = spec.partition("=")
-            if role not in ROLES:
-                raise ValueError(f"--role {spec!r}: role must be one of {', '.join(ROLES)}")
-            role_map.append((glob_, role))
-        if output == "":
-            raise ValueError("--output '': give a file name")
-        if scheduler is not None and workers != 1:
-            raise ValueError("give --workers or --scheduler, not both")
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    if out_format is None:
-        ext = Path(output).suffix.lower().lstrip(".") if output else ""
-        out_format = {"csv": "csv", "json": "json", "md": "markdown"}.get(ext, "table")
+    role_map = _check_options(recipe, roles, output, scheduler, workers)
 
     errors: list[str] = []
     files: list[str] = []
@@ -314,6 +303,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
         except OutputError as e:
             note(f"error: --output {e}")
             sys.exit(EXIT_USAGE)
+    if out_format is None:
+        out_format = _format_from_suffix(output)
     for msg in errors:
         note(f"error: {msg}")
     failed = len(errors)
@@ -343,6 +334,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
     def role_of(ref):
         return next((r for g, r in role_map if fnmatch.fnmatch(ref.name, g)), None)
 
+    _check_axis(chosen, axis)
     results = _run(chosen, labels, axis, kw, role_of, workers, scheduler, verbose, note)
     rows = []
     for (r, msg) in results:
@@ -359,7 +351,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
     summary = summarize(rows, keep_above)
     extra = {"quantized": recs, "quantized_summary": dict(quantized_summary(recs), set_aside=aside,
                                                           reference=list(reference))} if groups else None
-    text = render(rows, out_format, summary, extra) if rows or not recs or out_format in ("json", "csv") else ""
+    # nothing analysed: the table says nothing on stdout (the error line on stderr says why); JSON and CSV stay parseable
+    text = render(rows, out_format, summary, extra) if rows or out_format in ("json", "csv") else ""
     section = render_quantized(recs, lead="\n" if rows else "") if out_format in ("table", "markdown") else ""
     text += f"\n```text\n{section.lstrip()}```\n" if section and out_format == "markdown" else section
     if groups and out_format == "csv":
@@ -376,13 +369,71 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
         click.echo(text, nl=False)
     if not rows and not recs:
         found = refs or groups or aside
-        why = ("no tensor in " + ", ".join(paths) + " (supported files: .npz, .safetensors, .pt/.pth)"
+        from fpsim.io import SUFFIXES
+
+        why = ("no tensor in " + ", ".join(paths) + f" (supported files: {', '.join(SUFFIXES)})"
                if not found else f"no tensor matches --select {' '.join(select)}" if not chosen and not groups else
                "every tensor was skipped or unreadable (see above)")
         note(f"error: nothing could be analysed: {why}")
         sys.exit(EXIT_NOTHING)
     if failed:
         sys.exit(EXIT_PARTIAL)
+
+
+def _check_options(recipe, roles, output, scheduler, workers) -> list[tuple[str, str]]:
+    """Usage errors found before any work; the --role (glob, role) pairs."""
+    from fpsim.ranking import ROLES
+    from fpsim.recipe import get_recipe
+
+    try:
+        if recipe:
+            get_recipe(recipe)
+        role_map = []
+        for spec in roles:
+            glob_, _, role = spec.partition("=")
+            if role not in ROLES:
+                raise ValueError(f"--role {spec!r}: role must be one of {', '.join(ROLES)}")
+            role_map.append((glob_, role))
+        if output == "":
+            raise ValueError("--output '': give a file name")
+        if scheduler is not None and workers != 1:
+            raise ValueError("give --workers or --scheduler, not both")
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    return role_map
+
+
+#: --output's suffix → output format (no suffix, e.g. /dev/stdout: the table); any other suffix is refused
+_SUFFIX_FORMATS = {"": "table", "txt": "table", "text": "table", "csv": "csv", "json": "json", "md": "markdown",
+                   "markdown": "markdown"}
+
+
+def _format_from_suffix(output: str | None) -> str:
+    """The output format --output's suffix names; a suffix that names none (``out.xlsx``) is a usage error, never a
+    text table written under a spreadsheet's name."""
+    ext = Path(output).suffix.lower().lstrip(".") if output else ""
+    if ext not in _SUFFIX_FORMATS:
+        raise click.UsageError(f"--output {output}: cannot write a .{ext} file: fpsim analyze writes a text table "
+                               "(.txt), CSV (.csv), JSON (.json) or Markdown (.md); give one of those or --format")
+    return _SUFFIX_FORMATS[ext]
+
+
+def _check_axis(chosen, axis: int) -> None:
+    """One usage error when no selected tensor has ``--axis`` (not one error line per tensor)."""
+    from fpsim.analysis import TensorSkipped, check_analyzable
+
+    ranks = set()
+    for r in chosen:
+        try:
+            if r.error is None:
+                check_analyzable(r.key, r.dtype, r.shape)
+                ranks.add(len(r.shape))
+        except TensorSkipped:
+            continue
+    if ranks and not any(-n <= axis < n for n in ranks):
+        have = ", ".join(map(str, sorted(ranks)))
+        raise click.UsageError(f"--axis {axis}: no selected tensor has that axis (their ranks: {have}; axes run "
+                               f"from -rank to rank - 1)")
 
 
 def _originals(reference, note, files: list[str]) -> dict | None:
@@ -476,9 +527,15 @@ def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if workers > cores:
+            note(f"note: --workers {workers} on {cores} CPU core(s): at most {cores} run at once, so more workers "
+                 "only add processes to start (each imports fpsim and loads its compiled kernels)")
         tasks = _batches(refs, labels, role_of, 2 * workers)
+        threads = max(1, cores // workers)
         # spawn, not fork: a forked child inherits Numba's thread pool in an unusable state
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_worker_threads, initargs=(threads,)) as ex:
             try:
                 return _collect([ex.submit(_task, src, items, axis, kw) for src, items in tasks], tasks)
             except KeyboardInterrupt:  # Ctrl-C: stop now (the pool's exit would run every queued batch first)

@@ -9,6 +9,32 @@ from .formats import FormatSpec
 _FLOAT_KINDS = "fbiu"  # float, bool, signed, unsigned: convertible to float32 by value
 
 
+#: torch dtypes numpy lacks, read as their bits and viewed as the ml_dtypes type of the same name
+_TORCH_BITS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+               "float8_e5m2": ("uint8", "float8_e5m2"), "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
+               "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"), "float8_e8m0fnu": ("uint8", "float8_e8m0fnu")}
+
+
+def from_torch(x):
+    """A torch tensor (any device, with or without grad) as a numpy array of the same dtype — bfloat16 and the
+    float8 types as ml_dtypes arrays, by their bits — so that every public function takes torch tensors as
+    :func:`fpsim.encode` does; anything else is returned unchanged.  torch is never imported here: a torch
+    tensor's own module is already loaded."""
+    if not type(x).__module__.startswith("torch") or not hasattr(x, "detach"):
+        return x
+    import sys
+
+    torch = sys.modules["torch"]
+    t = x.detach().cpu()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in _TORCH_BITS:
+        import ml_dtypes
+
+        bits, ml = _TORCH_BITS[name]
+        return t.contiguous().view(getattr(torch, bits)).numpy().view(getattr(ml_dtypes, ml))
+    return t.numpy()
+
+
 def as_float32(x: np.typing.ArrayLike) -> np.ndarray:
     """Return ``x`` as a C-contiguous float32 array (a view when it already is one).
 
@@ -18,7 +44,7 @@ def as_float32(x: np.typing.ArrayLike) -> np.ndarray:
     ``TypeError``: silently dropping an imaginary part or parsing strings is
     never what a numerics user wants.
     """
-    arr = np.asarray(x)
+    arr = np.asarray(from_torch(x))
     kind = arr.dtype.kind
     if kind == "V" and arr.dtype.names is None and arr.dtype.itemsize <= 4:
         pass  # ml_dtypes floats (bfloat16, float8_*, float4_*) report kind 'V'

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import backends, codecs, scaling, transforms, validate
 from . import gemm as gemm_mod
-from ._arrays import as_codes, as_float32
+from ._arrays import as_codes, as_float32, from_torch
 from .codecs import Rounding
 from .formats import FormatSpec, get_format
 from .plan import Plan, lower
@@ -92,7 +92,9 @@ def quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4",
              backend: str | None = None, convention: str | None = None) -> QuantizedTensor:
     """Quantize with a block-scaled scheme (docs/spec.md §4–§6): :func:`fpsim.scaling.quantize`'s arguments and
     bits, on the chosen backend (see :mod:`fpsim.backends`); ``convention``: a producer's NVFP4 arithmetic
-    (:mod:`fpsim.conventions`, docs/spec.md §4.1)."""
+    (:mod:`fpsim.conventions`, docs/spec.md §4.1).  ``x``: an array or a torch tensor (read as numpy, like
+    :func:`encode`; the result is a :class:`~fpsim.tensor.QuantizedTensor` whatever the input)."""
+    x = from_torch(x)
     plan = lower(scheme, block=block, rounding=rounding, scale_rule=scale_rule, k=k, nan_amax=nan_amax,
                  convention=convention)
     # checked here as well as in the reference, so that no backend receives an argument the reference refuses

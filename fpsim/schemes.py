@@ -16,7 +16,7 @@ from ._hashing import cached_hash
 from .codecs import Rounding
 from .formats import FORMATS, FormatSpec, NanStyle, get_format
 
-__all__ = ["ScaleRule", "Kind", "BlockScheme", "SCHEMES", "get_scheme"]
+__all__ = ["ScaleRule", "Kind", "BlockScheme", "SCHEMES", "SCHEME_ALIASES", "get_scheme"]
 
 
 class ScaleRule(str, enum.Enum):
@@ -238,17 +238,32 @@ SCHEMES: dict[str, BlockScheme] = {
 }
 
 
+#: The usual spellings of the presets (the schemes' one alias table): MXFP8 and FP8 mean their E4M3 variant, as in
+#: the OCP MX recipes and Transformer Engine's default (E5M2 is named: mxfp8_e5m2, fp8_e5m2).
+SCHEME_ALIASES: dict[str, str] = {
+    **{n: n for n in SCHEMES},
+    **dict.fromkeys(("mxfp8", "mx_fp8", "mxfp8e4m3"), "mxfp8_e4m3"),
+    **dict.fromkeys(("fp8", "e4m3", "float8_e4m3fn", "fp8e4m3"), "fp8_e4m3"),
+    **dict.fromkeys(("e5m2", "float8_e5m2", "fp8e5m2"), "fp8_e5m2"),
+    **dict.fromkeys(("nv_fp4",), "nvfp4"),
+    **dict.fromkeys(("mx_fp4",), "mxfp4"),
+    **dict.fromkeys(("bfloat16",), "bf16"),
+}
+
+
 def get_scheme(scheme: str | BlockScheme) -> BlockScheme:
-    """A preset by name (case-insensitive), or the scheme itself.
+    """A preset by name or alias (:data:`SCHEME_ALIASES`; case-insensitive), or the scheme itself.
 
     >>> get_scheme("nvfp4").block
     (1, 16)
+    >>> get_scheme("mxfp8").name
+    'mxfp8_e4m3'
     """
     if isinstance(scheme, BlockScheme):
         return scheme
     key = str(scheme).strip().lower().replace("-", "_")
     try:
-        return SCHEMES[key]
+        return SCHEMES[SCHEME_ALIASES[key]]
     except KeyError:
         raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}") from None
 

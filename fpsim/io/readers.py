@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import math
 import os
 import re
 import stat
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, printable
-from .npz import npz_members
+from .npz import npy_dtype, npz_members, read_npy_header
 from .rows import ArrayStorage, FileStorage, Member, RowSource
 from .safetensors import SAFETENSORS_DTYPES, read_entry, read_header, write_safetensors
 from .torchfile import torch_members
@@ -42,7 +43,7 @@ __all__ = ["InputError", "TensorRef", "RowSource", "open_tensors", "open_file", 
            "SAFETENSORS_DTYPES", "write_safetensors", "SUFFIXES", "dump_iteration"]
 
 #: File suffixes fpsim reads, each with its reader.
-SUFFIXES = (".safetensors", ".npz", ".pt", ".pth")
+SUFFIXES = (".safetensors", ".npz", ".npy", ".pt", ".pth", ".bin")
 
 
 @dataclass
@@ -124,7 +125,36 @@ def _torch(path: Path):
     return _from_members(path, members), notes
 
 
-_READERS = {".safetensors": _safetensors, ".npz": _npz, ".pt": _torch, ".pth": _torch}
+def _npy(path: Path):
+    """One array, named by the file's stem (``fc1.weight.npy`` holds ``fc1.weight``): header read and checked against
+    the file's size, data read in place; pickles (object dtypes) and structured dtypes refused, never loaded."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            shape, fortran, dt = read_npy_header(f)
+            dt, note = npy_dtype(dt)
+        except ValueError as e:
+            raise InputError(f"{path}: {e}") from None
+        offset = f.tell()
+    if any(type(n) is not int or n < 0 for n in shape):
+        raise InputError(f"{path}: invalid shape {shape}")
+    need = math.prod(shape) * dt.itemsize
+    if size - offset != need:
+        raise InputError(f"{path}: array holds {size - offset} data bytes but its header declares shape {list(shape)} "
+                         f"of {dt} ({need} bytes): {'truncated' if size - offset < need else 'trailing data'} or corrupt")
+    shape = tuple(shape)
+    if fortran and len(shape) > 1:  # the C-ordered data of the reversed shape, transposed (a memory map, not a copy)
+        def storage():
+            return ArrayStorage(np.memmap(path, dt, "r", offset, shape=shape[::-1]).T)
+    else:
+        def storage():
+            return FileStorage(path, offset, dt)
+    return [TensorRef(str(path), path.stem, shape, dt, storage, None,
+                      f"{path}:{path.stem}: {note}" if note else None)], []
+
+
+#: .bin: PyTorch's ``pytorch_model.bin`` (torch.save's zip or legacy format), read as .pt files are: never unpickled
+_READERS = {".safetensors": _safetensors, ".npz": _npz, ".npy": _npy, ".pt": _torch, ".pth": _torch, ".bin": _torch}
 
 
 def _kind(mode: int) -> str:
