@@ -173,3 +173,23 @@ def test_docs_fp8_cast_table_matches_the_libraries():
             td = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[f]
             got = torch.from_numpy(x).to(td).view(torch.uint8).item()
             assert f"0x{got:02X}" == tch, (inp, fmt, "torch")
+
+
+# --- --workers says why more workers than cores cannot help ---------------------------------------------
+
+
+def test_more_workers_than_cores_says_why_and_gives_the_serial_result(three, monkeypatch):
+    """The pool is a thread pool here (spawning processes costs seconds each); the note comes before it starts."""
+    import concurrent.futures
+    import os
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def __init__(self, max_workers, mp_context=None, **kw):
+            super().__init__(max_workers, **kw)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    serial = run_split(three, *FAST, "--format", "csv")
+    r = run_split(three, *FAST, "--format", "csv", "--workers", cores + 1)
+    assert r.exit_code == serial.exit_code == 0 and r.stdout == serial.stdout
+    assert f"note: --workers {cores + 1} on {cores} CPU core(s): at most {cores} run at once" in r.stderr
