@@ -206,6 +206,9 @@ def _markdown(rows: list[dict], summary: dict) -> str:
                  f"{_fmt(summary['keep_above'])}): {ranked}" if ranked
                  else "**Ranking by bulk error over a Gaussian's**: no tensor to rank")
     lines += [f"* not ranked: {e['tensor']}: {e['reason']}" for e in summary["unranked"]]
+    lines += ["", "**Roles** (guessed from the name, or a Transformer Engine dump's file name; --role overrides):", ""]
+    lines += [f"* {e['tensor']}: {e['role']} ({e['from']})" if e["from"] else f"* {e['tensor']}: {e['role']}"
+              for e in ({"tensor": t, **r} for t, r in summary["roles"].items())]
     return "\n".join(lines) + "\n"
 
 

@@ -91,6 +91,8 @@ def test_table_shows_threshold_rank_and_roles(llm):
     assert "keep BF16 when bulk_rel_error under nvfp4 > 1.5 × its value on a standard Gaussian" in r.output
     assert "  1/7  " in r.output and "not ranked:" in r.output and "rotary (rotary/inv_freq/rope" in r.output
     assert f"llm.safetensors:{ACT}  (activation" in r.output and max(map(len, r.output.splitlines())) <= 160
+    md = run(llm, "--formats", "nvfp4", "--seeds", "0", "--format", "markdown").output
+    assert "* llm.safetensors:model.rotary_emb.inv_freq: rotary (rotary/inv_freq/rope in the name)" in md
 
 
 def test_bulk_rel_error_equals_a_direct_computation():
