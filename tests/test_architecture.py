@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fpsim.backends", "fpsim.dispatch"),
     ("fpsim.recipe",),
     ("fpsim.io",),
-    ("fpsim.roles", "fpsim.analysis", "fpsim.ranking", "fpsim.oracle", "fpsim.capture"),
+    ("fpsim.roles", "fpsim.analysis", "fpsim.ranking", "fpsim.oracle", "fpsim.capture", "fpsim.testing"),
     ("fpsim_cli", "fpsim.__main__"),
 ]
 

@@ -26,6 +26,7 @@ from .attribution import assign, cause_counts, code_cause_index, code_listing, s
 from .common import DiagnosisError, f32_class, internal_errors
 from .hypotheses import Evaluator, Hypothesis, Outcome, generate, pairs, rank, refine_amax
 from .model import ROUNDINGS, Convention, subnormal_codes
+from .producers import NOT_EXPLAINED, ConventionDiff, applies, diagnose
 from .readings import read_candidate, rht_readings
 from .reference import reference, same_scales
 from .rhtcheck import RHT_SIZE, RHT_TRY_RATE, RhtReference, rht_attribution, rht_input
@@ -95,6 +96,16 @@ CAUSES: dict[str, str] = {
     "RHT with other signs": "the candidate quantized the Hadamard-transformed input with another sign vector than "
     "the recipe's fixed one (seeded random signs, or none; SPEC §7)",
     "other": "no hypothesis explains it; look at the input bits and both codes",
+    "global scale": "the candidate forms the NVFP4 global scale with another formula or precision (compressed-tensors: "
+    "fl(fl(1/amax)·2688), in bfloat16 for bfloat16 inputs; SPEC §4.1)",
+    "zero-block rule": "the candidate gives a zero block another scale (compressed-tensors 0.125, ModelOpt 1.0)",
+    "NaN codes": "the candidate writes NaN block scales or elements with other bytes (torchao, ModelOpt on x86)",
+    "stored global scale": "the candidate stores another global scale (G ≈ 2688/amax or amax/2688, not the amax)",
+    "decode order": "the candidate decodes the same bytes with another FP32 order (e.g. Transformer Engine's "
+    "fl(e·fl(fl(s·amax)·fl(1/2688))))",
+    "decode rounding": "the candidate rounds its decoded values (compressed-tensors: to bfloat16)",
+    NOT_EXPLAINED: "producer conventions explain the candidate's other bytes, but not this one alone (two equally "
+    "small sets of parts reproduce it with different causes, or none does)",
 }
 
 
@@ -126,6 +137,7 @@ class DiffReport:
     rounding: str = "rne"
     seed: int | None = None
     rounding_check: NeighbourCheck | None = None
+    conventions: ConventionDiff | None = None
 
     @property
     def code_mismatch_rate(self) -> float | None:
@@ -140,6 +152,8 @@ class DiffReport:
         """Every byte fpsim's; with ``rounding="sr"`` and no seed (no bits to compare): every code a neighbour of
         its x·enc_b, the scales fpsim's, and the away-roundings those of an unbiased stochastic rounding."""
         same = self.n_code_mismatches == 0 and self.n_scale_mismatches == 0 and self.amax_match is not False
+        if self.conventions is not None:  # the decoded values and the stored global scale too
+            same = same and not self.conventions.counts().get("values") and not self.conventions.global_cause
         if self.rounding == "sr" and self.seed is None:
             return same and (self.rounding_check is None or self.rounding_check.z is None
                              or self.rounding_check.stochastic)
@@ -174,6 +188,7 @@ class DiffReport:
             "findings": self.findings,
             "first_code_mismatches": self.code_mismatches,
             "first_scale_mismatches": self.scale_mismatches,
+            "conventions": None if self.conventions is None else self.conventions.to_dict(),
         })
 
     def format_table(self) -> str:
@@ -203,6 +218,8 @@ class DiffReport:
                 lines.append("no hypothesis explains every byte; the best partial explanations:")
                 for h in self.hypotheses[:5]:
                     lines.append(f"  {h['explains']} bytes ({h['breaks']} matching bytes broken): {h['name']}")
+        if self.conventions is not None and not self.identical:
+            lines += self.conventions.lines()
         if self.causes:
             lines.append("likely causes (all mismatches): "
                          + ", ".join(f"{k} ×{v}" for k, v in sorted(self.causes.items(), key=lambda kv: -kv[1])))
@@ -349,7 +366,8 @@ def _amax_cause(ev: Evaluator, order: list[Outcome], alt: RhtReference | None, a
 def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, candidate_amax=None,
          packed: bool = True, swizzled: bool = False, show: int = 10, nan_amax: str = "propagate",
          scale_min: float | None = None, rounding: str = "rne", seed: int | None = None,
-         sr_bits: int | None = None, rht: bool = False) -> DiffReport:
+         sr_bits: int | None = None, rht: bool = False, candidate_global=None,
+         candidate_values=None) -> DiffReport:
     """Compare another implementation's codes and scales with fpsim's, and find the conventions that explain them.
 
     fpsim quantizes ``x`` with ``scheme`` (SPEC §4–§6).  Every hypothesis of :mod:`fpsim.oracle.hypotheses`
@@ -402,6 +420,10 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         bytes becomes a finding (cause "random Hadamard transform" or "RHT with other signs"), its bytes get
         that cause, and the rest is diagnosed against it.
 
+    candidate_global, candidate_values
+        NVFP4: the stored FP32 global scale and the decoded values (x's shape), compared too (``report.conventions``:
+        the producer conventions' parts, :func:`fpsim.oracle.producers.diagnose`; a bfloat16 ``x`` is bfloat16 input).
+
     Returns
     -------
     DiffReport (``ValueError`` for unusable inputs; :class:`DiagnosisError` for a failure of fpsim's own)
@@ -418,8 +440,8 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
                         ours_s, seed if sr else None, not sr or seed is not None, findings)
     amax_cand, amax_match = _compare_amax(candidate_amax, amax_ours, sch, findings)
     with internal_errors():  # the inputs are checked: from here on an exception is fpsim's bug (DiagnosisError)
-        alt = None
-        if not sr and rd.lay_c is None and rd.lay_s is None:  # the RHT toggled, with a layout read against it
+        cd, alt = _producers(x, a, rd, R, C, rht, nan_amax, scale_min, candidate_global, candidate_values), None
+        if not sr and rd.lay_c is None and rd.lay_s is None and not (cd is not None and cd.explained_by):
             rd, alt = rht_readings(rd, a.x32, a.ax, rht, sch, ref, candidate_codes, candidate_scales, view, packed,
                                    swizzled, what, ours_p, ours_s, findings)
         cand, fixed, layout_c, lay_c = rd.cand, rd.fixed, rd.layout_c, rd.lay_c
@@ -443,13 +465,10 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
             check, bad_c, cidx, explained = _rounding_check(a, ev, fixed_s, bad_c, cidx, hyps, explained, findings)
         report = DiffReport(
             scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
-            n_scale_mismatches=int(bad_s.sum()),
-            amax_ours=amax_ours.tolist() if sch.tensor_scale else None,
+            n_scale_mismatches=int(bad_s.sum()), amax_ours=amax_ours.tolist() if sch.tensor_scale else None,
             amax_candidate=None if amax_cand is None else amax_cand.tolist(), amax_match=amax_match,
-            findings=findings, explained_by=explained,
-            hypotheses=[o.to_dict(ev.n_bad) for o in ranked], rounding="sr" if sr else "rne",
-            seed=None if seed is None else int(seed), rounding_check=check,
-        )
+            findings=findings, explained_by=explained, hypotheses=[o.to_dict(ev.n_bad) for o in ranked],
+            rounding="sr" if sr else "rne", seed=None if seed is None else int(seed), rounding_check=check)
         sr_cause = "SR random bits" if sr else "stochastic rounding"
         rht_cause = None if alt is None else alt.cause
         causes = cause_counts(cidx[bad_c], si[bad_s], hyps, lay_c, lay_s, sr_cause, rht_cause)
@@ -462,7 +481,56 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
                                               layout_c.any() else _pad(cand, ours_p), show, moved, a.ax, sr_cause,
                                               lay_c, rht_cause)
         report.scale_mismatches = scale_listing(ev0, sch, si, hyps, bad_s, ours_s, cand_s, show, lay_s, rht_cause)
+        _with_conventions(report, cd if alt is None else None)
         return report
+
+
+def _producers(x, a: _Inputs, rd, R: int, C: int, rht: bool, nan_amax: str, scale_min, glob,
+               values) -> ConventionDiff | None:
+    """The producer-convention diagnosis of the candidate as read (NVFP4 as the producers write it), or None; where
+    producer parts explain the bytes, :func:`diff` tries no toggled RHT (with a layout read against it)."""
+    if (not applies(a.sch) or a.sr or rht or rd.lay_c is not None or rd.lay_s is not None or nan_amax != "propagate"
+            or scale_min is not None):
+        return None
+    vals = None if values is None else _values(values, a, R, C)
+    return diagnose(np.moveaxis(a.x32, a.ax, -1).reshape(R, C), rd.cand, rd.cand_s, bf16=_is_bf16(x),
+                    candidate_global=glob, candidate_values=vals)
+
+
+def _is_bf16(x) -> bool:
+    """Whether ``x`` is a bfloat16 array or tensor (the producers then round their intermediates to bfloat16)."""
+    return str(getattr(x, "dtype", "")).replace("torch.", "") == "bfloat16"
+
+
+def _values(v, a: _Inputs, R: int, C: int) -> np.ndarray:
+    """The candidate's decoded values in the [R, C] view of the input (ValueError if their shape is not x's)."""
+    v32 = as_float32(v)
+    if v32.shape != a.x32.shape:
+        raise ValueError(f"candidate values have shape {v32.shape}, the input {a.x32.shape}")
+    return np.moveaxis(v32, a.ax, -1).reshape(R, C)
+
+
+def _with_conventions(report: DiffReport, cd: ConventionDiff) -> None:
+    """Put the producer-convention diagnosis into ``report``; where it reproduces every differing byte, its causes
+    are the report's (the other hypotheses' for these bytes could name another library's arithmetic)."""
+    if cd is None:
+        return
+    report.conventions = cd
+    has_ne = NOT_EXPLAINED in cd.counts().get("codes", {}) or NOT_EXPLAINED in cd.counts().get("scales", {})
+    if not cd.explained_by or (has_ne and report.explained_by):
+        return  # no producer parts explain the bytes, or they tie where another hypothesis explains every byte
+    counts: dict = {}
+    for what in ("codes", "scales", "global"):
+        for k, n in cd.counts().get(what, {}).items():
+            counts[k] = counts.get(k, 0) + n
+    report.causes = {}
+    for k, n in counts.items():  # by CAUSES category; the parts themselves are each listed mismatch's detail
+        report.causes[cd.category(k)] = report.causes.get(cd.category(k), 0) + n
+    for m, c in [(m, cd.code_causes[m["row"], m["col"]]) for m in report.code_mismatches] + [
+            (m, cd.scale_causes[m["block"][0], m["block"][1]]) for m in report.scale_mismatches]:
+        if cd.category(str(c)) != m["cause"]:  # where the other hypotheses name the same cause, their detail stays
+            m["cause"], m["detail"] = cd.category(str(c)), "" if c == NOT_EXPLAINED else str(c)
+    report.explained_by = [] if has_ne else [" + ".join(e) for e in cd.explained_by]
 
 
 def _deterministic(x32: np.ndarray, sch: BlockScheme, ax: int, ref: Convention, cand_p: np.ndarray) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import conventions as C
+from .._jit import get_num_threads, set_num_threads
 from ..codecs import decode as np_decode
 
 __all__ = ["Part", "ConventionDiff", "NOT_EXPLAINED", "parts_of", "diagnose", "applies"]
@@ -53,11 +54,20 @@ _WHAT = {
     ("decode_rule", C.DecodeRule.S_PTS): "decode fl(e·fl(s·pts))",
     ("stored", C.Stored.ENCODE): "stores the encode scale G",
     ("stored", C.Stored.DECODE): "stores the decode scale pts = fl(amax/2688)",
+    ("block_rule", C.BlockRule.TE): "block scale min(fl(vmax·fl(S_enc·fl(1/6))), 448)",
+    ("encode_rule", C.EncodeRule.TE): "encode fl(x·min(fl(1/fl(s·S_dec)), FLT_MAX))",
+    ("decode_rule", C.DecodeRule.FPSIM): "decode fl(fl(e·s)·S_dec)",
+    ("stored", C.Stored.AMAX): "stores the tensor amax",
+    ("zero_sdb", None): "a zero block's scale stays 0", ("scale_min", None): "block scales not clamped below",
+    ("zero_scale", None): "a block scale that rounds to 0 stays 0",
+    ("inf_nan_code", None): "a NaN from 0·inf gets the NaN element code",
+    ("neg_zero", True): "−0 written as −0 (code 0x8)", ("decode_neg_zero", True): "code 0x8 decodes to −0",
+    ("decode_bf16", False): "decoded values kept in float32",
 }
 
 
 def _what(k: str, v) -> str:
-    if (k, v) in _WHAT:
+    if (k, v) in _WHAT and (v is not None or k != "amax"):
         return _WHAT[(k, v)]
     texts = {"zero_sdb": "a zero block's scale sdb = 0 becomes {v:g}", "scale_min": "block scales clamped to ≥ {v:g}",
              "zero_scale": "a block scale that rounds to 0 becomes {v:g}",
@@ -66,6 +76,14 @@ def _what(k: str, v) -> str:
              "decode_neg_zero": "code 0x8 decodes to +0", "decode_bf16": "decoded values rounded to bfloat16",
              "amax": "shared global scale: the stored global scale is that of amax {v!r}, not the tensor's own"}
     return texts.get(k, k + " = {v}").format(v=v)
+
+
+#: The :data:`fpsim.oracle.CAUSES` category of each part's field (a part of three fields: "library conventions").
+CATEGORY = {"global_rule": "global scale", "block_rule": "scale operation order", "encode_rule": "encode multiplier",
+            "zero_sdb": "zero-block rule", "zero_scale": "zero-block rule", "scale_min": "scale clamp",
+            "nan_scale": "NaN codes", "nan_code": "NaN codes", "inf_nan_code": "NaN codes", "neg_zero": "±0 sign",
+            "stored": "stored global scale", "decode_rule": "decode order", "decode_neg_zero": "±0 sign",
+            "decode_bf16": "decode rounding", "amax": "tensor amax"}
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,10 @@ class Part:
     def key(self) -> str:
         """A stable name: ``field=value`` joined by ``+``."""
         return "+".join(f"{k}={getattr(v, 'value', v)}" for k, v in self.values)
+
+    @property
+    def category(self) -> str:
+        return "library conventions" if len(self.values) == 3 else CATEGORY[self.values[0][0]]
 
     def label(self) -> str:
         who = f" ({', '.join(self.producers)})" if self.producers else ""
@@ -173,6 +195,17 @@ class ConventionDiff:
     convention: list = field(default_factory=list)
     keys: dict = field(default_factory=dict)  #: label → part key
     global_key: str = ""  #: the stored global scale's cause as a part key (or :data:`NOT_EXPLAINED`)
+    cats: dict = field(default_factory=dict)  #: label → :data:`fpsim.oracle.CAUSES` category
+
+    def category(self, cause: str) -> str:
+        """The :data:`fpsim.oracle.CAUSES` category of a cause string (its parts' categories)."""
+        if not cause or cause == NOT_EXPLAINED:
+            return cause
+        alts = []
+        for alt in cause.split(" or "):
+            cats = list(dict.fromkeys(self.cats.get(lab, "other") for lab in alt.split(" + ")))
+            alts.append(" + ".join(cats))
+        return " or ".join(dict.fromkeys(alts))
 
     def counts(self) -> dict:
         """{"codes"|"scales"|"values"|"global": {cause: count}}."""
@@ -199,7 +232,10 @@ class ConventionDiff:
                            "cause": self.global_cause or None}}
 
     def lines(self) -> list[str]:
-        """The diagnosis in a few lines (for :meth:`fpsim.oracle.DiffReport.format_table`)."""
+        """The diagnosis in a few lines (for :meth:`fpsim.oracle.DiffReport.format_table`); none where no part
+        explains a byte and neither values nor a global scale were compared."""
+        if not (self.explained_by or self.decoded_by or self.global_cause or self.value_causes is not None):
+            return []
         out = []
         if self.convention:
             out.append(f"producer convention: every differing byte and value is {' or '.join(self.convention)}'s "
@@ -211,6 +247,8 @@ class ConventionDiff:
         if self.decoded_by:
             out.append("decode parts that explain every differing value: " + " | ".join(self.decoded_by[0]))
         for what, c in self.counts().items():
+            if not c:
+                continue
             out.append(f"{what} differing by cause: "
                        + "; ".join(f"{k} ×{n}" for k, n in sorted(c.items(), key=lambda kv: -kv[1])))
         return out
@@ -343,6 +381,102 @@ def _implied_amax(g: F32, amax: F32, bf16: bool) -> list[tuple[float, str]]:
     return out
 
 
+def _stored(candidate_global, amax, base: C.Convention, bf16: bool, qparts: dict):
+    """The stored global scale: (cause label, key, ours, shared-amax readings, conventions storing exactly it, the
+    parts named).  A global scale that no convention stores for this amax is read as a shared one (another amax):
+    one part per reading is added to ``qparts``, and the bytes choose between them."""
+    g_cause, g_key, g_ours, shared, stored_kinds, named = "", "", None, [], [], []
+    if candidate_global is None:
+        return g_cause, g_key, g_ours, shared, stored_kinds, named
+    g = F32(np.asarray(candidate_global, F32).reshape(-1)[0])
+    with np.errstate(all="ignore"):
+        g_ours = F32(C.stored_value(amax, base, bf16))
+        stored_kinds = [c for c in C.CONVENTIONS.values() if _same(C.stored_value(amax, c, bf16), g)]
+    if _same(g, g_ours):
+        return g_cause, g_key, g_ours, shared, stored_kinds, named
+    kinds = [c for c in stored_kinds if c.stored is not base.stored]
+    if len({c.stored for c in kinds}) > 1:  # e.g. amax = 2688: G = pts = 1
+        return NOT_EXPLAINED, NOT_EXPLAINED, g_ours, shared, stored_kinds, named
+    if kinds:
+        c0 = kinds[0]
+        gp = Part((("stored", c0.stored),), _what("stored", c0.stored),
+                  tuple(sorted({c.name for c in kinds if c.stored is c0.stored})))
+        return gp.label(), gp.key, g_ours, shared, stored_kinds, [gp]
+    shared = _implied_amax(g, amax, bf16)
+    for a, who in shared:
+        kind = C.CONVENTIONS[who].stored
+        sp = Part((("amax", a), ("stored", kind)), _what("amax", a) + f" ({_what('stored', kind)})")
+        qparts[sp.key] = sp
+        named.append(sp)
+    return NOT_EXPLAINED, NOT_EXPLAINED, g_ours, shared, stored_kinds, named
+
+
+def _agreed(per: list, i: int, arr: np.ndarray, bad: np.ndarray) -> None:
+    """Write the causes the explanations agree on into ``arr``; where they disagree, :data:`NOT_EXPLAINED`."""
+    vals = [p[i] for p in per]
+    agree = np.all([v == vals[0] for v in vals], axis=0)
+    arr[bad & agree] = vals[0][bad & agree]
+    arr[bad & ~agree] = NOT_EXPLAINED
+
+
+def _byte_causes(eng: _Bytes, cand_c, cand_s, valid, qparts: dict):
+    """(code causes, scale causes, causes of each element's code and scale together, the explanations)."""
+    ours_c, ours_s = eng.run([])
+    bad_c, bad_s = (ours_c != cand_c) & valid, ours_s != cand_s
+    both = bad_c | bad_s[..., None]
+    out = [np.full(bad_c.shape, "", object), np.full(bad_s.shape, "", object), np.full(bad_c.shape, "", object)]
+    if not (bad_c.any() or bad_s.any()):
+        return (*out, [])
+    # the hypotheses see only the blocks holding a difference (blocks are independent given the amax); an
+    # explanation is then checked to change nothing elsewhere
+    hot = bad_s | bad_c.any(axis=-1)
+    sub = _Bytes(eng.X3[hot][None], eng.bf16, eng.base, eng.amax)
+    tc, ts, vh = cand_c[hot][None], cand_s[hot][None], valid[hot][None]
+    found = _explain(lambda p: (np.where(vh, sub.run(p)[0], tc), sub.run(p)[1]), (tc, ts),
+                     _candidates(qparts, eng.base, False))
+    explained = [e for e in found if np.array_equal(np.where(valid, eng.run(e)[0], cand_c), cand_c)
+                 and np.array_equal(eng.run(e)[1], cand_s)]
+    if not explained:
+        for arr, bad in zip(out, (bad_c, bad_s, both)):
+            arr[bad] = NOT_EXPLAINED
+        return (*out, [])
+
+    def eqs(parts):
+        c, s_ = eng.run(parts)
+        ec, es = (c == cand_c) | ~valid, s_ == cand_s
+        return ec, es, ec & es[..., None]
+
+    per = [_minimal(eqs, e, [bad_c, bad_s, both]) for e in explained]
+    for i, (arr, bad) in enumerate(zip(out, (bad_c, bad_s, both))):
+        _agreed(per, i, arr, bad)
+    return (*out, explained)
+
+
+def _value_causes(dec, ours_v, cv, valid, joint, both, dparts: dict, base: C.Convention, kinds: set):
+    """(value causes, the decode explanations): a differing value's cause is its bytes' (``joint``) and the decode
+    parts that reproduce it from the candidate's own bytes (``dec(parts)``: decoded values)."""
+    bad_v = ~_same(ours_v, cv) & valid
+    value_causes = np.full(bad_v.shape, "", object)
+    if not bad_v.any():
+        return value_causes, []
+    needs = bad_v & ~_same(dec([]), cv)
+    found = []
+    if needs.any():  # a decoder reads the global scale its producer stores: only rules reading that kind are tried
+        cands = [ps for ps in _candidates(dparts, base, True)
+                 if not kinds or _NEEDS[_apply(base, ps)[0].decode_rule] in kinds]
+        found = _explain(lambda p: (np.where(valid, dec(p), cv),), (cv,), cands)
+    dcause = np.full(bad_v.shape, "", object)
+    if found:
+        per = [_minimal(lambda p: (_same(dec(p), cv) | ~valid,), f, [needs]) for f in found]
+        _agreed(per, 0, dcause, needs)
+    else:
+        dcause[needs] = NOT_EXPLAINED
+    for m in zip(*np.nonzero(bad_v)):
+        value_causes[m] = _join((joint[m] or NOT_EXPLAINED) if both[m] else "",
+                                (dcause[m] or NOT_EXPLAINED) if needs[m] else "")
+    return value_causes, found
+
+
 def diagnose(x32: np.ndarray, codes: np.ndarray, scales: np.ndarray, *, bf16: bool = False,
              reference: str = "fpsim", candidate_global=None, candidate_values=None) -> ConventionDiff:
     """Name the producer-convention parts behind every byte, stored global scale and value that differ from
@@ -350,182 +484,75 @@ def diagnose(x32: np.ndarray, codes: np.ndarray, scales: np.ndarray, *, bf16: bo
 
     ``codes``: the candidate's E2M1 codes [R, C] (one per byte); ``scales``: its E4M3 bytes [R, C/16];
     ``candidate_global``: the FP32 global scale it stores (amax, G or pts); ``candidate_values``: its decoded values
-    [R, C] (float32).  Returns a :class:`ConventionDiff`."""
-    base = C.get_convention(reference)
+    [R, C] (float32).  Returns a :class:`ConventionDiff`.
+
+    Hundreds of quantizations run here: on tensors below 2^20 elements the parallel kernels run on one thread
+    meanwhile (a thread pool's start-up per call costs more than the work, and much more on a busy machine)."""
+    threads = get_num_threads()
+    if np.size(x32) < 1 << 20:
+        set_num_threads(1)
+    try:
+        return _diagnose(x32, codes, scales, bf16, C.get_convention(reference), candidate_global, candidate_values)
+    finally:
+        set_num_threads(threads)
+
+
+def _diagnose(x32, codes, scales, bf16: bool, base: C.Convention, candidate_global, candidate_values):
     R, Cn = x32.shape
     nb = scales.shape[1]
-    X3 = np.zeros((R, nb * 16), F32)
-    X3[:, :Cn] = x32
-    X3 = X3.reshape(R, nb, 16)
-    cand_c = np.zeros((R, nb * 16), np.uint8)
-    cand_c[:, :Cn] = codes
-    cand_c = cand_c.reshape(R, nb, 16)
+
+    def blocks(a, dtype):
+        out = np.zeros((R, nb * 16), dtype)
+        out[:, :Cn] = a
+        return out.reshape(R, nb, 16)
+
+    X3, cand_c, valid = blocks(x32, F32), blocks(codes, np.uint8), blocks(True, bool)
     cand_s = np.asarray(scales, np.uint8)
     with np.errstate(all="ignore"):
-        amax = F32(np.max(np.abs(x32))) if x32.size else F32(0)
-        if np.isnan(x32).any():
-            amax = F32(np.nan)
+        amax = F32(np.nan) if np.isnan(x32).any() else F32(np.max(np.abs(x32))) if x32.size else F32(0)
     qparts = {k: p for k, (p, _) in _all_parts(base, False).items()}
     dparts = {k: p for k, (p, _) in _all_parts(base, True).items()}
-    # the stored global scale: which convention stores it, or a shared global scale (another amax)
-    g_cause, g_key, g_ours, shared, shared_kind = "", "", None, [], None
-    stored_kinds = []
-    if candidate_global is not None:
-        g = F32(np.asarray(candidate_global, F32).reshape(-1)[0])
-        with np.errstate(all="ignore"):
-            g_ours = F32(C.stored_value(amax, base, bf16))
-            for conv in C.CONVENTIONS.values():
-                if _same(C.stored_value(amax, conv, bf16), g):
-                    stored_kinds.append(conv)
-        if not _same(g, g_ours):
-            kinds = [c for c in stored_kinds if c.stored is not base.stored]
-            if len({c.stored for c in kinds}) > 1:  # e.g. amax = 2688: G = pts = 1
-                g_cause = g_key = NOT_EXPLAINED
-            elif kinds:
-                c0 = kinds[0]
-                who = sorted({c.name for c in kinds if c.stored is c0.stored})
-                gp = Part((("stored", c0.stored),), _what("stored", c0.stored), tuple(who))
-                g_cause, g_key = gp.label(), gp.key
-            else:
-                shared = _implied_amax(g, amax, bf16)
-                for a, who in shared:  # one part per reading of the global scale; the bytes choose between them
-                    kind = C.CONVENTIONS[who].stored
-                    sp = Part((("amax", a), ("stored", kind)), _what("amax", a) + f" ({_what('stored', kind)})")
-                    qparts[sp.key] = sp
-                if shared:
-                    g_cause, g_key = NOT_EXPLAINED, NOT_EXPLAINED  # until the bytes choose a reading
-                else:
-                    g_cause = g_key = NOT_EXPLAINED
+    g_cause, g_key, g_ours, shared, stored_kinds, gparts = _stored(candidate_global, amax, base, bf16, qparts)
     eng = _Bytes(X3, bf16, base, amax)
-    ours_c, ours_s = eng.run([])
-    valid = np.zeros((R, nb * 16), bool)
-    valid[:, :Cn] = True
-    valid = valid.reshape(R, nb, 16)
-    bad_c = (ours_c != cand_c) & valid
-    bad_s = ours_s != cand_s
-    code_causes = np.full(bad_c.shape, "", object)
-    scale_causes = np.full(bad_s.shape, "", object)
-    explained, labels = [], {}
-    joint = np.full(bad_c.shape, "", object)
-    if bad_c.any() or bad_s.any():
-        # the hypotheses see only the blocks holding a difference (blocks are independent given the amax), then the
-        # explanation is checked to change nothing elsewhere
-        hot = bad_s | bad_c.any(axis=-1)
-        sub = _Bytes(X3[hot][None], bf16, base, eng.amax)
-        sub.cache = {}
-        tc, ts = cand_c[hot][None], cand_s[hot][None]
-
-        def run_hot(parts):
-            c, s = sub.run(parts)
-            return (np.where(valid[hot][None], c, tc), s)
-
-        found = _explain(run_hot, (tc, ts), _candidates(qparts, base, False))
-        cold_ok = []
-        for parts in found:
-            c, s = eng.run(parts)
-            if np.array_equal(np.where(valid, c, cand_c), cand_c) and np.array_equal(s, cand_s):
-                cold_ok.append(parts)
-        explained = cold_ok
-        if explained:
-            def eqs(expl):
-                def f(parts):
-                    c, s_ = eng.run(parts)
-                    ec, es = (c == cand_c) | ~valid, s_ == cand_s
-                    return ec, es, ec & es[..., None]
-                return f
-            per = [_minimal(eqs(e), e, [bad_c, bad_s, bad_c | bad_s[..., None]]) for e in explained]
-            joint = np.full(bad_c.shape, "", object)
-            for i, (arr, bad) in enumerate(((code_causes, bad_c), (scale_causes, bad_s),
-                                            (joint, bad_c | bad_s[..., None]))):
-                vals = [p[i] for p in per]
-                agree = np.all([v == vals[0] for v in vals], axis=0)
-                arr[bad & agree] = vals[0][bad & agree]
-                arr[bad & ~agree] = NOT_EXPLAINED  # equal explanations that disagree on the cause: none named
-        else:
-            code_causes[bad_c] = NOT_EXPLAINED
-            scale_causes[bad_s] = NOT_EXPLAINED
-            joint[bad_c | bad_s[..., None]] = NOT_EXPLAINED
-        for parts in explained:
-            for p in parts:
-                labels[p.label()] = p.key
+    code_causes, scale_causes, joint, explained = _byte_causes(eng, cand_c, cand_s, valid, qparts)
+    kinds = {c.stored for c in stored_kinds}
+    a_dec = amax
     if shared:  # the reading of the stored global scale that every byte explanation uses, if one
-        used = {p.key: p for parts in explained for p in parts if p.values[0][0] == "amax"}
+        used = {p.key: p for e in explained for p in e if p.values[0][0] == "amax"}
         if len(used) == 1 and all(any(p.values[0][0] == "amax" for p in e) for e in explained):
             sp = next(iter(used.values()))
-            shared = [(sp.values[0][1], sp.values[1][1])]
-            shared_kind = sp.values[1][1]
-            g_cause, g_key = sp.label(), sp.key
-        else:
-            shared, shared_kind = [], None
-    # decoded values: reference = the reference's decode of its own bytes
-    value_causes, decoded_by = None, []
+            g_cause, g_key, a_dec = sp.label(), sp.key, F32(sp.values[0][1])
+            kinds.add(sp.values[1][1])
+    value_causes, found = None, []
     if candidate_values is not None:
-        cv = np.zeros((R, nb * 16), F32)
-        cv[:, :Cn] = np.asarray(candidate_values, F32).reshape(R, Cn)
-        cv = cv.reshape(R, nb, 16)
-        e_c = np_decode(cand_c, "float4_e2m1fn")
-        s_c = np_decode(cand_s, "float8_e4m3fn")[..., None]
-        e_o = np_decode(ours_c, "float4_e2m1fn")
-        s_o = np_decode(ours_s, "float8_e4m3fn")[..., None]
-        a_dec = eng.amax if not shared else F32(shared[0][0])  # the reading the bytes chose
+        ours_c, ours_s = eng.run([])
+        cand_g = None if candidate_global is None else F32(np.asarray(candidate_global, F32).reshape(-1)[0])
 
-        def dec(parts, e, s):
+        e_c, s_c = np_decode(cand_c, "float4_e2m1fn"), np_decode(cand_s, "float8_e4m3fn")[..., None]
+
+        def dec(parts, e=None, s=None):
+            e, s = (e_c, s_c) if e is None else (e, s)
             conv, _ = _apply(base, parts)
             with np.errstate(all="ignore"):
-                gin = C.decode_input(a_dec, conv, bf16)
-                if candidate_global is not None and (_NEEDS[conv.decode_rule] in {c.stored for c in stored_kinds}
-                                                     or (shared and _NEEDS[conv.decode_rule] is shared_kind)):
-                    gin = F32(np.asarray(candidate_global, F32).reshape(-1)[0])
-                return (np.asarray(C.decode_blocks(e, s, gin, conv), F32),)
+                gin = cand_g if cand_g is not None and _NEEDS[conv.decode_rule] in kinds else \
+                    C.decode_input(a_dec, conv, bf16)
+                return np.asarray(C.decode_blocks(e, s, gin, conv), F32)
 
-        with np.errstate(all="ignore"):
-            ours_v = dec([], e_o, s_o)[0]
-        bad_v = ~_same(ours_v, cv) & valid
-        value_causes = np.full(bad_v.shape, "", object)
-        if bad_v.any():
-            byte_bad = bad_c | bad_s[..., None]
-            plain = dec([], e_c, s_c)[0]
-            needs_decode = bad_v & ~_same(plain, cv)
-            found = []
-            if needs_decode.any():
-                # the decode parts that reproduce every candidate value from its own bytes
-                # a decoder reads the global scale its producer stores: where the candidate's stored global is
-                # known, only the decode rules that read that kind of global scale are tried
-                kinds = {c.stored for c in stored_kinds} | ({shared_kind} if shared_kind is not None else set())
-                cands = [ps for ps in _candidates(dparts, base, True)
-                         if not kinds or _NEEDS[_apply(base, ps)[0].decode_rule] in kinds]
-                found = _explain(lambda p: (np.where(valid, dec(p, e_c, s_c)[0], cv),), (cv,), cands)
-            dcause = np.full(bad_v.shape, "", object)
-            if found:
-                decoded_by = [[p.label() for p in f] for f in found]
-
-                def deqs(parts):
-                    return (_same(dec(parts, e_c, s_c)[0], cv) | ~valid,)
-
-                per = [_minimal(deqs, f, [needs_decode])[0] for f in found]
-                agree = np.all([v == per[0] for v in per], axis=0)
-                dcause = np.where(agree, per[0], NOT_EXPLAINED)
-                for f in found:
-                    for p in f:
-                        labels[p.label()] = p.key
-            elif needs_decode.any():
-                dcause[needs_decode] = NOT_EXPLAINED
-            for m in zip(*np.nonzero(bad_v)):
-                b = (joint[m] or NOT_EXPLAINED) if byte_bad[m] else ""
-                d = (dcause[m] or NOT_EXPLAINED) if needs_decode[m] else ""
-                value_causes[m] = _join(b, d)
-    convs = []
-    used = set(labels.values())
-    if used:
-        for conv in C.CONVENTIONS.values():
-            mine = {p.key for p in parts_of(conv, base) + parts_of(conv, base, True)}
-            if used <= mine:
-                convs.append(conv.name)
+        ours_v = dec([], np_decode(ours_c, "float4_e2m1fn"), np_decode(ours_s, "float8_e4m3fn")[..., None])
+        value_causes, found = _value_causes(dec, ours_v, blocks(np.asarray(candidate_values, F32).reshape(R, Cn), F32),
+                                            valid, joint, (code_causes != "") | (scale_causes != "")[..., None],
+                                            dparts, base, kinds)
+    named = [p for e in explained + found for p in e]
+    used = {p.key for p in named}
+    convs = [conv.name for conv in C.CONVENTIONS.values() if used and used <= {
+        p.key for p in parts_of(conv, base) + parts_of(conv, base, True)}]
+    every = list(qparts.values()) + list(dparts.values()) + gparts + named
     return ConventionDiff(
-        reference=base.name, code_causes=code_causes[valid].reshape(R, Cn) if Cn else np.zeros((R, 0), object),
+        reference=base.name, code_causes=code_causes[valid].reshape(R, Cn),
         scale_causes=scale_causes, value_causes=None if value_causes is None else value_causes[valid].reshape(R, Cn),
         global_cause=g_cause, global_ours=None if g_ours is None else float(g_ours),
         global_candidate=None if candidate_global is None else float(np.asarray(candidate_global,
                                                                                 F32).reshape(-1)[0]),
-        explained_by=[[p.label() for p in e] for e in explained], decoded_by=decoded_by, convention=convs,
-        keys=labels, global_key=g_key)
+        explained_by=[[p.label() for p in e] for e in explained], decoded_by=[[p.label() for p in f] for f in found],
+        convention=convs, keys={p.label(): p.key for p in named}, global_key=g_key,
+        cats={p.label(): p.category for p in every})
