@@ -22,6 +22,13 @@ bench:
 	$(PYTHON) -m studies.bench_gemm --out reports/bench_gemm.md
 	$(PYTHON) -m studies.bench_io --scale 1.0 --out reports/bench_io.md
 	$(PYTHON) -m studies.bench_host --out reports/bench_host.md
+	$(PYTHON) -m studies.probes.bench --out reports/bench_probe.md
+
+# The probe runs behind reports/bench_probe.md (an hour and more on 2 cores; the report run is make reports' data):
+bench-probe:
+	$(PYTHON) -m studies.probes.measure --model both
+	$(PYTHON) -m studies.probes.measure --model minilm --full --out studies/data/probes/full
+	$(PYTHON) -m studies.probes.bench --out reports/bench_probe.md
 
 OUT ?= /tmp/gpu
 

@@ -5,12 +5,15 @@ a model without results is left out, not a crash; two renders give the same byte
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from studies.probes import study
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COMMITTED = [m for m in study.MODELS if (study.DATA / f"{m}.json").exists()]
 pytestmark = pytest.mark.skipif(not COMMITTED, reason="no committed probe results")
@@ -96,3 +99,12 @@ def test_two_renders_are_byte_identical(tmp_path):
     _render(tmp_path / "b")
     for f in ("section.md", "probes.csv", "forest.png"):
         assert (tmp_path / "a" / "probes" / f).read_bytes() == (tmp_path / "b" / "probes" / f).read_bytes(), f
+
+
+def test_the_probe_benchmark_page_is_rendered_from_the_committed_records():
+    """reports/bench_probe.md is what studies.probes.bench renders from the runs' records (no timing asserted)."""
+    from studies.probes import bench
+
+    assert (ROOT / "reports" / "bench_probe.md").read_text() == bench.render()
+    text = bench.render()
+    assert "| all-MiniLM-L6-v2 | full |" in text and "| SmolLM2-135M | report |" in text

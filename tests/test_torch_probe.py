@@ -96,6 +96,20 @@ def test_identical_draws_give_the_one_draw_metrics_bit_for_bit():
             assert S.row_metrics(g, [q] * d) == one
 
 
+def test_a_draw_that_flushed_to_zero_has_no_cosine():
+    """A draw whose every block flushed (q = 0) has no direction: its cosine is left out with a note, never the
+    rounding noise of ‖q‖² computed through e = q − g; its gain is exactly 0."""
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        g = torch.from_numpy(rng.standard_normal(1000) * 10.0 ** rng.uniform(-3, 3))
+        zero = torch.zeros(1000)
+        m = S.row_metrics(g, [zero])
+        assert m["cos"] is None and m["gain"] == 0.0 and "all-zero" in m["note"]
+        q = (g + torch.from_numpy(0.1 * rng.standard_normal(1000))).float()
+        m2 = S.row_metrics(g, [zero, q, zero])
+        assert m2["cos"] == pytest.approx(S.row_metrics(g, [q])["cos"], rel=1e-12)  # the one draw with a direction
+
+
 def test_a_zero_reference_is_null_with_a_reason():
     m = S.row_metrics(torch.zeros(4, dtype=torch.float64), [torch.ones(4)])
     assert m["rel_err"] is None and m["note"] == "the reference is zero"
