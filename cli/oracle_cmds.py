@@ -226,7 +226,7 @@ def explain(value, fmt, scale, rounding, sr_bits, r, no_saturate, block_ref, sch
         try:
             arr = _pick(load_arrays(path), name or None, path)
             x = np.asarray(arr)
-            if x.dtype.kind not in "fiu" or x.ndim == 0:
+            if (x.dtype.kind not in "fiu" and x.dtype.name != "bfloat16") or x.ndim == 0:
                 raise ValueError(f"{path}:{name}: need a real array with at least one axis, got {x.dtype} {x.shape}")
             x = x.astype(np.float32)
             if not -x.ndim <= axis < x.ndim:
@@ -374,10 +374,14 @@ def _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_o
 @click.option("--rht", is_flag=True,
               help="fpsim quantizes the random-Hadamard-transformed input, as the recipe's Wgrad operands (SPEC §7: "
                    "16-point tiles along --axis, the recipe's signs, BF16 in and out).")
+@click.option("--reference", default=None, metavar="ORIGINAL",
+              help="CANDIDATE is a producer's NVFP4 checkpoint (folder or .safetensors): compare each quantized "
+                   "tensor with fpsim's quantization of ORIGINAL's tensor of that name.")
+@click.option("--tensor", default=None, metavar="NAME", help="With --reference: only this quantized tensor.")
 @_scheme_options
 def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_scales, shape, swizzled, unpacked,
          rounding, seed, sr_bits, rht, scale_rule, block, tensor_scale, per_row_scale, four_over_six, nan_amax,
-         scale_min):
+         scale_min, reference, tensor):
     """Compare a kernel's codes and scales with fpsim's; exit 0 identical, 1 different, 2 bad input.
 
     CANDIDATE is a .npz or .safetensors file with the keys ``codes`` (uint8,
@@ -391,6 +395,13 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
     from fpsim.oracle import diff as run_diff
     from fpsim.oracle import load_arrays
 
+    if reference is not None or tensor is not None:
+        from .diff_checkpoint import run
+
+        if reference is None or candidate is None or input_ref is not None:
+            _fail("a checkpoint is compared as CANDIDATE --reference ORIGINAL [--tensor NAME] (no --input)", 2)
+        run(candidate, reference, tensor, show, out_format)
+        return
     sch = _build_scheme(scheme, scale_rule, block, tensor_scale, per_row_scale, four_over_six)
     smin = None if scale_min is None else _number(scale_min, "--scale-min")
     if input_ref is None:
@@ -405,7 +416,7 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
     try:
         path, name = _split_ref(input_ref)
         x = _pick(load_arrays(path), name, path)
-        if x.dtype.kind not in "fiu":
+        if x.dtype.kind not in "fiu" and x.dtype.name != "bfloat16":
             raise ValueError(f"{input_ref}: input must be real numbers, got dtype {x.dtype}")
         amax = None
         if raw:
@@ -427,7 +438,8 @@ def diff(candidate, input_ref, scheme, axis, show, out_format, raw_codes, raw_sc
             missing = [k for k in ("codes", "scales") if k not in arrays]
             if missing:
                 raise ValueError(f"{candidate}: missing key(s) {', '.join(missing)} (has: "
-                                 f"{', '.join(sorted(arrays)) or 'none'}; expected codes, scales[, amax])")
+                                 f"{', '.join(sorted(arrays)) or 'none'}; expected codes, scales[, amax]; a "
+                                 "quantized checkpoint is given as CANDIDATE --reference ORIGINAL)")
             codes, scales, amax = arrays["codes"], arrays["scales"], arrays.get("amax")
         rep = run_diff(codes, scales, x, sch, axis=axis, candidate_amax=amax, packed=not unpacked,
                        swizzled=swizzled, show=show, nan_amax=nan_amax, scale_min=smin, rounding=rounding,

@@ -206,7 +206,8 @@ class DiffReport:
         lines += [f"finding: {f}" for f in self.findings]
         if self.rounding_check is not None:
             lines.append(f"rounding: {self.rounding_check.summary()}")
-        if not self.identical and (self.explained_by or self.rounding == "rne"):
+        bytes_differ = self.n_code_mismatches or self.n_scale_mismatches or self.amax_match is False
+        if not self.identical and bytes_differ and (self.explained_by or self.rounding == "rne"):
             if self.explained_by:
                 lines.append("explained by (every byte): " + self.explained_by[0])
                 lines += [f"  also explained by: {n}" for n in self.explained_by[1:4]]
@@ -461,7 +462,7 @@ def diff(candidate_codes, candidate_scales, x, scheme="nvfp4", axis: int = -1, c
         hyps = [o.hyp for o in order]
         cidx, detail_own = code_cause_index(ci, si, hyps, BC)
         check = None
-        if sr or (ev.bad_c.any() and not explained):
+        if sr or (ev.bad_c.any() and not explained and not (cd is not None and cd.explained_by)):
             check, bad_c, cidx, explained = _rounding_check(a, ev, fixed_s, bad_c, cidx, hyps, explained, findings)
         report = DiffReport(
             scheme=sch.name, n_elements=R * C, n_code_mismatches=int(bad_c.sum()), n_blocks=R * nb,
