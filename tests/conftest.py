@@ -43,3 +43,16 @@ def golden():
     path = Path(__file__).parent / "data" / "nvidia_golden.npz"
     with np.load(path, allow_pickle=False) as g:
         return {k: g[k] for k in g.files}
+
+
+@pytest.fixture
+def one_thread():
+    """Numba's parallel kernels on one thread for the test: diff and the producer checks run hundreds of
+    quantizations of tiny tensors, where a thread pool's start-up per call costs more than the work (8 ms instead of
+    10 µs per call on a busy 2-core machine).  Use with ``pytest.mark.usefixtures("one_thread")``."""
+    from fpsim._jit import get_num_threads, set_num_threads
+
+    n = get_num_threads()
+    set_num_threads(1)
+    yield
+    set_num_threads(n)

@@ -20,15 +20,7 @@ CK = Path(__file__).resolve().parent / "data" / "checkpoints"
 REF = str(CK / "reference" / "model.safetensors")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """diff runs hundreds of small quantizations: one thread each (a thread pool costs more than the work)."""
-    from fpsim._jit import get_num_threads, set_num_threads
-
-    n = get_num_threads()
-    set_num_threads(1)
-    yield
-    set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
 
 def run(*args):

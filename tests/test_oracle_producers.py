@@ -24,19 +24,9 @@ from fpsim.oracle.producers import NOT_EXPLAINED
 DATA = Path(__file__).resolve().parent / "data" / "producers"
 TRUTH = json.loads((DATA / "diff_causes.json").read_text())
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """diff runs hundreds of quantizations of tiny tensors: a thread pool's start-up per call costs more than the
-    work (8 ms instead of 10 µs per call on a busy 2-core machine)."""
-    from fpsim._jit import get_num_threads, set_num_threads
 
-    n = get_num_threads()
-    set_num_threads(1)
-    yield
-    set_num_threads(n)
-
-
-pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")]
 

@@ -16,32 +16,8 @@ from fpsim.torch import probe_stats as S  # noqa: E402
 from fpsim.torch import probes as P  # noqa: E402
 from studies.probes import flag_rate  # noqa: E402
 
-D, VOCAB = 32, 48
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d=D):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(d)
-        self.up = torch.nn.Linear(d, 2 * d)
-        self.down = torch.nn.Linear(2 * d, d)
-
-    def forward(self, x):
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
-class Tiny(torch.nn.Module):
-    def __init__(self, blocks=2):
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, D)
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(blocks))
-        self.head = torch.nn.Linear(D, VOCAB)
-
-    def forward(self, tok):
-        x = self.embed(tok)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
+# the small model of the flag-rate study: the planted-defect tests run the same model the committed rates measure
+D, VOCAB, Tiny = flag_rate.D, flag_rate.VOCAB, flag_rate.TinyLM
 
 
 def _batches(n, seed, tokens=32):

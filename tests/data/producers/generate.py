@@ -146,6 +146,12 @@ def produce(producer: str, x32: np.ndarray, dtype: str, **kw):
         return RUNNERS[producer](t, **kw)
 
 
+def case_arrays(key: str, xin: np.ndarray, codes, scales, g, dec) -> dict[str, np.ndarray]:
+    """One case's members of a golden file: the input as the producer saw it, its codes, scales (one row per input
+    row), stored global scale and decoded values, each under ``key.``."""
+    return {f"{key}.input": xin, f"{key}.codes": codes, f"{key}.scales": scales.reshape(xin.shape[0], -1),
+            f"{key}.global": np.asarray(g, np.float32).reshape(()), f"{key}.decoded": np.asarray(dec, np.float32)}
+
 def main(out: Path = HERE) -> None:
     import torch
 
@@ -156,12 +162,7 @@ def main(out: Path = HERE) -> None:
             for dtype in ("float32", "bfloat16"):
                 codes, scales, g, dec = produce(producer, x, dtype)
                 xin = torch.from_numpy(x).to(getattr(torch, dtype)).float().numpy()
-                key = f"{name}.{dtype}"
-                arrays[f"{key}.input"] = xin
-                arrays[f"{key}.codes"] = codes
-                arrays[f"{key}.scales"] = scales.reshape(x.shape[0], -1)
-                arrays[f"{key}.global"] = np.asarray(g, np.float32).reshape(())
-                arrays[f"{key}.decoded"] = np.asarray(dec, np.float32)
+                arrays.update(case_arrays(f"{name}.{dtype}", xin, codes, scales, g, dec))
         arrays["versions"] = np.array(sorted(f"{k}=={v}" for k, v in ver.items()))
         np.savez_compressed(out / f"{producer}.npz", **arrays)
         print(f"{producer}: {len(arrays) // 5} cases → {out / (producer + '.npz')}")

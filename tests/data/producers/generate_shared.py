@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate import edge_tensors, produce, versions  # noqa: E402
+from generate import case_arrays, edge_tensors, produce, versions  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,11 +35,7 @@ def main(out: Path = HERE) -> None:
             absmax = torch.tensor(float(np.max(np.abs(xin)) * factor), dtype=getattr(torch, dtype)).float().numpy()
             codes, scales, g, dec = produce("compressed-tensors", x, dtype, absmax=float(absmax))
             key = f"{name}.{dtype}"
-            arrays[f"{key}.input"] = xin
-            arrays[f"{key}.codes"] = codes
-            arrays[f"{key}.scales"] = scales.reshape(x.shape[0], -1)
-            arrays[f"{key}.global"] = np.asarray(g, np.float32).reshape(())
-            arrays[f"{key}.decoded"] = np.asarray(dec, np.float32)
+            arrays.update(case_arrays(key, xin, codes, scales, g, dec))
             arrays[f"{key}.absmax"] = np.asarray(absmax, np.float32).reshape(())
     ver = versions()
     arrays["versions"] = np.array(sorted(f"{k}=={v}" for k, v in ver.items() if k in ("torch", "compressed-tensors")))
