@@ -162,7 +162,6 @@ class _CaptureSpy:
         import torch._inductor.cudagraph_trees as trees
 
         self.records = []  # True where torch found the recorded graph empty
-        self.pool_captures = 0
         record, manager_init = trees.CUDAGraphNode._record, trees.CUDAGraphTreeManager.__init__
 
         def reissue(caught, hold):
@@ -182,7 +181,6 @@ class _CaptureSpy:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 manager_init(manager, *args, **kwargs)
-            self.pool_captures += 1
             reissue(caught, hold=True)
 
         monkeypatch.setattr(trees.CUDAGraphNode, "_record", spy_record)
