@@ -28,7 +28,7 @@ from fpsim import conventions as C
 DATA = Path(__file__).resolve().parent / "data" / "producers"
 PRODUCERS = ("torchao", "compressed-tensors", "modelopt")
 TE_BY_HAND = ("te-cuda", "te-cuda-fastmath", "te-python")  # golden files derived by hand from TE's source
-BACKENDS = [b for b in ("numba-cpu", "torch-cpu") if b in backends.available()]
+BACKENDS = [b for b in ("numba-cpu", "torch-cpu", "torch-cuda") if b in backends.available()]
 F = np.float32
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
