@@ -54,8 +54,8 @@ GPU_TESTS = tests/test_torch_fastpath.py tests/test_torch_nn.py tests/test_torch
 	tests/test_torch_cublaslt.py tests/test_torch_nn_hunt.py tests/test_torch_compile.py
 
 # test-gpu: the torch side's GPU tests (compiled kernels, direct launches, CUDA graphs, torch.compile on CUDA, the
-# campaign's graph and stream runs): 471 tests (5 skipped) in 267 s on an H100 with 8 workers (2026-12-06;
-# reports/bench_training.md).
+# campaign's graph and stream runs): 471 tests (5 skipped), 218 s on an H200 with 8 workers and warm Triton/inductor
+# caches; with a fresh machine's cold caches, more than 340 s (2026-12-06; reports/bench_training.md).
 test-gpu:
 	$(PYTHON) -m pytest -q -n $(GPU_TEST_WORKERS) -p no:benchmark -p no:cacheprovider $(GPU_TESTS)
 
