@@ -22,6 +22,8 @@ import sys
 
 import click
 
+from fpsim import __version__
+
 from .analyze_cmd import analyze
 from .formats_cmd import formats
 from .oracle_cmds import diff, explain, vectors
@@ -84,7 +86,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="fpsim")
+@click.version_option(__version__, "-V", "--version", prog_name="fpsim", message="%(prog)s %(version)s")
 def main() -> None:
     """Bit-accurate model of NVFP4 / MX / FP8 training formats (conventions: docs/spec.md)."""
 

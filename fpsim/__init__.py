@@ -41,7 +41,7 @@ from .scaling import swizzle_scales, unswizzle_scales
 from .schemes import SCHEMES, BlockScheme, Kind, ScaleRule, get_scheme
 from .tensor import QuantizedTensor
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ALIASES",
