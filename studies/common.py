@@ -1,6 +1,6 @@
 """Shared plumbing of the studies: arguments, data, deterministic CSVs, figures, Markdown sections.
 
-Every study is a module ``studies/<name>.py`` with ``main(argv=None) -> Path``
+Every study is a module ``studies/report/<name>.py`` with ``main(argv=None) -> Path``
 that writes into ``<out>/<name>/``: ``<name>.csv`` (tidy, written with a fixed
 float format so re-runs are byte-identical), ``*.png`` figures (Agg backend,
 no timestamps in the metadata) and ``section.md`` (claim from the paper, what

@@ -38,7 +38,7 @@ STUDIES = [
     "smollm2",
     "probes",
 ]
-#: Studies whose module is not ``studies/<name>.py``.
+#: Studies whose module is not ``studies/report/<name>.py``.
 MODULES = {"smollm2": "studies.llm.study", "probes": "studies.probes.study"}
 #: Studies that read the others' outputs: they run after every other study, their sections keep their place.
 RUN_LAST = ("components",)
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
                 sections[name] = old.read_text()
             continue
         try:
-            mod = importlib.import_module(MODULES.get(name, f"studies.{name}"))
+            mod = importlib.import_module(MODULES.get(name, f"studies.report.{name}"))
         except ModuleNotFoundError:
             missing.append(name)
             continue

@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from studies import components as comp
 from studies.common import REPORTS
+from studies.report import components as comp
 
 ROOT = Path(__file__).parents[1]
 CAMPAIGN = ROOT / "studies" / "data" / "campaign"

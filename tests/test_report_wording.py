@@ -41,7 +41,7 @@ def _real_cells(csv: Path) -> list[str]:
 # ============================================================ studies 1-6: the toy LM capture is not "real" data
 @pytest.mark.parametrize("name", ["format_error", "design_space", "scale_arithmetic"])
 def test_a_study_of_the_toy_capture_does_not_call_it_real(name, tmp_path, monkeypatch):
-    module = importlib.import_module(f"studies.{name}")
+    module = importlib.import_module(f"studies.report.{name}")
     figures = _spy_figures(monkeypatch, module)
     out = module.main(["--quick", "--out", str(tmp_path)])
     assert not REAL.search((out / "section.md").read_text())
@@ -56,7 +56,7 @@ def test_a_study_of_the_toy_capture_does_not_call_it_real(name, tmp_path, monkey
 
 
 def test_format_error_names_its_capture_figure_and_text_for_the_toy_lm(tmp_path, monkeypatch):
-    from studies import format_error
+    from studies.report import format_error
 
     figures = _spy_figures(monkeypatch, format_error)
     out = format_error.main(["--quick", "--out", str(tmp_path)])
@@ -79,7 +79,7 @@ def test_committed_reports_of_the_toy_capture_do_not_call_it_real(name):
 
 # ============================================================================= study 8: the 1.6 M-token figures
 def test_study_8_no_longer_draws_the_superseded_small_lm_figures(tmp_path):
-    from studies import training
+    from studies.report import training
 
     out = training.main(["--out", str(tmp_path)])
     text = (out / "section.md").read_text()
@@ -166,7 +166,7 @@ def _toy_linear_r(csv: Path) -> float:
 
 
 def test_section_7_states_that_smollm2s_depth_trend_points_the_other_way(tmp_path):
-    from studies import layer_sensitivity
+    from studies.report import layer_sensitivity
 
     out = layer_sensitivity.main(["--quick", "--out", str(tmp_path)])
     text = (out / "section.md").read_text()

@@ -17,8 +17,8 @@ import pytest
 from scipy import stats
 from scipy.linalg import hadamard
 
-from studies import outliers_rht, stochastic_rounding, weight_2d
 from studies.common import REPORTS, synthetic, tinylm_tensors
+from studies.report import outliers_rht, stochastic_rounding, weight_2d
 
 F32 = np.float32
 GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)

@@ -110,7 +110,7 @@ def test_format_error_bits_per_element_follow_the_format_definitions(toy):
 
 
 def test_format_error_sqnr_matches_an_independent_quantizer(toy):
-    from studies.format_error import measure
+    from studies.report.format_error import measure
 
     df = pd.read_csv(REPORTS / "format_error" / "format_error.csv").set_index(["data", "scheme"])
     fin = df[np.isfinite(df.sqnr_db)]
@@ -169,7 +169,7 @@ def test_format_error_gap_intervals_and_verdict_follow_from_the_draws():
 
 def test_format_error_seed_rows_are_deterministic(tmp_path):
     from studies.common import write_csv
-    from studies.format_error import gap_seed_rows
+    from studies.report.format_error import gap_seed_rows
 
     a, b = (pd.DataFrame(gap_seed_rows((8, 64), 3)) for _ in range(2))
     pa, pb = tmp_path / "audit2_a.csv", tmp_path / "audit2_b.csv"
@@ -201,7 +201,7 @@ def test_design_space_bits_and_zero_scale_blocks(toy):
 
 
 def test_design_space_code_usage_and_block_max_from_the_reference():
-    from studies.design_space import block_max_errors, code_usage_rows
+    from studies.report.design_space import block_max_errors, code_usage_rows
 
     x = synthetic("gaussian", (64, 256), 0)
     du = pd.DataFrame(code_usage_rows("g", x)).set_index(["scheme", "code"])
@@ -253,7 +253,7 @@ def test_design_space_section_numbers_and_verdict():
 
 # --- 3. scale arithmetic ----------------------------------------------------------------------------------------
 def test_e4m3_byte_matches_ml_dtypes_and_rounding_up():
-    from studies.scale_arithmetic import E4M3_MIDS, E4M3_VALUES, e4m3_byte
+    from studies.report.scale_arithmetic import E4M3_MIDS, E4M3_VALUES, e4m3_byte
 
     rng = np.random.default_rng(5)
     v = np.concatenate([rng.uniform(0, 448, 20000), 2.0 ** rng.uniform(-12, 8.8, 20000), E4M3_MIDS,
@@ -266,7 +266,7 @@ def test_e4m3_byte_matches_ml_dtypes_and_rounding_up():
 
 
 def test_four_over_six_selection_rule_and_share():
-    from studies.scale_arithmetic import four_six_rows
+    from studies.report.scale_arithmetic import four_six_rows
 
     x = synthetic("gaussian", (32, 256), 4)
     xb = x.astype(np.float64).reshape(-1, 16)
@@ -285,7 +285,7 @@ def test_four_over_six_selection_rule_and_share():
 
 
 def test_four_over_six_verdict_is_judged_on_every_data_set():
-    from studies.scale_arithmetic import four_six_verdict
+    from studies.report.scale_arithmetic import four_six_verdict
 
     d46 = pd.DataFrame([{"data": d, "variant": v, "sqnr_db": 20.0, "gain_db": g, "frac_blocks_4": f}
                         for d, g in (("gaussian", 0.5), ("tinylm:fc1.weight", 0.3), ("wide_range", -0.2))
@@ -341,7 +341,7 @@ def test_layer_sensitivity_interval_recomputed_over_seeds():
 
 
 def test_layer_sensitivity_ranking_coverage_and_verdict():
-    from studies.layer_sensitivity import SCALED_RULE
+    from studies.report.layer_sensitivity import SCALED_RULE
 
     df = pd.read_csv(REPORTS / "layer_sensitivity" / "layer_sensitivity.csv")
     wg = df[(df.gemm == "wgrad") & (df.precision == "nvfp4_paper") & (df.metric == "rel_error")].sort_values("index")

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studies import outliers_rht as st
+from studies.report import outliers_rht as st
 
 
 def test_gaussian_block_kurtosis_reference_is_the_expectation_of_the_plotted_16_sample_statistic():

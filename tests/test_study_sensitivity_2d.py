@@ -4,7 +4,7 @@ import re
 
 import pandas as pd
 
-from studies import layer_sensitivity, weight_2d
+from studies.report import layer_sensitivity, weight_2d
 
 
 def test_layer_sensitivity_prints_the_chance_baseline_and_judges_the_depth_trend(tmp_path):

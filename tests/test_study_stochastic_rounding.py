@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studies import stochastic_rounding as sr
 from studies.common import tinylm_tensors
+from studies.report import stochastic_rounding as sr
 
 
 @pytest.fixture(scope="module")

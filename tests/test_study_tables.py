@@ -15,7 +15,7 @@ def test_a_missing_value_is_an_empty_cell_not_nan_and_columns_take_their_own_for
 
 
 def test_study_8s_earlier_runs_table_gives_the_paired_gap_in_nats_and_no_nan(tmp_path):
-    from studies import training
+    from studies.report import training
 
     text = (training.main(["--out", str(tmp_path)]) / "section.md").read_text()
     assert "nan" not in text.replace("nanos", "")

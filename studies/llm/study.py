@@ -54,8 +54,8 @@ def tiny_model(out: Path) -> dict:
     2), the mean Wgrad change from RHT16 on the captured layers (section 4), the RNE and expected SR magnitude bias
     of the captured gradients with the SR bias's split by cause (section 6), and the scaled rule's overlap with the
     top Wgrad layers and the depth trend of Wgrad error (section 7)."""
-    from studies import layer_sensitivity as ls
     from studies.common import DISTRIBUTIONS, REPORTS, TINYLM
+    from studies.report import layer_sensitivity as ls
 
     def csv(study: str) -> pd.DataFrame:
         path = out / study / f"{study}.csv"
@@ -370,7 +370,7 @@ def sens_stats(blk: pd.Series, rule: list[int], cover) -> dict:
     import itertools
     import math
 
-    from studies.layer_sensitivity import depth_correlation
+    from studies.report.layer_sensitivity import depth_correlation
 
     n, k = len(blk), len(rule)
     sq = (blk**2).to_numpy()
@@ -383,8 +383,8 @@ def sens_stats(blk: pd.Series, rule: list[int], cover) -> dict:
 
 def smollm2_depth_trend(df: pd.DataFrame | None = None) -> dict:
     """Section 9e's depth trend of Wgrad error (per block, RMS over its 7 linears), described for study 7's
-    :func:`studies.layer_sensitivity.depth_comparison`; ``df`` defaults to the committed results."""
-    from studies.layer_sensitivity import depth_trend
+    :func:`studies.report.layer_sensitivity.depth_comparison`; ``df`` defaults to the committed results."""
+    from studies.report.layer_sensitivity import depth_trend
 
     blk = sensitivity(pd.read_csv(RESULTS) if df is None else df)[0]
     return depth_trend(blk.to_numpy(), "blocks", "SmolLM2-135M-Instruct, a pretrained 30-block transformer whose "
@@ -393,7 +393,7 @@ def smollm2_depth_trend(df: pd.DataFrame | None = None) -> dict:
 
 
 def sens_text(df, tiny):
-    from studies.layer_sensitivity import depth_comparison
+    from studies.report.layer_sensitivity import depth_comparison
 
     blk, rule, top, cover, k_lin, top_lin_blocks = sensitivity(df)
     overlap = sorted(set(rule) & set(top))

@@ -317,7 +317,7 @@ def tensor_bf16_layers(out: Path) -> Cell:
     """Study 7: the toy deep MLP's summed squared Wgrad error (Σ err² over its 12 linear layers) with the paper's
     first/last rule's layers in BF16, against the same count of layers chosen at random (every subset)."""
     from fpsim.recipe import LayerPolicy
-    from studies.layer_sensitivity import SCALED_RULE
+    from studies.report.layer_sensitivity import SCALED_RULE
 
     path = out / "layer_sensitivity" / "layer_sensitivity.csv"
     d = _read(path)
