@@ -21,6 +21,7 @@ import math
 import os
 import struct
 import tempfile
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -46,10 +47,12 @@ def read_npy_header(f):
     """(shape, fortran_order, dtype) of the ``.npy`` stream ``f``, left at the first data byte; versions 1.0 and 2.0
     (numpy's public readers), anything else refused."""
     version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        hdr = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        hdr = np.lib.format.read_array_header_2_0(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is not None:
+        try:
+            hdr = read(f)
+        except tokenize.TokenError as e:  # numpy's header filter tokenizes the text: an unclosed bracket ends here
+            raise _Refused(f"has a corrupt .npy header (not a Python literal: {e.args[0]})") from None
     else:  # 3.0 (utf-8 field names) has no public reader; 2.0's differs only in the text encoding
         raise _Refused(f"uses .npy format version {version[0]}.{version[1]}, which fpsim does not read")
     return hdr

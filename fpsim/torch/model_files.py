@@ -88,6 +88,8 @@ def _open_gguf(path: Path):
                         f"(gguf: {e})") from None
     except (IndexError, OSError, EOFError) as e:
         raise GGUFError(f"{path}: truncated or unreadable GGUF file ({type(e).__name__}: {e})") from None
+    except KeyError as e:  # gguf's reader refuses a metadata key or tensor name given twice with a KeyError
+        raise GGUFError(f"{path}: corrupt GGUF file ({e.args[0] if e.args else 'duplicate key'})") from None
     # gguf.quants.dequantize reads block scales (and F32/F16 data) as little-endian whatever the file's order:
     # a big-endian file (gguf_convert_endian ... big) would load as garbage and NaN, silently.
     if reader.endianess != gguf.GGUFEndian.LITTLE:
