@@ -10,6 +10,8 @@ Results are numpy arrays (or :class:`~fpsim.tensor.QuantizedTensor`) whatever ra
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import backends, codecs, scaling, transforms, validate
@@ -98,8 +100,8 @@ def quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4",
     plan = lower(scheme, block=block, rounding=rounding, scale_rule=scale_rule, k=k, nan_amax=nan_amax,
                  convention=convention)
     # checked here as well as in the reference, so that no backend receives an argument the reference refuses
-    kw = dict(seed=seed, rbits=rbits, counter=validate.counter_arg(counter),
-              tensor_amax=validate.amax_arg(tensor_amax))
+    kw: dict[str, Any] = dict(seed=seed, rbits=rbits, counter=validate.counter_arg(counter),
+                              tensor_amax=validate.amax_arg(tensor_amax))
     name = _chosen("quantize", backend, x, plan, rbits=rbits is not None)
     if name is None:
         return scaling.quantize(x, plan, axis, **kw)
@@ -109,7 +111,8 @@ def quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4",
     if plan.nan.value != "propagate":
         tkw["nan_amax"] = plan.nan.value
     t = backends.to_torch(as_float32(x), name)
-    if plan.is_sr and plan.block is not None and t.dim():  # the reference's check of the counters the call spans
+    # the reference's check of the counters the call spans
+    if plan.is_sr and plan.sr is not None and plan.block is not None and t.dim():
         _, R, C = moved_2d(tuple(t.shape), validate.axis_arg(axis, t.dim()))
         validate.counter_arg(counter, span=R * plan.blocks_per_row(C) * plan.sr.calls_per_block)
     dtype = getattr(x, "dtype", np.asarray(x).dtype).name

@@ -218,7 +218,7 @@ class FormatSpec:
             max_code=self.max_code,
             emin_b=127 + self.emin,
             nan_code=self.nan_code,
-            inf_code=self.inf_code if self.has_inf else -1,
+            inf_code=self.inf_code if self.inf_code is not None and self.has_inf else -1,
         )
 
     @functools.cache  # noqa: B019 - specs are immutable singletons

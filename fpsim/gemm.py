@@ -106,6 +106,7 @@ def operand(q: QuantizedTensor | np.typing.ArrayLike) -> Operand:
     amax = np.full(rows, np.nan, np.float32)
     s_dec = np.ones(rows, np.float32)
     if kind is Kind.TWO_LEVEL:
+        assert sch.scale is not None and sch.block is not None
         scales = sch.scale.decode_table()[q.scales]
         if sch.tensor_scale:
             a = np.asarray(q.amax, np.float32)
@@ -113,9 +114,11 @@ def operand(q: QuantizedTensor | np.typing.ArrayLike) -> Operand:
             plan = lower(sch)
             _, s_dec = s_enc_dec(plan, amax)
             two_level = True
+            assert plan.two_level is not None
             num = float(plan.two_level.num)
         block = sch.block[1]
     elif kind is Kind.POW2:
+        assert sch.block is not None
         scales = POW2_POS[q.scales]
         block = sch.block[1]
     else:  # FP32 scales: blockwise, or one per tensor

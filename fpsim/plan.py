@@ -20,7 +20,7 @@ import dataclasses
 import enum
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -220,6 +220,7 @@ def _lower(sch: BlockScheme, nan: NanPolicy, conv: Convention = FPSIM) -> Plan:
         sr = SRLayout(sch.k, width, per_call, -(-bc // per_call))
     two = pow2 = None
     if kind is Kind.TWO_LEVEL:
+        assert sch.scale is not None
         # Four-over-six maps the tensor amax to 6·256, so that a block's ×1.5 candidate (vmax → 4) still fits
         # under E4M3's 448; the block scale itself is clamped at the scale format's max either way.
         tensor_bound = F32(256.0) if sch.four_over_six else F32(sch.scale.max)
@@ -251,7 +252,7 @@ def lower(scheme: str | BlockScheme | Plan, *, block: tuple[int, int] | None = N
             return _lower(scheme.scheme, scheme.nan, get_convention(convention))
         return scheme
     sch = get_scheme(scheme)
-    changes = {}
+    changes: dict[str, Any] = {}
     block = block_arg(block)
     if block is not None:
         changes["block"] = block

@@ -57,4 +57,4 @@ def random_bits(seed: int, n: int, k: int = 8, counter: int = 0) -> np.ndarray:
 def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, int, int, int]:
     """One Philox4x32-10 block (for known-answer tests and other backends)."""
     w = K.philox4x32_10(*(int(c) for c in counter), *(int(k) for k in key))
-    return tuple(int(v) for v in w)
+    return int(w[0]), int(w[1]), int(w[2]), int(w[3])

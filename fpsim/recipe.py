@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ def _resolve(policy: OperandPolicy) -> BlockScheme | None:
     if policy.scheme is None:
         return None
     s = get_scheme(policy.scheme)
-    changes = {"rounding": Rounding.parse(policy.rounding)}
+    changes: dict[str, Any] = {"rounding": Rounding.parse(policy.rounding)}
     if policy.block is not None:
         changes["block"] = tuple(policy.block)
     if policy.sr_bits is not None:
@@ -139,7 +140,7 @@ class Recipe:
 
     def replace_roles(self, roles, **changes) -> Recipe:
         """A copy with ``changes`` applied to the policies of ``roles``."""
-        upd = {r: dataclasses.replace(self.policy(r), **changes) for r in roles}
+        upd: dict[str, Any] = {r: dataclasses.replace(self.policy(r), **changes) for r in roles}
         return dataclasses.replace(self, **upd)
 
     def without(self, *components: str) -> Recipe:
@@ -153,7 +154,8 @@ class Recipe:
             elif comp == "2d":
                 roles = [x for x in ("fprop_w", "dgrad_w") if r.policy(x).scheme is not None]
                 for role in roles:
-                    blk = r.policy(role).resolved().block
+                    sch = r.policy(role).resolved()
+                    blk = None if sch is None else sch.block
                     if blk is not None and blk[0] > 1:
                         r = r.replace_roles([role], block=(1, blk[1]))
             elif comp == "bf16_layers":
@@ -170,18 +172,19 @@ class Recipe:
         roles = {"forward": ROLES[2:], "backward": ROLES[:2]}
         if half not in roles:
             raise ValueError("half must be 'forward' or 'backward'")
-        r = dataclasses.replace(self, **{role: bf16 for role in roles[half]})
+        upd: dict[str, Any] = {role: bf16 for role in roles[half]}
+        r = dataclasses.replace(self, **upd)
         return dataclasses.replace(r, name=f"{self.name}-{half}-only")
 
     def variant(self, name: str | None = None, **scheme_changes) -> Recipe:
         """The recipe with ``BlockScheme`` fields changed in every two-level (NVFP4-style) role, e.g.
         ``variant(four_over_six=True, four_over_six_metric="mae")``; ``per_row_scale=True`` applies to the
         roles with 1-D blocks only (a 2-D tile spans several rows)."""
-        upd = {}
+        upd: dict[str, Any] = {}
         for role in ROLES:
             pol = self.policy(role)
             sch = pol.resolved()
-            if sch is None or sch.kind.value != "two_level":
+            if sch is None or pol.scheme is None or sch.kind.value != "two_level":
                 continue
             ch = dict(scheme_changes)
             if ch.get("per_row_scale") and sch.block is not None and sch.block[0] > 1:
@@ -192,7 +195,8 @@ class Recipe:
 
 
 def _uniform(policy: OperandPolicy, name: str, **kw) -> Recipe:
-    return Recipe(name, *(policy for _ in ROLES), **kw)
+    roles: dict[str, Any] = dict.fromkeys(ROLES, policy)
+    return Recipe(name, **roles, **kw)
 
 
 _P = OperandPolicy
@@ -377,7 +381,7 @@ def linear(
                 f"pad to a multiple of {d} {what}, or drop the RHT: get_recipe({rec.name!r}).without('rht')")
     # Each role's copy with its reduction axis last.
     copies = {"fprop_x": x32, "fprop_w": w32, "dgrad_dy": dy32, "dgrad_w": w32.T, "wgrad_dy": dy32.T, "wgrad_x": x32.T}
-    ops = {}
+    ops: dict[str, Any] = {}
     for role in ROLES:
         src = copies[role]
         if role == "dgrad_w" and rec.dgrad_w_from_fprop:

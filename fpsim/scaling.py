@@ -31,6 +31,8 @@ quantizing ``W.T`` gives exactly the transposed codes and scales of quantizing `
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _row_kernels as RK
@@ -74,7 +76,7 @@ def s_enc_dec(plan: Plan, amax_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
     Ones where the plan has no second-level scale.
     """
     n = amax_rows.size
-    if not plan.two_level.tensor_scale:
+    if plan.two_level is None or not plan.two_level.tensor_scale:
         one = np.ones(n, F32)
         return one, one.copy()
     s_enc = np.empty(n, F32)
@@ -118,6 +120,7 @@ def _tensor_amax(row_bits: np.ndarray) -> np.ndarray:
 
 def _block_amax(X: np.ndarray, plan: Plan, nb: int) -> tuple[np.ndarray, np.ndarray]:
     """Tile amax bits (ceil(R / BR), nb) and the amax bits of each tile row (a row when BR = 1): one read of X."""
+    assert plan.block is not None
     BR, BC = plan.block
     tmax = np.empty((-(-X.shape[0] // BR), nb), np.uint32)
     row_bits = np.empty(tmax.shape[0], np.uint32)
@@ -132,6 +135,7 @@ class _Call:
         self.plan, self.X = plan, X
         R, C = X.shape
         self.nb = plan.blocks_per_row(C)
+        assert plan.block is not None  # block-scaled plans only (per-tensor and cast plans take other paths)
         BC = plan.block[1]
         el = plan.element
         self.lut = encode_lut(el, plan.encode_mode.kernel_id, True)
@@ -150,6 +154,7 @@ def _quantize_two_level(c: _Call, tensor_amax) -> tuple[np.ndarray, np.ndarray]:
     """NVFP4-style scales and codes (§4); returns (scales, amax)."""
     plan, X = c.plan, c.X
     tl, sc, el = plan.two_level, plan.scale, plan.element
+    assert tl is not None and sc is not None and plan.block is not None
     R = X.shape[0]
     BR, BC = plan.block
     scales = np.empty((R, c.nb), np.uint8)
@@ -200,7 +205,8 @@ def _quantize_two_level(c: _Call, tensor_amax) -> tuple[np.ndarray, np.ndarray]:
 def _quantize_pow2(c: _Call) -> np.ndarray:
     """MX scales and codes (§5); returns the scale bytes."""
     plan, X = c.plan, c.X
-    p2, el = plan.pow2, plan.element
+    p2, el, sc = plan.pow2, plan.element, plan.scale
+    assert p2 is not None and sc is not None and plan.block is not None
     BR, BC = plan.block
     scales = np.empty((X.shape[0], c.nb), np.uint8)
     if not plan.is_sr:
@@ -211,7 +217,7 @@ def _quantize_pow2(c: _Call) -> np.ndarray:
         )
     else:
         SK.quantize_mx(
-            X, BR, BC, p2.rule_id, p2.emax, p2.mbits, p2.inv_max, plan.scale.traits, el.traits, c.lut, c.shift,
+            X, BR, BC, p2.rule_id, p2.emax, p2.mbits, p2.inv_max, sc.traits, el.traits, c.lut, c.shift,
             el.nan_code, True, c.kbits, c.seq, c.rb, c.use_rb, plan.ignore_nan, plan.packed, c.out, scales,
         )
     return scales
@@ -220,6 +226,7 @@ def _quantize_pow2(c: _Call) -> np.ndarray:
 def _quantize_fp32(c: _Call) -> np.ndarray:
     """Blockwise FP8 with FP32 scales (§6); returns the scales."""
     plan, X = c.plan, c.X
+    assert plan.block is not None
     BR, BC = plan.block
     scales = np.empty((X.shape[0], c.nb), F32)
     SK.quantize_fp32_scaled(X, BR, BC, F32(plan.element.max), plan.element.traits, c.lut, c.shift, plan.is_sr,
@@ -294,7 +301,8 @@ def quantize(
     ax = axis_arg(axis, x32.ndim)
     counter = counter_arg(counter)
     tensor_amax = amax_arg(tensor_amax)
-    sr_kw = {"seed": seed, "rbits": rbits, "k": plan.sr.k, "counter": counter} if plan.is_sr else {}
+    sr_kw: dict[str, Any] = ({"seed": seed, "rbits": rbits, "k": plan.sr.k, "counter": counter}
+                             if plan.sr is not None and plan.is_sr else {})
     if plan.kind is Kind.CAST:
         codes = encode(x32, plan.element, plan.rounding, **sr_kw)
         return QuantizedTensor(codes, np.zeros(0, np.uint8), np.array(_NAN), sch, shape, dtype, ax)
@@ -323,12 +331,12 @@ def quantize(
     if BR > 1 and len(moved) != 2:
         raise ValueError(f"2-D blocks {plan.block} need a 2-D tensor, got shape {shape}")
     c = _Call(plan, X, seed, rbits, counter, shape, ax)
-    if plan.is_sr:
+    if plan.sr is not None and plan.is_sr:
         counter_arg(counter, span=R * c.nb * plan.sr.calls_per_block)
     amax = np.array(_NAN)
     if plan.kind is Kind.TWO_LEVEL:
         scales, amax = _quantize_two_level(c, tensor_amax)
-        amax = amax.reshape(moved[:-1]) if plan.two_level.per_row else np.array(amax)
+        amax = amax.reshape(moved[:-1]) if plan.two_level is not None and plan.two_level.per_row else np.array(amax)
     elif plan.kind is Kind.POW2:
         scales = _quantize_pow2(c)
     else:
@@ -348,6 +356,7 @@ def blocks_3d(X: np.ndarray, bc: int) -> np.ndarray:
 
 def _quantize_convention(plan: Plan, X, moved, shape, dtype: str, ax: int, tensor_amax) -> QuantizedTensor:
     """A producer convention's NVFP4 bytes (:mod:`fpsim.conventions`) from the float32 bits X [R, C]."""
+    assert plan.block is not None
     bc = plan.block[1]
     am = None if tensor_amax is None else F32(tensor_amax)
     with np.errstate(all="ignore"):
@@ -362,6 +371,7 @@ def dequantize_convention(qt: QuantizedTensor, conv: CV.Convention) -> np.ndarra
     """Decode an NVFP4 :class:`~fpsim.tensor.QuantizedTensor` as the producer of ``conv`` does (float32, [R, C])."""
     CV.check_plan_parts(conv, qt.scheme)
     moved, R, C = moved_2d(tuple(qt.shape), qt.axis)
+    assert qt.scheme.block is not None  # NVFP4
     bc = qt.scheme.block[1]
     codes = np.ascontiguousarray(qt.data).reshape(R, -1) if R else np.zeros((0, 0), np.uint8)
     e = decode(unpack_fp4(codes), "float4_e2m1fn").reshape(R, -1, bc)
@@ -422,6 +432,7 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None, convention: s
     etable = el.decode_table() if plan.packed else byte_table(el)
     e2m1 = is_e2m1(el)
     if plan.kind is Kind.TWO_LEVEL:
+        assert plan.two_level is not None and plan.scale is not None
         amax = np.asarray(qt.amax, F32)
         amax_rows = amax.reshape(R) if plan.two_level.per_row else np.broadcast_to(amax.reshape(()), (R,))
         _, s_dec = s_enc_dec(plan, amax_rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._hashing import cached_hash
 from .codecs import Rounding
@@ -122,17 +123,26 @@ class BlockScheme:
         Second-level scale per row (of the quantized 2-D view) instead of per tensor.
     """
 
+    # The fields hold the normalised values; the constructor also takes names (``__post_init__`` resolves them),
+    # which the signature below tells a type checker.
     name: str
-    element: FormatSpec | str
-    scale: FormatSpec | str | None
+    element: FormatSpec
+    scale: FormatSpec | None
     block: tuple[int, int] | None
     tensor_scale: bool = False
-    scale_rule: ScaleRule | str = ScaleRule.RCEIL
-    rounding: Rounding | str = Rounding.RNE
+    scale_rule: ScaleRule = ScaleRule.RCEIL
+    rounding: Rounding = Rounding.RNE
     sr_bits: int | None = None
     four_over_six: bool = False
     four_over_six_metric: str = "mse"
     per_row_scale: bool = False
+
+    if TYPE_CHECKING:
+        def __init__(self, name: str, element: FormatSpec | str, scale: FormatSpec | str | None,
+                     block: tuple[int, int] | None, tensor_scale: bool = False,
+                     scale_rule: ScaleRule | str = ScaleRule.RCEIL, rounding: Rounding | str = Rounding.RNE,
+                     sr_bits: int | None = None, four_over_six: bool = False, four_over_six_metric: str = "mse",
+                     per_row_scale: bool = False) -> None: ...
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -161,7 +171,7 @@ class BlockScheme:
             raise ValueError("E8M0 (MX) scales have no second-level tensor scale")
         if kind is Kind.FP32 and self.tensor_scale:
             raise ValueError("FP32 scales need no second-level tensor scale")
-        if kind is Kind.TWO_LEVEL and sc.bits > 8:
+        if kind is Kind.TWO_LEVEL and sc is not None and sc.bits > 8:  # TWO_LEVEL has a scale
             raise ValueError(f"block scale formats must be ≤ 8 bits (or float32), got {sc.name}")
         if self.block is None and kind is not Kind.FP32:
             raise ValueError("per-tensor scaling (block=None) is defined for FP32 scales only")
