@@ -17,11 +17,11 @@ test-slow:
 	$(PYTHON) -m pytest -q -m slow
 
 bench:
-	$(PYTHON) -m studies.bench_codecs --out reports/bench_codecs.md
-	$(PYTHON) -m studies.bench_scaling --out reports/bench_scaling.md
-	$(PYTHON) -m studies.bench_gemm --out reports/bench_gemm.md
-	$(PYTHON) -m studies.bench_io --scale 1.0 --out reports/bench_io.md
-	$(PYTHON) -m studies.bench_host --out reports/bench_host.md
+	$(PYTHON) -m studies.bench.codecs --out reports/bench_codecs.md
+	$(PYTHON) -m studies.bench.scaling --out reports/bench_scaling.md
+	$(PYTHON) -m studies.bench.gemm --out reports/bench_gemm.md
+	$(PYTHON) -m studies.bench.analyze_inputs --scale 1.0 --out reports/bench_io.md
+	$(PYTHON) -m studies.bench.host --out reports/bench_host.md
 	$(PYTHON) -m studies.probes.bench --out reports/bench_probe.md
 
 # The probe runs behind reports/bench_probe.md (an hour and more on 2 cores; the report run is make reports' data):
@@ -37,10 +37,10 @@ OUT ?= /tmp/gpu
 # its date, tree and notes, so a run's table is merged into them by hand instead of overwriting them.
 bench-gpu:
 	mkdir -p $(OUT)
-	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
-	$(PYTHON) -m studies.bench_scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
-	$(PYTHON) -m studies.bench_training --mm-tiles $$(cat $(OUT)/mm_tiles) --out $(OUT)/bench_training.md
-	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
+	$(PYTHON) -m studies.bench.gpu --out $(OUT)/bench_gpu.md
+	$(PYTHON) -m studies.bench.scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
+	$(PYTHON) -m studies.bench.training --mm-tiles $$(cat $(OUT)/mm_tiles) --out $(OUT)/bench_training.md
+	$(PYTHON) -m studies.bench.training --profile --out $(OUT)/profile_training.md
 	$(PYTHON) -m studies.campaign.run --arm nvfp4 --size s10m --tokens 265e6 --lr 2e-3 --batch 64 \
 		--out /tmp/fpsim-profile --profile $(OUT)/profile_campaign.md
 
@@ -63,10 +63,10 @@ test-gpu:
 # (its fused-GEMM arm on the sweep's fastest tiling), and the profiles of the benchmark's and the campaign's step.
 bench-gpu-training:
 	mkdir -p $(OUT)
-	$(PYTHON) -m studies.bench_scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
-	$(PYTHON) -m studies.bench_training --steps 20 --skip-fp32 --mm-tiles $$(cat $(OUT)/mm_tiles) \
+	$(PYTHON) -m studies.bench.scaled_mm --out $(OUT)/bench_scaled_mm.md --best $(OUT)/mm_tiles
+	$(PYTHON) -m studies.bench.training --steps 20 --skip-fp32 --mm-tiles $$(cat $(OUT)/mm_tiles) \
 		--wgrad shared,stored,registers,paired --rht-t wide,tiles --out $(OUT)/bench_training.md
-	$(PYTHON) -m studies.bench_training --profile --out $(OUT)/profile_training.md
+	$(PYTHON) -m studies.bench.training --profile --out $(OUT)/profile_training.md
 	$(PYTHON) -m studies.campaign.run --arm nvfp4 --size s10m --tokens 265e6 --lr 2e-3 --batch 64 \
 		--out /tmp/fpsim-profile --profile $(OUT)/profile_campaign.md
 
@@ -80,12 +80,13 @@ test-gpu-backend:
 
 # bench-gpu-ab: the GPU kernel table of the tree in OLD (e.g. `mkdir .old && git archive REV fpsim studies
 # pyproject.toml | tar -x -C .old`, carried to the device) and of this tree in one call, then their ratios.
+# (A tree from before studies/bench/ existed has the benchmark at studies/bench_gpu.py.)
 OLD ?= .old
 bench-gpu-ab:
 	mkdir -p $(OUT)
-	cd $(OLD) && PYTHONPATH=$$PWD $(PYTHON) -m studies.bench_gpu --out $(abspath $(OUT))/bench_gpu_old.md
-	$(PYTHON) -m studies.bench_gpu --out $(OUT)/bench_gpu.md
-	$(PYTHON) -m studies.bench_compare $(OUT)/bench_gpu_old.md $(OUT)/bench_gpu.md --out $(OUT)/bench_gpu_ab.md
+	cd $(OLD) && PYTHONPATH=$$PWD $(PYTHON) -m $$(test -f studies/bench/gpu.py && echo studies.bench.gpu || echo studies.bench_gpu) --out $(abspath $(OUT))/bench_gpu_old.md
+	$(PYTHON) -m studies.bench.gpu --out $(OUT)/bench_gpu.md
+	$(PYTHON) -m studies.bench.compare $(OUT)/bench_gpu_old.md $(OUT)/bench_gpu.md --out $(OUT)/bench_gpu_ab.md
 
 # Studies + report assembly (reports/index.md, reports/index.html); `--quick` is what the test runs.
 reports:

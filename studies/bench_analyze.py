@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fpsim.io import write_safetensors
-from studies.benchlib import write_report
+from studies.bench.common import write_report
 
 
 def tree_rss(pid: int) -> int:

@@ -1,6 +1,6 @@
-"""studies.bench_compare: rows matched by their first cell, ratios of the first numeric cell."""
+"""studies.bench.compare: rows matched by their first cell, ratios of the first numeric cell."""
 
-from studies.bench_compare import compare, table_rows
+from studies.bench.compare import compare, table_rows
 
 OLD = """# x
 

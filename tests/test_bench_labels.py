@@ -10,7 +10,11 @@ torch = pytest.importorskip("torch")
 
 from torch.autograd import DeviceType  # noqa: E402
 
-from studies import bench_codecs, bench_gemm, bench_host, bench_scaling, profiling  # noqa: E402
+from studies.bench import codecs as bench_codecs  # noqa: E402
+from studies.bench import gemm as bench_gemm  # noqa: E402
+from studies.bench import host as bench_host  # noqa: E402
+from studies.bench import profiling  # noqa: E402
+from studies.bench import scaling as bench_scaling  # noqa: E402
 
 
 class _Range:
@@ -66,7 +70,7 @@ def test_the_report_totals_are_the_kernels_alone():
 
 
 def test_dgrad_and_wgrad_copies_of_dy_count_one_read_and_two_writes():
-    bench_gpu = pytest.importorskip("studies.bench_gpu")
+    bench_gpu = pytest.importorskip("studies.bench.gpu")
     n = 16 * 4096
     rows = bench_gpu.operations(SimpleNamespace(x=torch.empty(16, 4096)))  # the calls are not made
     per_el = {label: gb * 1e9 / n for label, _, gb, _ in rows}
@@ -78,7 +82,7 @@ def test_dgrad_and_wgrad_copies_of_dy_count_one_read_and_two_writes():
 
 
 def test_gpu_table_says_its_gbs_column_is_float32_equivalent():
-    bench_gpu = pytest.importorskip("studies.bench_gpu")
+    bench_gpu = pytest.importorskip("studies.bench.gpu")
     assert "float32-equivalent GB/s (4 B × elements)" in bench_gpu.TABLE_HEADER
     assert "GB/s of float32 input" not in bench_gpu.TABLE_HEADER
 

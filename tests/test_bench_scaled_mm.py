@@ -1,4 +1,4 @@
-"""studies.bench_scaled_mm's smoke mode: every GEMM of a block at small sizes, the table's rows and per-step total,
+"""studies.bench.scaled_mm's smoke mode: every GEMM of a block at small sizes, the table's rows and per-step total,
 and scaled_mm under explicit tilings equal to the exact products × alpha up to FP32 summation order (under the
 interpreter without a GPU, compiled on the device machine)."""
 
@@ -15,7 +15,7 @@ pytestmark = INTERPRETER_WARNINGS
 
 
 def test_the_sweep_times_every_gemm_of_a_block_and_totals_them(tmp_path, monkeypatch):
-    from studies import bench_scaled_mm as b
+    from studies.bench import scaled_mm as b
 
     monkeypatch.setattr(fp, "IMPL", "triton")
     shapes = b.step_shapes(16, 32, 32)

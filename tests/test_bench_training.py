@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from studies import bench_training  # noqa: E402
+from studies.bench import training as bench_training  # noqa: E402
 
 
 def test_the_profile_splits_each_arms_time_by_kind_and_the_kinds_add_up(tmp_path):

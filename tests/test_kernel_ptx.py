@@ -1,11 +1,11 @@
-"""studies.kernel_ptx: the fused quantizer's configurations of one nvfp4_paper step, compiled for sm_90 here."""
+"""studies.bench.kernel_ptx: the fused quantizer's configurations of one nvfp4_paper step, compiled for sm_90 here."""
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from studies import kernel_ptx  # noqa: E402
+from studies.bench import kernel_ptx  # noqa: E402
 
 
 def test_counts_every_configuration_of_one_step(tmp_path):

@@ -36,7 +36,7 @@ def test_scaling_benchmark_runs_and_its_baselines_compute_fpsim_bits(tmp_path):
     """`make bench`'s block-scaling script on a small input: every row is written, and each hand-written
     baseline (plain NumPy, ml_dtypes casts, the NumPy dequantizer) gives the same bits as fpsim."""
     out = tmp_path / "bench.md"
-    p = subprocess.run([sys.executable, "-m", "studies.bench_scaling", "--n", str(1 << 16), "--repeat", "1",
+    p = subprocess.run([sys.executable, "-m", "studies.bench.scaling", "--n", str(1 << 16), "--repeat", "1",
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
     text = out.read_text()

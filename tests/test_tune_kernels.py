@@ -1,4 +1,4 @@
-"""The launch shapes studies/tune_kernels.py chooses between give the same bits (its sweep, under Triton's
+"""The launch shapes studies/bench/tune_kernels.py chooses between give the same bits (its sweep, under Triton's
 interpreter on small tensors: partial programs along the tokens, ragged feature counts, an outlier)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from fpsim.torch import quantize as tq  # noqa: E402
 from fpsim.torch import rht as trht  # noqa: E402
-from studies import tune_kernels as tk  # noqa: E402
+from studies.bench import tune_kernels as tk  # noqa: E402
 from tests.tritonenv import DEV, INTERPRETER_WARNINGS
 
 pytestmark = INTERPRETER_WARNINGS

@@ -61,10 +61,10 @@ GEMMS = ("cublas", "cublaslt", "triton")
 #:   tensor, one read takes both amax values and, where the two share a plan, one more pass writes both copies
 #:   (:func:`fpsim.torch.rht.rht_transposed_scaled_pair`).
 #:
-#: Fewer bytes are not always less time: on the H200 (2026-12-02, ``studies.bench_gpu``) the Wgrad copy took
+#: Fewer bytes are not always less time: on the H200 (2026-12-02, ``studies.bench.gpu``) the Wgrad copy took
 #: 1.61 ms stored against 1.80 ms in registers, and dY's two SR copies 2.68 ms in four passes against 4.18 ms
 #: paired; the register kernel's transposed tiles cost more than the bytes they save.  ``"shared"`` is the
-#: default: its graph step (``studies.bench_training``, every block NVFP4, 2026-12-02) took 45.8 against 46.0 ms
+#: default: its graph step (``studies.bench.training``, every block NVFP4, 2026-12-02) took 45.8 against 46.0 ms
 #: stored in one run and 45.4 against 45.7 ms in another, with the transposed RHT's wide tiles 44.6 ms, and its
 #: peak memory is 0.1-0.2 GiB lower (backward keeps the BF16 transpose, not X).
 WGRAD = "shared"
@@ -211,7 +211,7 @@ def _epilogue_kw(num_a: float, num_b: float, out_bf16: bool, hw: bool) -> dict:
 class MMTiles(NamedTuple):
     """The tiling of :func:`scaled_mm`: output tiles BM × BN, K steps of BK, GROUP_M tile rows per program group,
     warps and pipeline stages.  Fixed, not tuned per call: the FP32 sums' order follows BK, so a timing-based
-    choice would change the bits from run to run (``studies/bench_scaled_mm.py`` sweeps candidates offline)."""
+    choice would change the bits from run to run (``studies/bench/scaled_mm.py`` sweeps candidates offline)."""
 
     BM: int = 128
     BN: int = 128

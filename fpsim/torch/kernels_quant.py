@@ -171,7 +171,7 @@ def two_level_quant_kernel(
     ``x`` may be BF16 (widened exactly).  FAKE with APPLY_SDEC=False writes the exact e · s_b instead, and
     OUT_BF16 writes the values as BF16 bits into an int16 view (exact for e · s_b of E2M1 × E4M3).  FAKE on the
     E2M1 path rounds straight to the values (:func:`_e2m1_values`: no codes; the copies are issue-bound, and the
-    code round trip was a third of the RNE copy's instructions, ``studies/kernel_ptx.py``)."""
+    code round trip was a third of the RNE copy's instructions, ``studies/bench/kernel_ptx.py``)."""
     g, gm, offs, m = block_offsets(tl.program_id(0), NB, C, NBLK, BB, W, EVEN, IDX64)
     x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
     vmax = block_vmax(x, g, gm, tmax_ptr, NB, TR, TILE, IGNORE_NAN)

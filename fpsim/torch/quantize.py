@@ -223,7 +223,7 @@ _BT_2D = 8  # 16×16 tiles per program of the one-pass 2-D kernel
 class TwoLevelTiles(NamedTuple):
     """The launch shape of the 1-D / tiled two-level kernel (two_level_quant_kernel): about ``elems`` elements (that
     many over the block width, at least one block) per program, on ``num_warps`` warps.  Every shape gives the
-    same bits: a block's scale, values and random bits depend on its index alone (``studies/tune_kernels.py``
+    same bits: a block's scale, values and random bits depend on its index alone (``studies/bench/tune_kernels.py``
     checks this on the GPU while it times them)."""
 
     elems: int = 1024
@@ -231,7 +231,7 @@ class TwoLevelTiles(NamedTuple):
 
 
 #: The launch shape every two_level_quant_kernel call uses.  1024 elements on 4 warps: on the H200 (2026-12-03,
-#: ``studies.tune_kernels``) 11.76 against 11.84 ms a step at the earlier 2048, a difference within run-to-run
+#: ``studies.bench.tune_kernels``) 11.76 against 11.84 ms a step at the earlier 2048, a difference within run-to-run
 #: noise; kept because the benchmark's graph step was measured with it (11 of the 12 shapes were slower).
 TWO_LEVEL_TILES = TwoLevelTiles()
 

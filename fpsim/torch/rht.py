@@ -247,7 +247,7 @@ def _scaled_launch(x, plan, d: int, signs, out, amax, sr: dict, extra: dict) -> 
 class RhtTTiles(NamedTuple):
     """The launch shape of rht_t_kernel: BF columns of X (rows of Xᵀ) and TILES tiles of D tokens per program (one
     atomic amax per program), on ``num_warps`` warps.  Every shape gives the same bits: each group of D tokens of
-    one column is transformed alone, and a maximum does not depend on its order (``studies/tune_kernels.py``
+    one column is transformed alone, and a maximum does not depend on its order (``studies/bench/tune_kernels.py``
     checks this on the GPU while it times them)."""
 
     BF: int = 32
@@ -257,14 +257,14 @@ class RhtTTiles(NamedTuple):
 
 #: The launch shape every rht_t_kernel call uses.  32 columns × 4 tiles of D tokens (64 tokens at the recipe's
 #: D = 16): on the H200
-#: (2026-12-03, ``studies.tune_kernels`` over the benchmark GPT's calls) 6.29 ms a step against 7.63 ms at the
+#: (2026-12-03, ``studies.bench.tune_kernels`` over the benchmark GPT's calls) 6.29 ms a step against 7.63 ms at the
 #: earlier 64 × 8, the fastest of 18 shapes; with it the every-block NVFP4 graph step took 41.3 against 42.8 ms.
 RHT_T_TILES = RhtTTiles()
 _SCALED_BF = 64  # columns per program of rht_t_two_level_kernel (the "registers" and "paired" Wgrad paths)
 _SCALED_TILES = 8  # D-row tiles per program of that kernel
 #: rht_t_kernel's WIDE layout (one [TILES·D, BF] tile per program, 256-byte row segments stored at D = 16, where
 #: the tile loop stores 32 bytes at a time); the same bits.  On: the every-block NVFP4 graph step on the H200
-#: (2026-12-02, ``studies.bench_training``) took 45.6 against 46.0 ms with the tile loop (Wgrad copies stored) and
+#: (2026-12-02, ``studies.bench.training``) took 45.6 against 46.0 ms with the tile loop (Wgrad copies stored) and
 #: 44.6 against 45.4 ms (shared).
 RHT_T_WIDE = True
 

@@ -398,7 +398,7 @@ def train(arm: str, seed: int, size: str, tokens: float, lr: float, out: Path, *
     ``stop_at``: checkpoint and stop (status ``"partial"``) at the first log point at or past this step, as
     ``max_seconds`` does by time (tests and throughput probes); ``checkpoint=False`` stops without writing the
     checkpoint (profiles, which resume nothing).  ``prof``: a context (a ``torch.profiler``
-    profile, :class:`studies.profiling.SyncWatch`) entered three steps after the start and left when the run
+    profile, :class:`studies.bench.profiling.SyncWatch`) entered three steps after the start and left when the run
     stops; the record then holds ``profiled_s`` and ``profiled_steps``."""
     r = Run(arm, seed, size, tokens, lr, out, **kw)
     while r.advance():
@@ -488,12 +488,12 @@ def profile_run(arm: str, size: str, tokens: float, lr: float, out: Path, report
                 val_tokens: int = VAL_TOKENS) -> str:
     """Profile ``steps`` eager steps of BF16 and of ``arm`` (after three warm-up steps each, the run's own
     schedule and data), and one more step of ``arm`` for implicit synchronisations; the tables of
-    :func:`studies.profiling.report` to ``report_path``.  The runs go to a scratch folder under ``out``, removed
+    :func:`studies.bench.profiling.report` to ``report_path``.  The runs go to a scratch folder under ``out``, removed
     after; every step is a log point (the loss is read back each step, as at the run's own log points)."""
     import shutil
     import tempfile
 
-    from studies import profiling
+    from studies.bench import profiling
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     corpus = corpus or (python_sources(holdout=holdout) if holdout else python_sources())

@@ -1,10 +1,10 @@
 """The scaled × scaled GEMMs of one training step, timed per tiling of the fused Triton GEMM (issue 18).
 
-For every GEMM shape of the ``studies.bench_training`` model (Fprop, Dgrad and Wgrad of the four block linears)
+For every GEMM shape of the ``studies.bench.training`` model (Fprop, Dgrad and Wgrad of the four block linears)
 this times, on the same BF16 copies (exact e · s_b values with their tensor amax):
 
 * ``cublas+epilogue``: ``torch.mm`` with FP32 output, then the alpha epilogue kernel (``fastpath.GEMM =
-  "cublas"``; the default ``"cublaslt"`` is timed per step by ``studies.bench_training``);
+  "cublas"``; the default ``"cublaslt"`` is timed per step by ``studies.bench.training``);
 * each candidate :class:`fpsim.torch.fastpath.MMTiles` of ``fastpath.scaled_mm`` (alpha on the accumulator
   tiles, the FP32 product never in memory);
 * ``bf16 mm``: a plain BF16 ``torch.mm`` with BF16 output, what the BF16 model's layer costs (no alpha): the floor.
@@ -13,7 +13,7 @@ The table gives milliseconds per call and, per step, the sum over the model's GE
 The tiling is chosen here, offline, and then fixed in ``fastpath.MM_TILES``: the FP32 sums' order follows BK, so
 a per-run timing-based choice would change the bits from run to run.
 
-    python -m studies.bench_scaled_mm --out /tmp/gpu/bench_scaled_mm.md      (GPU)
+    python -m studies.bench.scaled_mm --out /tmp/gpu/bench_scaled_mm.md      (GPU)
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _copy(rows: int, k: int, device: str, seed: int) -> fp.Copy:
 def _timer(device: str):
     """Mean seconds per call after one warm-up: CUDA events on the GPU, the host clock otherwise."""
     if device == "cuda":
-        from studies.bench_gpu import cuda_time
+        from studies.bench.gpu import cuda_time
 
         return cuda_time
 

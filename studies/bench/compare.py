@@ -1,8 +1,8 @@
 """Two runs of one benchmark side by side: the rows both Markdown reports share, with the ratio new / old.
 
-    python -m studies.bench_compare OLD.md NEW.md [--out FILE] [--column 2]
+    python -m studies.bench.compare OLD.md NEW.md [--out FILE] [--column 2]
 
-For an A/B on one machine (e.g. ``studies.bench_gpu`` run on the tree before a change and on today's, in the
+For an A/B on one machine (e.g. ``studies.bench.gpu`` run on the tree before a change and on today's, in the
 same device call): a row is matched by its first cell, and the ``--column``-th cell (1-based; the first
 numeric column by default) is read as a number in both.  Rows missing from one report, or without a number
 there, are listed after the table instead of being given a ratio.

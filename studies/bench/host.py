@@ -7,7 +7,7 @@ tensors with every Triton launch replaced by a no-op, so what is timed is fpsim'
 allocations, not kernels.  The baseline, timed in the same process, is the host time of ``torch.nn.functional
 .linear`` on the same tiny tensors (one torch operation: what a BF16 layer's host pays per GEMM).
 
-    python -m studies.bench_host [--out reports/bench_host.md]
+    python -m studies.bench.host [--out reports/bench_host.md]
 
 Numbers are medians of 7 rounds of 2,000 calls per row (the two layer rows: 7 rounds of 1,000 calls); ratios are
 against the baseline of the same run.
@@ -32,7 +32,7 @@ from fpsim.torch import fastpath as fp  # noqa: E402
 from fpsim.torch import nn as fnn  # noqa: E402
 from fpsim.torch import quantize as _q  # noqa: E402
 from fpsim.torch import rht as _r  # noqa: E402
-from studies.benchlib import write_report  # noqa: E402
+from studies.bench.common import write_report  # noqa: E402
 
 _LAUNCHERS = (_q, _r, fp)
 
@@ -126,7 +126,7 @@ def main(argv=None) -> None:
     base = rows[0][1]
     lines = ["# Host time of the fast path (fpsim.torch, launches stubbed)", "",
              f"{datetime.date.today().isoformat()}, {platform.processor() or platform.machine()}, torch "
-             f"{torch.__version__}, recipe {a.recipe}; `python -m studies.bench_host` ({timing_note(rows)}; "
+             f"{torch.__version__}, recipe {a.recipe}; `python -m studies.bench.host` ({timing_note(rows)}; "
              "tiny CPU tensors, every Triton launch a no-op: fpsim's host code and torch's allocations only).", "",
              "| what | host µs per call | × baseline |", "|---|---:|---:|"]
     lines += [f"| {n} | {t * 1e6:.1f} | {t / base:.2f} |" for n, t, _ in rows]

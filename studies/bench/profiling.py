@@ -1,6 +1,6 @@
 """Where a training step's time goes, from a ``torch.profiler`` trace: device time per kernel grouped by kind,
 the host's CUDA calls that copy or wait, and the implicit host-device synchronisations torch reports
-(``studies.bench_training --profile`` and ``studies.campaign.run --profile`` write these tables)."""
+(``studies.bench.training --profile`` and ``studies.campaign.run --profile`` write these tables)."""
 
 from __future__ import annotations
 

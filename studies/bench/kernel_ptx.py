@@ -10,7 +10,7 @@ distinct configuration of the kernel for sm_90 with the specialisation the train
 instructions of one thread.  PTX is not SASS and a count is not a time: the table ranks variants of one kernel;
 the H200 run decides.
 
-    python -m studies.kernel_ptx --out reports/kernel_ptx.md
+    python -m studies.bench.kernel_ptx --out reports/kernel_ptx.md
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from studies.benchlib import write_report
+from studies.bench.common import write_report
 
 KERNEL = "two_level_quant_kernel"
 SHOWN = ("SR", "K", "FAKE", "OUT_BF16", "E2M1", "TILE", "FOS", "BB", "W")
@@ -136,7 +136,7 @@ def main(argv=None) -> None:
     # the interpreter is chosen when Triton is imported: record in a child with it, compile in one without it
     with tempfile.TemporaryDirectory() as tmp:
         rec, res = Path(tmp) / "launches.json", Path(tmp) / "rows.json"
-        me = [sys.executable, "-m", "studies.kernel_ptx", "--kernel", a.kernel]
+        me = [sys.executable, "-m", "studies.bench.kernel_ptx", "--kernel", a.kernel]
         subprocess.run([*me, "--record", str(rec)], check=True, env={**os.environ, "TRITON_INTERPRET": "1"})
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         subprocess.run([*me, "--count", str(rec), str(res)], check=True, env=env)
@@ -144,7 +144,7 @@ def main(argv=None) -> None:
     import triton
 
     lines = [f"# PTX instructions per element: `{a.kernel}` (sm_90)", "",
-             f"{datetime.date.today().isoformat()}, Triton {triton.__version__}, `python -m studies.kernel_ptx`: "
+             f"{datetime.date.today().isoformat()}, Triton {triton.__version__}, `python -m studies.bench.kernel_ptx`: "
              "the configurations of one nvfp4_paper Linear's forward and backward, compiled for sm_90 without a GPU "
              "(16-divisible pointers and sizes, HW_CVT on). Instructions are one thread's PTX instructions "
              "(straight-line code); elements per thread = BB·W / (32·warps). A ranking of variants, not a time.", "",

@@ -15,11 +15,11 @@ head) under bf16 autocast, AdamW.  Arms, each timed in the same process after wa
   alpha from device memory, in each of its pointer modes) and ``"triton"`` (one Triton GEMM that applies alpha
   to its FP32 accumulator tiles); every other arm runs the library's default;
 * ``gemm=fp32`` (the bit-defined accumulator model) on a shorter run;
-* with ``--tune`` (CUDA): :mod:`studies.tune_kernels` sweeps the launch shapes of the two busiest copy kernels
+* with ``--tune`` (CUDA): :mod:`studies.bench.tune_kernels` sweeps the launch shapes of the two busiest copy kernels
   first (the same bits), and one more every-block graph arm runs with the fastest ones; its tables follow.
 
-    python -m studies.bench_training --out reports/bench_training.md            (GPU)
-    python -m studies.bench_training --tiny                                     (CPU smoke test)
+    python -m studies.bench.training --out reports/bench_training.md            (GPU)
+    python -m studies.bench.training --tiny                                     (CPU smoke test)
 
 Step time is the median over the timed steps (CUDA-synchronised); peak memory is
 ``torch.cuda.max_memory_allocated`` over the arm's steps.
@@ -43,8 +43,8 @@ from fpsim.torch import cublaslt, fastpath
 from fpsim.torch import quantize as tquant
 from fpsim.torch import rht as trht
 from fpsim.torch.launch import direct_enabled
-from studies import profiling
-from studies.benchlib import write_report
+from studies.bench import profiling
+from studies.bench.common import write_report
 
 
 class Block(torch.nn.Module):
@@ -80,7 +80,7 @@ class GPT(torch.nn.Module):
         return self.lm_head(self.norm(x))
 
 
-#: The every-block graph arm that runs with studies.tune_kernels' fastest launch shapes (``--tune``).
+#: The every-block graph arm that runs with studies.bench.tune_kernels' fastest launch shapes (``--tune``).
 TUNED_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, tuned launch shapes"
 #: The arm whose scaled products run as one Triton GEMM with alpha on the accumulator (fpsim.torch.fastpath.GEMM).
 TRITON_GEMM_ARM = "nvfp4_paper, every block, gemm=blas, CUDA graph, fused Triton GEMM (alpha on the accumulator)"
@@ -174,7 +174,7 @@ def _graph_arm(cfg, device, model, idx, steps, warmup):
 
 def _profile(cfg, device, out: str | None, steps: int = 3) -> None:
     """Where the emulated step's time goes: the BF16 arm against the every-block NVFP4 arm (eager steps, so each
-    launch is one profiled kernel), as :func:`studies.profiling.report` tables, to ``out`` (or printed)."""
+    launch is one profiled kernel), as :func:`studies.bench.profiling.report` tables, to ``out`` (or printed)."""
     every = lambda m: ft.convert(m, "nvfp4_paper", keep_bf16=LayerPolicy(), gemm="blas")  # noqa: E731
     arms = {}
     for label, conv in (("bf16", None), ("nvfp4", every)):
@@ -201,7 +201,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of two steps of the every-block arm")
     ap.add_argument("--tune", action="store_true",
-                    help="sweep the copy kernels' launch shapes first (studies.tune_kernels) and add a graph arm "
+                    help="sweep the copy kernels' launch shapes first (studies.bench.tune_kernels) and add a graph arm "
                          "with the fastest (CUDA)")
     ap.add_argument("--skip-fp32", action="store_true", help="leave out the (slow) bit-defined gemm=fp32 arm")
     ap.add_argument("--graph-only", action="store_true",
@@ -209,7 +209,7 @@ def main(argv=None) -> None:
                          "are host-bound and vary with the machine's host")
     ap.add_argument("--mm-tiles", default=None, metavar="BM,BN,BK,GROUP_M,WARPS,STAGES",
                     help="the fused Triton GEMM arm's tiling (fastpath.MMTiles; default fastpath.MM_TILES), e.g. "
-                         "the fastest of studies.bench_scaled_mm --best")
+                         "the fastest of studies.bench.scaled_mm --best")
     ap.add_argument("--wgrad", default=None, metavar="PATH[,PATH…]",
                     help="fastpath.WGRAD paths of the every-block graph arm (one arm each; the first is every other "
                          f"arm's): {', '.join(fastpath.WGRAD_PATHS)} (default: the library's)")
@@ -267,7 +267,7 @@ def main(argv=None) -> None:
         arms = [arm for arm in arms if arm[2] == "graph"]
     tuned = None
     if a.tune and device == "cuda":
-        from studies import tune_kernels
+        from studies.bench import tune_kernels
 
         tuned = tune_kernels.tune()
         print("\n".join(tune_kernels.report(tuned)), flush=True)
@@ -304,7 +304,7 @@ def main(argv=None) -> None:
         "",
         f"{datetime.date.today().isoformat()}, {gpu}, torch {torch.__version__}; model: GPT, {cfg['layers']} blocks, "
         f"d_model {cfg['d']}, {cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']} ({tok} tokens/step), "
-        f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench_training` (median step of the timed "
+        f"vocab {cfg['vocab']}, bf16 autocast, AdamW. `python -m studies.bench.training` (median step of the timed "
         "steps after warm-up; ratios against the first BF16 arm of the same run). Direct Triton launches "
         f"(`fpsim.torch.launch`) at the end of the run: {direct}. The fused Triton GEMM arm's tiling "
         f"(BM, BN, BK, GROUP_M, warps, stages): {tuple(tiles)}. Wgrad's RHT'd copies (`fastpath.WGRAD`): "
@@ -324,7 +324,7 @@ def main(argv=None) -> None:
                       "those columns are empty."]
     if tuned is not None:
         lines += ["", f"The tuned arm's launch shapes: `RHT_T_TILES = {tuned['best_rht_t']!r}`, `TWO_LEVEL_TILES = "
-                      f"{tuned['best_two_level']!r}`; the sweep (`studies.tune_kernels`) before the arms:",
+                      f"{tuned['best_two_level']!r}`; the sweep (`studies.bench.tune_kernels`) before the arms:",
                   *tune_kernels.report(tuned)]
     write_report("\n".join(lines) + "\n", Path(a.out) if a.out else None)
 

@@ -5,12 +5,12 @@ The H200 profile of the every-block NVFP4 step (``reports/profile_training.md``)
 (the RHT'd transposes with both amax values), both far from copy bandwidth.  Their launch shapes
 (:data:`fpsim.torch.quantize.TWO_LEVEL_TILES`, :data:`fpsim.torch.rht.RHT_T_TILES`) do not change any bit (each
 block, and each group of RHT tokens, is computed alone; a maximum does not depend on its order), so they can be
-chosen by time.  This script times each candidate on the calls one block of ``studies.bench_training``'s GPT makes
+chosen by time.  This script times each candidate on the calls one block of ``studies.bench.training``'s GPT makes
 (8192 tokens; features 1024, 3072, 4096; BF16 in and out), checks every candidate's output against the current
 shape's bit for bit (a candidate that differs is reported and never chosen), and weights each call by how often a
 step makes it (12 blocks), so the table's "ms / step" is comparable with the profile's.
 
-    python -m studies.tune_kernels --out reports/tune_kernels.md          (GPU)
+    python -m studies.bench.tune_kernels --out reports/tune_kernels.md          (GPU)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from fpsim.plan import lower
 from fpsim.torch import quantize as tq
 from fpsim.torch import rht as trht
 from fpsim.torch.fastpath import Copy, make_copy
-from studies.benchlib import write_report
+from studies.bench.common import write_report
 
 TOKENS = 8192
 BLOCKS = 12
