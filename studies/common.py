@@ -98,7 +98,7 @@ def synthetic(kind: str, shape: tuple[int, int], seed: int) -> np.ndarray:
 TINYLM = "tinylm:"
 #: What the bundled capture is, for the sections' text.
 TINYLM_TEXT = ("a toy byte-level MLP language model (8-byte context, three linear layers of width 256) after 400 "
-               "Adam steps on Python stdlib sources (`studies/capture_example.py`)")
+               "Adam steps on Python stdlib sources (`studies/capture/example.py`)")
 
 
 def tinylm_tensors() -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ import pytest
 from studies.common import REPORTS
 
 REAL = re.compile(r"\breal\b", re.IGNORECASE)
-#: The studies that measure the bundled capture of the toy byte-level MLP LM (studies/capture_example.py).
+#: The studies that measure the bundled capture of the toy byte-level MLP LM (studies/capture/example.py).
 TOY_CAPTURE_STUDIES = ("format_error", "design_space", "scale_arithmetic", "outliers_rht", "weight_2d",
                        "stochastic_rounding")
 

@@ -318,7 +318,7 @@ def test_scale_arithmetic_counts_and_sweep_agree_with_the_section():
 
 # --- 7. layer sensitivity ---------------------------------------------------------------------------------------
 def test_layer_sensitivity_interval_recomputed_over_seeds():
-    from studies.capture_deep import layer_names, load
+    from studies.capture.deep import layer_names, load
 
     df = pd.read_csv(REPORTS / "layer_sensitivity" / "layer_sensitivity.csv")
     cap, name = load(), layer_names()[0]

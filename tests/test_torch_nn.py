@@ -176,10 +176,10 @@ def test_linear_on_cuda_fp32_equals_fpsim_linear(name):
 
 
 def test_train_lm_smoke_runs_on_the_public_api(tmp_path):
-    """studies/train_lm.py (study 8's trainer) builds its block linears as fpsim.torch.Linear and trains."""
+    """studies/campaign/train_lm.py (study 8's trainer) builds its block linears as fpsim.torch.Linear and trains."""
     import json
 
-    from studies import train_lm
+    from studies.campaign import train_lm
 
     train_lm.main(["--tiny", "--runs", "nvfp4", "--steps", "2", "--out", str(tmp_path)])
     meta = json.loads((tmp_path / "runs.json").read_text())

@@ -1,1 +1,2 @@
-"""The training-evidence campaign of issue 20: its data stream and its paired statistics (the runs need a GPU)."""
+"""Training evidence (study 8; the runs need a GPU): the paired-seed campaign (its arms, data stream, runs, batch
+planning, device ledger and paired statistics) and :mod:`studies.campaign.train_lm`, the earlier small-LM runs."""

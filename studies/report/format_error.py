@@ -1,7 +1,7 @@
 """Study 1 — format error: NVFP4 vs MXFP4 (each scale rule) vs MXFP6/MXFP8 vs FP8 vs BF16.
 
 SQNR and relative error per synthetic distribution and per tensor of the bundled capture of a toy byte-level MLP LM
-(studies/capture_example.py; labelled ``tinylm:<tensor>``), against the storage cost in bits per element.
+(studies/capture/example.py; labelled ``tinylm:<tensor>``), against the storage cost in bits per element.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main(argv=None):
     piv.index = [i.removeprefix(TINYLM) for i in piv.index]
     piv.plot.bar(ax=ax, width=0.8)
     ax.set_ylabel("SQNR (dB)")
-    ax.set_xlabel("tensor captured from the toy LM (studies/capture_example.py)")
+    ax.set_xlabel("tensor captured from the toy LM (studies/capture/example.py)")
     ax.set_title("Per-tensor SQNR on a toy byte-level MLP LM's weights, activations and gradients")
     ax.set_ylim(0, piv.to_numpy().max() * 1.35)
     ax.legend(fontsize=7, ncol=3, loc="upper center")

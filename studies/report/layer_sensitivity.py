@@ -2,7 +2,7 @@
 
 The paper proposes measuring each layer's Wgrad quantization error to choose which layers stay in BF16,
 and keeps the first 2 and last 8 blocks of its 12B model in BF16. This study runs every linear layer of
-a 12-linear-layer residual MLP LM (studies/capture_deep.py, cached in
+a 12-linear-layer residual MLP LM (studies/capture/deep.py, cached in
 studies/data/deep_capture.safetensors) through ``fpsim.linear`` under the ``nvfp4_paper`` recipe,
 measures the relative error of dW, Y and dX against FP64 (mean over SR seeds), and compares the most
 sensitive layers with the paper's first/last rule scaled to this depth, and its depth trend with SmolLM2's
@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 import fpsim
 from fpsim.analysis import mean_ci95
 from fpsim.recipe import LayerPolicy
-from studies.capture_deep import layer_names, load
+from studies.capture.deep import layer_names, load
 from studies.common import md_table, parse_args, progress, save_fig, write_csv, write_section
 
 NAME = "layer_sensitivity"
@@ -32,7 +32,7 @@ SCALED_RULE = LayerPolicy(first=1, last=2)
 
 
 #: What section 7 measures, for the comparison of its depth trend with SmolLM2's (section 9e).
-TOY_MODEL = "a toy 12-linear residual MLP LM of width 256 after 150 Adam steps (`studies/capture_deep.py`)"
+TOY_MODEL = "a toy 12-linear residual MLP LM of width 256 after 150 Adam steps (`studies/capture/deep.py`)"
 TOY_DATA = "128 tokens of stdlib source bytes in one captured step"
 Z95 = 1.959963984540054
 

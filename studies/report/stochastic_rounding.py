@@ -1,6 +1,6 @@
 """Study 6 — stochastic rounding: gradient bias of RNE vs SR, its accumulation, and SR's variance cost.
 
-Per tensor of the bundled capture of a toy byte-level MLP LM (studies/capture_example.py; NVFP4, 1×16 blocks): the
+Per tensor of the bundled capture of a toy byte-level MLP LM (studies/capture/example.py; NVFP4, 1×16 blocks): the
 bias of RNE, SR with 8 random bits (the hardware's ``cvt.rs`` width) and SR "exact" (24 bits), estimated over seeds
 with 95 % confidence intervals (and, for k = 8, computed exactly by enumerating all 256 random values); the
 accumulated error when the same small gradient is summed N times (a weight updated by N quantized steps with an FP32

@@ -2,7 +2,7 @@
 
 The section's measured and verdict lines come from the campaign's committed runs (studies/data/campaign/, rendered
 by :mod:`studies.campaign.report`: paired gaps to BF16 with t-intervals, the recipe components' verdicts, curves,
-throughput and the device ledger).  The 400-step runs that ``studies/train_lm.py`` wrote on the H200
+throughput and the device ledger).  The 400-step runs that ``studies/campaign/train_lm.py`` wrote on the H200
 (studies/data/training/, 1.6 M tokens each) follow as a lesson on seed noise: their final gaps to BF16 and the seed
 spread, in text and a table (their validation losses over steps in ``training.csv``).  The campaign supersedes them,
 so they draw no figure.  No GPU is needed to render either.

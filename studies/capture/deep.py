@@ -2,7 +2,7 @@
 
 Plain NumPy, float32, deterministic (seeded; no threads-dependent reductions
 beyond BLAS matmuls).  The model reads the previous 8 bytes of Python source,
-like :mod:`studies.capture_example`, but is deep enough to ask "which layers
+like :mod:`studies.capture.example`, but is deep enough to ask "which layers
 are most sensitive?" across depth::
 
     emb 8×32 → in_proj 256→256
@@ -17,7 +17,7 @@ respect to the layer's output) for one batch of 128 tokens.  To keep the
 committed file under 4 MB every tensor is stored as BF16 (the weights too:
 the BF16 copy a mixed-precision run would quantize from).
 
-    python -m studies.capture_deep [--out studies/data/deep_capture.safetensors]
+    python -m studies.capture.deep [--out studies/data/deep_capture.safetensors]
 
 :func:`load` reads the cache and regenerates it only when it is missing.
 """
@@ -32,10 +32,10 @@ import ml_dtypes
 import numpy as np
 
 from fpsim.io import write_safetensors
-from studies.capture_example import corpus, gelu, gelu_grad
+from studies.capture.example import corpus, gelu, gelu_grad
 
 CTX, EMB, D, VOCAB, BLOCKS = 8, 32, 256, 256, 5
-CACHE = Path(__file__).resolve().parent / "data" / "deep_capture.safetensors"
+CACHE = Path(__file__).resolve().parents[1] / "data" / "deep_capture.safetensors"
 EPS = 1e-6
 
 

@@ -1,4 +1,5 @@
-"""Issue 9: a small GPT-style LM pretrained with its linear layers under fpsim's emulated recipes.
+"""A small GPT-style LM pretrained with its linear layers under fpsim's emulated recipes: the 400-step runs of
+studies/data/training/ that came before the paired-seed campaign (study 8 renders both).
 
 Byte-level decoder (RMSNorm, RoPE, causal attention, GELU MLP, untied LM head) trained on Python's
 standard-library sources with AdamW and a warmup-stable-decay (WSD) schedule.  Every linear layer of
@@ -11,8 +12,8 @@ its own seed derivation (same copies, FP32 products of the dequantized values).
 Embedding, attention products, norms, LM head and optimizer stay in FP32.  The recipe's BF16 layer set
 is scaled to this depth (the paper: first 2 + last 8 of 62 blocks ≈ 16 %; here the last block of 6).
 
-    python -m studies.train_lm --runs bf16,nvfp4 --steps 400 --out studies/data/training   (on a GPU)
-    python -m studies.train_lm --tiny --runs nvfp4 --steps 3                               (CPU smoke test)
+    python -m studies.campaign.train_lm --runs bf16,nvfp4 --steps 400 --out studies/data/training   (on a GPU)
+    python -m studies.campaign.train_lm --tiny --runs nvfp4 --steps 3                               (CPU smoke test)
 
 Writes ``<out>/<run>.csv`` (step, tokens, lr, train_loss, val_loss) per run and ``<out>/runs.json``.
 """
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 import fpsim.torch as ft
 from fpsim.io import atomic_write, dumps
 from fpsim.recipe import LayerPolicy, get_recipe
-from studies.capture_example import corpus
+from studies.capture.example import corpus
 
 GEMM = "blas"  # set from --gemm before the model is built
 

@@ -9,7 +9,7 @@ the layer input and the gradient of the layer output — what ``fpsim capture``
 records from a PyTorch model — into a safetensors file that ``fpsim analyze``
 reads (weights float32, activations and gradients BF16, as a real capture).
 
-    python studies/capture_example.py --out studies/data/tinylm_capture.safetensors
+    python -m studies.capture.example --out studies/data/tinylm_capture.safetensors
 """
 
 from __future__ import annotations
