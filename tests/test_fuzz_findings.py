@@ -28,6 +28,16 @@ def test_npy_header_with_an_unclosed_bracket_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_npy_dtype_descr_numpy_reads_as_a_comma_string_is_refused_in_one_line(tmp_path):
+    """numpy.dtype(",f4") parses the text as a comma-separated record description with ast.literal_eval and raised
+    SyntaxError out of the reader."""
+    p = tmp_path / "x.npy"
+    p.write_bytes(_npy(b"{'descr': ',f4', 'fortran_order': False, 'shape': (1,), }", b"\0" * 4))
+    with pytest.raises(InputError, match=r"x\.npy: .*corrupt \.npy header") as e:
+        open_file(p)
+    assert "\n" not in str(e.value)
+
+
 def test_npz_member_with_an_unclosed_bracket_is_refused_in_one_line(tmp_path):
     import zipfile
 
