@@ -79,16 +79,20 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:100]
 
 
-def _collect(futures, tasks) -> list:
+def _collect(futures, tasks, progress=None) -> list:
     """The results of the batches' futures, in order; a batch whose worker died or raised (a killed Dask worker, a
     worker process ended by the OOM killer) gives one error line per tensor, and the other batches are kept."""
     out = []
-    for fut, (_, items) in zip(futures, tasks):
+    for i, (fut, (src, items)) in enumerate(zip(futures, tasks)):
         try:
             out += fut.result()
         except Exception as e:  # noqa: BLE001 - whatever ended the worker: its tensors are reported, not the run
             why = f"not analysed: its worker failed ({type(e).__name__}: {_first_line(e)})"
             out += [([], f"error: {label}:{name}: {why}") for name, label, _ in items]
+        if progress is not None:
+            progress.advance(len(items))
+            if i + 1 == len(tasks) or tasks[i + 1][0] != src:  # a file's batches are consecutive
+                progress.step(items[0][1])
     return out
 
 
@@ -271,10 +275,13 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
 @click.option("--convention", default=None, callback=_convention,
               help="With --reference: check an NVFP4 checkpoint's blocks against this producer convention "
                    "(fpsim.conventions, e.g. fpsim or te-cuda) instead of its producer's own.")
-@click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (error lines are still written).")
+@click.option("--html", "html_page", default=None, metavar="REPORT.html",
+              help="Also write one self-contained HTML page: the sortable table with its legend, and per tensor a "
+                   "histogram of log2|x| with each format's representable window and its errors.")
+@click.option("-q", "--quiet", is_flag=True, help="No notes or progress on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_above, out_format, output, workers,
-            scheduler, reference, convention, quiet, verbose):
+            scheduler, reference, convention, quiet, verbose, html_page):
     """Quantize every tensor of PATHS (.npz, .npy, .safetensors, .pt/.pth/.bin; files, directories, globs) under each
     format."""
     from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
@@ -303,6 +310,11 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
         except OutputError as e:
             note(f"error: --output {e}")
             sys.exit(EXIT_USAGE)
+    from .analyze_html import check_html_path, write_report
+
+    if html_page and (why := check_html_path(html_page, inputs, output)):
+        note(f"error: --html {why}")
+        sys.exit(EXIT_USAGE)
     if out_format is None:
         out_format = _format_from_suffix(output)
     for msg in errors:
@@ -335,7 +347,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
         return next((r for g, r in role_map if fnmatch.fnmatch(ref.name, g)), None)
 
     _check_axis(chosen, axis)
-    results = _run(chosen, labels, axis, kw, role_of, workers, scheduler, verbose, note)
+    results = _run(chosen, labels, axis, kw, role_of, workers, scheduler, verbose, note, quiet)
     rows = []
     for (r, msg) in results:
         if msg:
@@ -367,6 +379,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
         note(f"wrote {len(rows)} rows{f' and {len(recs)} quantized tensors' if recs else ''} to {output}")
     else:
         click.echo(text, nl=False)
+    if html_page and rows and not write_report(html_page, rows, chosen, labels, schemes, inputs, summary, note):
+        sys.exit(EXIT_OUTPUT)
     if not rows and not recs:
         found = refs or groups or aside
         from fpsim.io import SUFFIXES
@@ -508,8 +522,21 @@ def _stop_pool(ex) -> None:
     ex.shutdown(wait=True, cancel_futures=True)
 
 
-def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
-    """Analyse tensors serially, on local processes, or on a Dask cluster; one result per tensor, in order."""
+def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note, quiet=False):
+    """Analyse tensors serially, on local processes, or on a Dask cluster; one result per tensor, in order, with
+    a progress bar or a line per file on stderr (:mod:`fpsim_cli.progress`)."""
+    from .progress import Progress, announce_compile
+
+    announce_compile("about 30 s on 2 cores", quiet)
+    prog = Progress(len(refs), desc="fpsim analyze", unit="tensor", steps=len({r.source for r in refs}), quiet=quiet)
+    with prog:
+        return _run_on(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note, prog)
+
+
+def _run_on(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note, prog):
+    """:func:`_run`'s work, reporting to ``prog`` (a :class:`~fpsim_cli.progress.Progress`)."""
+    from fpsim.io.errors import printable
+
     if scheduler:
         try:
             from distributed import Client
@@ -519,7 +546,8 @@ def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
         tasks = _batches(refs, labels, role_of, 8)
         try:
             with Client(scheduler, timeout=10) as client:
-                return _collect([client.submit(_task, src, items, axis, kw, pure=False) for src, items in tasks], tasks)
+                return _collect([client.submit(_task, src, items, axis, kw, pure=False) for src, items in tasks], tasks,
+                                prog)
         except (OSError, MemoryError, ValueError, TypeError) as e:
             raise click.UsageError(f"cannot use the Dask scheduler at {scheduler}: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0][:100] if str(e) else ''}") from None
@@ -537,14 +565,19 @@ def _run(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note):
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_worker_threads, initargs=(threads,)) as ex:
             try:
-                return _collect([ex.submit(_task, src, items, axis, kw) for src, items in tasks], tasks)
+                return _collect([ex.submit(_task, src, items, axis, kw) for src, items in tasks], tasks, prog)
             except KeyboardInterrupt:  # Ctrl-C: stop now (the pool's exit would run every queued batch first)
                 _stop_pool(ex)
                 raise
     out = []
-    show = verbose or (sys.stderr.isatty() and len(refs) > 1)
     for i, ref in enumerate(refs):  # in this process: the refs opened above are used directly (one open per file)
-        if show:
-            note(f"[{i + 1}/{len(refs)}] {labels[ref.source]}:{ref.name}")
+        key = f"{labels[ref.source]}:{ref.name}"
+        if verbose:  # through the bar where there is one, so the bar is drawn again below the line
+            line = f"[{i + 1}/{len(refs)}] {key}"
+            note(line) if prog.bar is None else prog.write(printable(line))
+        prog.show(key)
         out.append(_analyze_ref(ref, labels[ref.source], axis, kw, role_of(ref)))
+        prog.advance(1)
+        if i + 1 == len(refs) or refs[i + 1].source != ref.source:
+            prog.step(labels[ref.source])
     return out

@@ -24,16 +24,19 @@ source file of each jitted function, not the modules whose code it inlines (the 
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numba
 
 from ._cache import numba_cache_dir
 
-__all__ = ["njit", "pjit", "prange", "numba_cache_dir", "set_num_threads", "get_num_threads"]
+__all__ = ["njit", "pjit", "prange", "numba_cache_dir", "set_num_threads", "get_num_threads", "uncached_kernels"]
 
 _OPTIONS = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
 _uncached = False
+#: Every disk-cached kernel made by :data:`njit` / :data:`pjit` (in the modules imported so far).
+_CACHED: list = []
 
 
 def _decorator(**preset):
@@ -44,7 +47,9 @@ def _decorator(**preset):
         global _uncached
         if not _uncached:
             try:
-                return numba.njit(**opts)(fn)
+                disp = numba.njit(**opts)(fn)
+                _CACHED.append(disp)
+                return disp
             except RuntimeError as e:  # Numba checks for a cache location when the decorator runs
                 if "cannot cache" not in str(e):
                     raise
@@ -64,6 +69,22 @@ njit = _decorator()
 pjit = _decorator(parallel=True)
 
 prange = numba.prange
+
+
+def uncached_kernels() -> tuple[int, int]:
+    """(kernels with no compiled code on disk, disk-cached kernels) among those of the fpsim modules imported so far.
+
+    A kernel has code on disk once Numba has written its cache index (``<name>-<line>.pyXY.nbi`` in
+    :func:`numba_cache_dir`, keyed on fpsim's sources): a fresh install or an edited source starts with none, so
+    the first call of each kernel compiles it (seconds each).  Inlined helpers are never called on their own and
+    have no index: count them out by comparing the two numbers, not by expecting 0.
+    """
+    missing = 0
+    for disp in _CACHED:
+        cache = getattr(disp, "_cache", None)
+        index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+        missing += index is None or not os.path.exists(index)
+    return missing, len(_CACHED)
 
 
 def set_num_threads(n: int) -> None:
