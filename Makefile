@@ -1,7 +1,7 @@
 # fpsim developer targets.  `make test` is what .ci/run and the README run.
 PYTHON ?= python
 
-.PHONY: test test-slow bench bench-gpu bench-gpu-ab bench-gpu-training test-gpu test-gpu-backend reports golden lint capture-llm
+.PHONY: fuzz test test-slow bench bench-gpu bench-gpu-ab bench-gpu-training test-gpu test-gpu-backend reports golden lint capture-llm
 
 # Two pytest-xdist workers: CI has two cores, and most of the suite's time is single-threaded Python (Triton's
 # interpreter, Numba's first compiles, the studies' subprocesses), so one process leaves a core idle (21.5 min
@@ -101,6 +101,15 @@ capture-llm:
 # Regenerate tests/data/nvidia_golden.npz from the CUDA headers (needs cuda_fp4.h and g++).
 golden:
 	$(PYTHON) -m tests.nvref.make_golden
+
+# The readers' long fuzzing campaign (atheris, in the [dev] extra): each reader in turn at nice 10, up to FUZZ_RUNS
+# inputs or FUZZ_BUDGET seconds each, its figures (inputs, rate, coverage, peak RSS, slowest input, findings) written
+# to reports/fuzz.md.  The short run is tests/test_fuzz.py, part of `make test` (each reader a second or two).
+# Seed corpora: tests/fuzz/corpus/ (python -m tests.fuzz.make_corpus rewrites them).
+FUZZ_RUNS ?= 1000000
+FUZZ_BUDGET ?= 1800
+fuzz:
+	$(PYTHON) -m tests.fuzz.run_long --runs $(FUZZ_RUNS) --budget $(FUZZ_BUDGET)
 
 lint:
 	$(PYTHON) -m ruff check fpsim cli tests studies
