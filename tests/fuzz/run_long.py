@@ -85,6 +85,30 @@ def run_reader(reader: str, work: Path, args) -> dict:
             "budget_s": args.budget, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
+#: Findings of earlier runs, each fixed, with the regression test that fails before its fix.
+FIXED = [
+    ("npy", "numpy's header parser raised tokenize.TokenError for a header with an unclosed bracket",
+     "fpsim/io/npz.py read_npy_header", "test_npy_header_with_an_unclosed_bracket_is_refused_in_one_line, "
+     "test_npz_member_with_an_unclosed_bracket_is_refused_in_one_line"),
+    ("npy", "numpy.dtype(',f4') (a descr numpy reads as a comma-string) raised SyntaxError",
+     "fpsim/io/npz.py read_npy_header", "test_npy_dtype_descr_numpy_reads_as_a_comma_string_is_refused_in_one_line"),
+    ("gguf", "gguf's GGUFReader raised KeyError for a metadata key given twice",
+     "fpsim/torch/model_files.py _open_gguf", "test_gguf_with_a_metadata_key_given_twice_is_a_gguf_error"),
+]
+
+
+def _findings_section(results: dict) -> list[str]:
+    lines = ["## Findings", "", "Each finding below is fixed; its minimized input is a regression test of "
+             "`tests/test_fuzz_findings.py` that fails before the fix.", "",
+             "| reader | finding | fixed in | regression test |", "|---|---|---|---|"]
+    lines += [f"| {r} | {what} | `{where}` | {test} |" for r, what, where, test in FIXED]
+    earlier = [(r, f) for r in ORDER if r in results for f in results[r].get("earlier_findings", [])]
+    if earlier:
+        lines += ["", "Findings of earlier runs of this campaign (the reader then run again from its grown corpus, "
+                  "after the fix): " + "; ".join(f"{r}: {f['kind']}: {f['what']}" for r, f in earlier) + "."]
+    return lines + [""]
+
+
 def render(results: dict, args) -> str:
     lines = [
         "# Fuzzing the readers",
@@ -95,7 +119,14 @@ def render(results: dict, args) -> str:
         "the CLI uses and reads every tensor's data; the reader's documented one-line error is the expected refusal, "
         "any other exception is a finding, as is an input that runs past the hang bound or an RSS past the memory "
         "bound.  This table is written by `make fuzz` (`python -m tests.fuzz.run_long`); the CI runs each target for "
-        "a few thousand inputs (`tests/test_fuzz.py`).",
+        "a few hundred to a few thousand inputs (`tests/test_fuzz.py`).",
+        "",
+        "Columns: inputs executed (libFuzzer's count, the corpus replay included); wall time of the fuzzer processes, "
+        "their start (imports, instrumentation, the seeds' first read: about 3 s each) included; edges and features "
+        "are libFuzzer's `cov` and `ft` over the instrumented Python code (fpsim's modules but its Numba kernels, and "
+        "gguf's for the GGUF reader; numpy's and torch's compiled code is not instrumented); corpus: the inputs "
+        "kept; peak RSS: libFuzzer's `peak_rss_mb`; slowest input: the longest single call of the target, measured "
+        "around it (seconds, and its size in bytes).",
         "",
         f"Bounds: hang {args.timeout} s per input (libFuzzer `-timeout`), memory {args.rss_mb} MB RSS "
         f"(`-rss_limit_mb`).  Goal: {args.runs:,} inputs per reader; budget {args.budget} s of wall time per reader "
@@ -115,9 +146,10 @@ def render(results: dict, args) -> str:
                      f"{x['cov']} | {x['ft']} | {x['corpus']} | {x['peak_rss_mb']} | {x['slowest_s']:.3f} "
                      f"({x['slowest_bytes']}) | {f} |")
     short = [r for r in ORDER if r in results and results[r]["execs"] < results[r]["target_runs"]]
-    lines += ["", "Readers below the goal (stopped by the time budget; inputs reached and rate as in the table): "
+    lines += ["", "Readers below the goal (stopped by the time budget or by 3 findings; inputs reached and rate as in "
+              "the table): "
               + (", ".join(short) if short else "none") + ".", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _findings_section(results))
 
 
 def main(argv=None) -> None:
@@ -136,7 +168,9 @@ def main(argv=None) -> None:
     for r in args.readers.split(","):
         if r not in READERS:
             sys.exit(f"unknown reader {r!r}")
+        before = results.get(r, {})
         results[r] = run_reader(r, args.work, args)
+        results[r]["earlier_findings"] = before.get("earlier_findings", []) + before.get("findings", [])
         res_path.write_text(json.dumps(results, indent=1))
         args.out.write_text(render(results, args))
         print(f"{r}: {results[r]['execs']} inputs, findings {len(results[r]['findings'])}", flush=True)
