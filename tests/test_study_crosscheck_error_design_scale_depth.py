@@ -1,5 +1,5 @@
-"""Independent audit of studies 1, 2, 3, 7 and 9 (format error, design space, scale arithmetic, layer
-sensitivity, SmolLM2): their committed numbers re-derived with code written here from docs/spec.md (E2M1 by
+"""Studies 1, 2, 3, 7 and 9 (format error, design space, scale arithmetic, layer sensitivity, SmolLM2) checked
+by an independent implementation: their committed numbers re-derived with code written here from docs/spec.md (E2M1 by
 hand, E4M3/BF16 through ml_dtypes), their intervals recomputed with scipy, their verdicts re-judged by the rule
 each study states, and their outputs checked for determinism.
 """
@@ -172,7 +172,7 @@ def test_format_error_seed_rows_are_deterministic(tmp_path):
     from studies.report.format_error import gap_seed_rows
 
     a, b = (pd.DataFrame(gap_seed_rows((8, 64), 3)) for _ in range(2))
-    pa, pb = tmp_path / "audit2_a.csv", tmp_path / "audit2_b.csv"
+    pa, pb = tmp_path / "seed_rows_a.csv", tmp_path / "seed_rows_b.csv"
     write_csv(a, pa)
     write_csv(b, pb)
     assert pa.read_bytes() == pb.read_bytes()

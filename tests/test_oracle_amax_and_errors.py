@@ -1,6 +1,6 @@
-"""`fpsim diff` / `fpsim vectors` defects found by an audit of the oracle commands: an amax-only mismatch, an
-inferred tensor amax, internal errors reported as bad input, a scale rule accepted where it does nothing, the
-message prefix, and an empty "best partial explanations" list."""
+"""`fpsim diff` / `fpsim vectors`: a mismatch of the tensor amax alone is named as such and an inferred amax is
+refined; an internal error is exit 3, not bad input (exit 2); a scale rule is refused where it does nothing; every
+oracle error has the one message prefix; a "best partial explanations" list is never empty."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Independent audit of studies 4 (outliers / RHT), 5 (2-D weights) and 6 (stochastic rounding).
+"""Studies 4 (outliers / RHT), 5 (2-D weights) and 6 (stochastic rounding) checked by an independent implementation.
 
 The committed numbers (reports/<study>/*.csv) are re-derived here with a hand-written NVFP4 quantizer (docs/spec.md
 §4: Transformer Engine's scale order; E4M3 and E2M1 rounding by ml_dtypes; stochastic rounding from the grid

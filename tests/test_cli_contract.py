@@ -1,7 +1,7 @@
-"""The ``fpsim`` command-line contract (README "Exit codes", docs/oracle.md): defects found by a hunt over every
-command and option.  Each test failed before its fix: a traceback or exit 1 from an uncaught exception, an option
-value or an option combination accepted and silently ignored, duplicated rows, a broken pipe or Ctrl-C read as
-"different" / "some files unreadable"."""
+"""The ``fpsim`` command-line contract (README "Exit codes", docs/oracle.md) over every command and option: an
+unexpected exception is one line and exit 3 (never a traceback or exit 1); an option value or combination that
+would be ignored is refused; a scheme named twice is one row; a closed pipe ends quietly, a full disk is exit 4
+and Ctrl-C exits 130, never read as "different" or "some files unreadable"."""
 
 from __future__ import annotations
 

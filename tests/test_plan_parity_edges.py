@@ -1,14 +1,12 @@
 """Backend parity where tests/test_plan_parity.py does not look: generated plans with the directed roundings (rup,
 rdown), odd block shapes, one-row / one-column / zero-size tensors, random float32 bit patterns (every exponent,
 subnormal block maxima), float16 / bfloat16 / float64 inputs and given tensor amaxes; the RHT with every
-size, sign policy and flag; and the defects these checks found:
+size, sign policy and flag.  Three cases get tests of their own, as each once went wrong:
 
-* FP32 block scales with 4-bit elements (a ``BlockScheme(…, "e2m1", "float32", (1, W))``): the reference wrote
-  one code per byte into the packed buffer (out of bounds: heap corruption) and decoded unpacked bytes;
-* stochastic rounding to E8M0 through ``backend="torch-cpu"`` raised ``NotImplementedError`` instead of being
-  handed to the reference;
-* zero-size tensors (no rows, or an empty quantized axis) raised in the torch backend's SR stream, eager and
-  Triton decoders, and in both backends' RHT.
+* FP32 block scales with 4-bit elements (a ``BlockScheme(…, "e2m1", "float32", (1, W))``): codes are packed two
+  to a byte, written and decoded as such;
+* stochastic rounding to E8M0 through ``backend="torch-cpu"`` is handed to the reference;
+* zero-size tensors (no rows, or an empty quantized axis) pass through every backend's SR stream, decoders and RHT.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Defects found in ``fpsim explain``, ``fpsim vectors`` and QuantizedTensor files, each checked against the
-spec or docs/oracle.md rather than against fpsim itself."""
+"""``fpsim explain`` (a decimal value rounded to float32 once, errors naming the right operand, block options
+refused where they do nothing), ``fpsim vectors`` with per-row scales, and QuantizedTensor files (every flag kept,
+hand-edited metadata one clear error), each checked against the spec or docs/oracle.md, not against fpsim."""
 
 import io
 import json

@@ -1,6 +1,6 @@
 """Readers against independent writers, the execution paths of `fpsim analyze` against each other, and the
-Fortran-order npz path.  Each defect test failed before its fix; the references are numpy's own reader
-(np.load), torch's tensors' bytes and the serial run.  All inputs are generated here, small and fast.
+Fortran-order npz path; the references are numpy's own reader (np.load), torch's tensors' bytes and the serial
+run.  All inputs are generated here, small and fast.
 """
 
 import numpy as np
@@ -277,7 +277,7 @@ def test_te_dump_with_a_pickled_quantized_tensor_keeps_its_high_precision_tensor
         got = np.concatenate([src[i : i + 5] for i in range(0, src.rows, 5)])
         assert got.tobytes() == t.t().contiguous().view(torch.int16 if t.dtype == torch.bfloat16
                                                         else torch.int32).numpy().tobytes(), name
-    assert any("'quantized' is a pickled tests.test_io_dask_hunt.FakeFloat8Tensor object, not a tensor" in n
+    assert any("'quantized' is a pickled tests.test_io_execution_paths.FakeFloat8Tensor object, not a tensor" in n
                for n in notes), notes
     assert any("'extra.2.planted' is a pickled" in n and "open object" in n for n in notes), notes
     r = run(p, "--formats", "nvfp4", "--seeds", "0", "--format", "csv")
@@ -357,7 +357,7 @@ def test_serial_workers_and_dask_print_the_same_bytes(tmp_path):
     serial = {f: run(*args, "--format", f) for f in ("json", "csv")}
     assert serial["json"].exit_code == 1, serial["json"].output  # the broken tensor and the duplicate member
     assert "error: " in serial["json"].stderr and "#2: renamed" in serial["json"].stderr
-    assert "'quantized' is a pickled tests.test_io_dask_hunt.FakeFloat8Tensor object" in serial["json"].stderr
+    assert "'quantized' is a pickled tests.test_io_execution_paths.FakeFloat8Tensor object" in serial["json"].stderr
     w = run(*args, "--format", "json", "--workers", "2")
     assert (w.exit_code, w.stdout, w.stderr) == (1, serial["json"].stdout, serial["json"].stderr)
     distributed = pytest.importorskip("distributed", reason="dask.distributed not installed")
