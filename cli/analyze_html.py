@@ -180,7 +180,7 @@ def _legend() -> dict:
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;line-height:1.4;color:#222}
 .scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;font-size:12px}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}
-td:first-child,th:first-child{text-align:left}th{background:#f3f3f3;position:sticky;top:0}
+td:first-child,th:first-child,td:not([data-v]){text-align:left}th{background:#f3f3f3;position:sticky;top:0}
 table.results th{cursor:pointer}th[aria-sort=ascending]::after{content:" ▲"}
 th[aria-sort=descending]::after{content:" ▼"}
 dl.legend{font-size:13px;columns:2 30em}dl.legend dt{font-weight:bold;font-family:monospace}

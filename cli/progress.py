@@ -45,10 +45,10 @@ class Progress:
     :meth:`step` after each step; use as a context manager (or call :meth:`close`)."""
 
     def __init__(self, total: int, *, desc: str, unit: str, steps: int, quiet: bool = False, stream=None,
-                 step_unit: str = "file"):
+                 step_units: str = "files"):
         self.stream = sys.stderr if stream is None else stream
         self.mode = progress_mode(self.stream, quiet)
-        self.total, self.steps, self.desc, self.unit, self.step_unit = total, steps, desc, unit, step_unit
+        self.total, self.steps, self.desc, self.unit, self.step_units = total, steps, desc, unit, step_units
         self.done = self.steps_done = 0
         self.t0 = time.perf_counter()
         self.bar = None
@@ -87,7 +87,7 @@ class Progress:
         left = self.total - self.done
         eta = f", ETA {_duration(left / rate)}" if rate > 0 and left > 0 else ""
         units = f", {self.done}/{self.total} {self.unit}s" if self.total != self.steps else ""
-        line = (f"{self.desc}: [{self.steps_done}/{self.steps} {self.step_unit}s{units}] {label} "
+        line = (f"{self.desc}: [{self.steps_done}/{self.steps} {self.step_units}{units}] {label} "
                 f"({_duration(dt)} elapsed, {rate:.3g} {self.unit}/s{eta})")
         from fpsim.io.errors import printable
 
