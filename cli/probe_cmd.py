@@ -155,28 +155,36 @@ def _measured(model, layers: tuple[str, ...]) -> list[str]:
 
 
 class _Bar:
-    """The probe's progress messages as a tqdm bar on stderr: one unit per FP32 reference, isolated layer and end-to-end
-    pass (the messages announce each unit as it starts)."""
+    """The probe's progress messages on stderr (:mod:`fpsim_cli.progress`): a tqdm bar on a terminal (or with
+    --progress), a line per pass on a file or pipe, nothing with -q; one unit per FP32 reference, isolated layer and
+    end-to-end pass (the messages announce each unit as it starts)."""
 
-    def __init__(self, total: int, show: bool):
-        from tqdm import tqdm
+    def __init__(self, total: int, force: bool, quiet: bool):
+        from .progress import Progress
 
-        self.bar = tqdm(total=total, file=sys.stderr, disable=not show, unit="pass", dynamic_ncols=True,
-                        desc="fpsim probe", leave=True)
-        self.started = False
+        self.prog = Progress(total, desc="fpsim probe", unit="pass", steps=total, step_units="passes", quiet=quiet,
+                             mode="bar" if force and not quiet else None)
+        self.last: str | None = None
 
     def __call__(self, msg: str) -> None:
-        if self.started:
-            self.bar.update(1)
-        self.started = True
-        if self.bar.n >= self.bar.total:
-            self.bar.total = self.bar.n + 1
-        self.bar.set_postfix_str(msg, refresh=True)
+        if self.last is not None:
+            self._done()
+        self.last = msg
+        bar = self.prog.bar
+        if bar is not None and bar.n >= bar.total:
+            bar.total = bar.n + 1
+        self.prog.show(msg)
+
+    def _done(self) -> None:
+        if self.prog.done >= self.prog.total:  # the unit count is an estimate: never past 100 %
+            self.prog.total = self.prog.steps = self.prog.done + 1
+        self.prog.advance(1)
+        self.prog.step(self.last)
 
     def close(self) -> None:
-        if self.started:
-            self.bar.update(1)
-        self.bar.close()
+        if self.last is not None:
+            self._done()
+        self.prog.close()
 
 
 def _units(n_batches: int, n_layers: int, variants: dict, modes: tuple[str, ...], draws: int, val: bool) -> int:
@@ -222,11 +230,12 @@ _HELP = __doc__[__doc__.index("Exit codes:"):].rstrip().replace("\n\n", "\n\n\b\
 @click.option("-o", "--output", metavar="FILE", help="Write the results: .json (everything), .csv (the summary).")
 @click.option("--plot", "plot_dir", metavar="DIR", help="Write a figure per component (PNG) into DIR.")
 @click.option("--progress", is_flag=True, help="A progress bar on stderr even when it is not a terminal.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no notes on stderr (error lines are still written).")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="Threads of torch and of fpsim's Numba kernels (default: theirs; on a small model 1 can be "
                    "many times faster: the two thread pools contend).")
 def probe(model_path, arch, text_file, tokens_file, n_batches, seq_len, batch_size, val_batches, recipe, without,
-          extra, draws, layers, keep_bf16, mode, seed, output, plot_dir, progress, threads):
+          extra, draws, layers, keep_bf16, mode, seed, output, plot_dir, progress, threads, quiet):
     """Probe each component of a recipe on each GEMM of each linear layer of MODEL.
 
     MODEL: a GGUF file (a Llama, e.g. SmolLM2-135M's), a Hugging Face BERT checkpoint directory (config.json,
@@ -245,7 +254,7 @@ def probe(model_path, arch, text_file, tokens_file, n_batches, seq_len, batch_si
 
 
 def _run(model_path, arch, text_file, tokens_file, n_batches, seq_len, batch_size, val_batches, recipe, without,
-         extra, draws, layers, keep_bf16, mode, seed, output, plot_dir, progress, threads):
+         extra, draws, layers, keep_bf16, mode, seed, output, plot_dir, progress, threads, quiet):
     inputs = [p for p in (model_path, text_file, tokens_file) if p]
     _check_outputs(output, plot_dir, inputs)
     if batch_size * seq_len % TOKEN_MULTIPLE:
@@ -284,7 +293,7 @@ def _run(model_path, arch, text_file, tokens_file, n_batches, seq_len, batch_siz
     saved = (torch.get_num_threads(), get_num_threads())
     modes = ("isolated", "end_to_end") if mode == "both" else (mode,)
     bar = _Bar(_units(n_batches, len(measured), variants, modes, draws, val_batches > 0),
-               progress or sys.stderr.isatty())
+               progress, quiet)
     t0 = time.perf_counter()
     try:
         if threads is not None:
@@ -302,7 +311,7 @@ def _run(model_path, arch, text_file, tokens_file, n_batches, seq_len, batch_siz
                           "seq_len": seq_len, "val_batches": val_batches,
                           "framing": "[CLS] window [SEP], pairs of adjacent windows" if loaded.frame else None},
                     keep_bf16={"first": keep.first, "last": keep.last}, layer_globs=list(pats))
-    _write(res, output, plot_dir, inputs)
+    _write(res, output, plot_dir, inputs, quiet)
     click.echo(summary_text(res, wall), nl=False)
 
 
@@ -317,16 +326,18 @@ def _probe(loaded, all_batches, n_batches, variants, rec_name, keep, draws, pats
         raise ProbeInputError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
-def _write(res, output, plot_dir, inputs) -> None:
+def _write(res, output, plot_dir, inputs, quiet: bool = False) -> None:
     from fpsim.io import OutputError, atomic_write, dumps
 
     try:
         if output is not None:
             text = dumps(res.to_dict()) if Path(output).suffix.lower() == ".json" else summary_csv(res)
             atomic_write(output, text, inputs=inputs)
-            click.echo(f"note: wrote {output}", err=True)
+            if not quiet:
+                click.echo(f"note: wrote {output}", err=True)
         if plot_dir is not None:
             files = plot_components(res.components, Path(plot_dir))
-            click.echo(f"note: wrote {len(files)} figures to {plot_dir}", err=True)
+            if not quiet:
+                click.echo(f"note: wrote {len(files)} figures to {plot_dir}", err=True)
     except OutputError as e:
         _fail(str(e), EXIT_OUTPUT)

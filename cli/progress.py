@@ -45,9 +45,9 @@ class Progress:
     :meth:`step` after each step; use as a context manager (or call :meth:`close`)."""
 
     def __init__(self, total: int, *, desc: str, unit: str, steps: int, quiet: bool = False, stream=None,
-                 step_units: str = "files"):
+                 step_units: str = "files", mode: str | None = None):
         self.stream = sys.stderr if stream is None else stream
-        self.mode = progress_mode(self.stream, quiet)
+        self.mode = mode or progress_mode(self.stream, quiet)  # mode: "bar" forces a bar (fpsim probe --progress)
         self.total, self.steps, self.desc, self.unit, self.step_units = total, steps, desc, unit, step_units
         self.done = self.steps_done = 0
         self.t0 = time.perf_counter()

@@ -136,3 +136,30 @@ def test_a_fresh_cache_directory_has_every_kernel_uncached_until_one_compiles(tm
     assert p.returncode == 0, p.stderr[-2000:]
     m0, n0, m1, n1 = map(int, p.stdout.split())
     assert m0 == n0 > 20 and n1 == n0 and 0 < n0 - m1 < n0 // 4, p.stdout
+
+
+def test_the_probe_writes_a_line_per_pass_on_a_pipe_and_nothing_when_quiet(monkeypatch):
+    from fpsim_cli.probe_cmd import _Bar
+
+    for quiet in (False, True):
+        rd, wr = os.pipe()
+        try:
+            monkeypatch.setattr(sys, "stderr", _stream(wr))
+            bar = _Bar(2, False, quiet)  # the unit count is an estimate: here one short
+            for msg in ("fp32 batch 1", "isolated fc1", "end to end recipe"):
+                bar(msg)
+            bar.close()
+            os.close(wr)
+            wr = None
+            lines = _drain(rd).splitlines()
+        finally:
+            os.close(rd)
+            if wr is not None:
+                os.close(wr)
+        if quiet:
+            assert lines == []
+        else:
+            assert [ln.split("] ")[1].split(" (")[0] for ln in lines] == ["fp32 batch 1", "isolated fc1",
+                                                                        "end to end recipe"], lines
+            assert lines[0].startswith("fpsim probe: [1/2 passes]")
+            assert lines[-1].startswith("fpsim probe: [3/3 passes]")
