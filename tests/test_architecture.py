@@ -1,7 +1,7 @@
 """The import graph of the library (files as nodes, every import statement as an edge, imports inside functions
 included) has no circle and no edge from a lower layer to a higher one; no module imports another's private name.
 
-The layer order is the README's (Layout): a module may import modules of its own layer or of lower layers only.
+The layer order is docs/architecture.md's: a module may import modules of its own layer or of lower layers only.
 """
 
 from __future__ import annotations

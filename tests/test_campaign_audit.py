@@ -20,7 +20,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "studies" / "data" / "campaign"
 SECTION = ROOT / "reports" / "training" / "section.md"
-README = ROOT / "README.md"
+NOTES = ROOT / "docs" / "notes.md"  # the campaign's state (Measurements and history)
 PLAN_DIRS = ("main", "horizon", "size")  # the plans' runs; the sweep and the probes are reported on their own
 #: arm name → label as the report prints it (checked against studies.campaign.arms below)
 LABELS = {"bf16": "BF16", "nvfp4": "NVFP4 recipe", "nvfp4_no_sr": "NVFP4 − SR", "nvfp4_no_rht": "NVFP4 − RHT",
@@ -425,10 +425,10 @@ def test_the_remaining_budget_at_the_stated_rates():
     assert f"the runs left take {bound(every)} sessions" in text and bound(every) == 7
 
 
-def test_the_readme_campaign_paragraph_states_the_reports_numbers():
+def test_the_docs_campaign_paragraph_states_the_reports_numbers():
     fin = _finals()
     main = fin[("s10m", 265_000_000)]
-    readme = " ".join(README.read_text().split())
+    readme = " ".join(NOTES.read_text().split())
     for arm, words in (("nvfp4", "the recipe"), ("nvfp4_all", "every block"), ("mxfp4", "MXFP4"),
                        ("nvfp4_fwd", "forward only"), ("nvfp4_bwd", "backward only"),
                        ("nvfp4_no_2d", "without 2-D weights"), ("nvfp4_no_rht", "without RHT"),
