@@ -2,7 +2,7 @@
 
 :func:`analyze_tensor` takes one array (or memmap) and a list of schemes and returns one row per
 scheme: statistics of the tensor that was quantized and the quantization metrics.  :data:`LEGEND`
-says what each column measures, with its denominator; ``fpsim analyze --help`` and the README print it.
+says what each column measures, with its denominator; ``fpsim analyze --help`` prints it and docs/analyze.md holds it.
 
 Conventions.  Error metrics (MSE, SQNR, relative error, max abs error, biases) are taken over the
 *measured* elements: finite inputs whose decoded value is finite.  The input's NaN/±inf counts and the
