@@ -239,3 +239,11 @@ def test_demo_writes_an_analyzable_capture(tmp_path, capsys):
                                       for k in ("weight", "input", "grad_output")]
     assert _meta(out)["model"] == "TinyLM" and _meta(out)["step"] == "2"
     assert all(np.isfinite(r.load().astype(np.float32)).all() for r in refs)
+
+
+def test_capture_max_tokens_true_is_refused(tmp_path):
+    """max_tokens=True is refused: a bool is not a count (it would pass an int check and mean 1 token)."""
+    from fpsim.capture import Capture
+
+    with pytest.raises(ValueError, match="max_tokens"):
+        Capture(torch.nn.Linear(4, 4), tmp_path / "c.safetensors", max_tokens=True)
