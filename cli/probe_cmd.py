@@ -154,7 +154,7 @@ def _measured(model, layers: tuple[str, ...]) -> list[str]:
     return got
 
 
-class _Bar:
+class ProbeProgress:
     """The probe's progress messages on stderr (:mod:`fpsim_cli.progress`): a tqdm bar on a terminal (or with
     --progress), a line per pass on a file or pipe, nothing with -q; one unit per FP32 reference, isolated layer and
     end-to-end pass (the messages announce each unit as it starts)."""
@@ -185,6 +185,13 @@ class _Bar:
         if self.last is not None:
             self._done()
         self.prog.close()
+
+
+def probe_progress(model, layers: tuple[str, ...], n_batches: int, variants: dict, modes: tuple[str, ...],
+                   draws: int, val: bool, quiet: bool = False) -> ProbeProgress:
+    """The progress of :func:`fpsim.torch.probes.probe` on ``model`` (pass it as ``progress=``; close it after),
+    for scripts that call the probe themselves (studies/probes/measure.py)."""
+    return ProbeProgress(_units(n_batches, len(_measured(model, layers)), variants, modes, draws, val), False, quiet)
 
 
 def _units(n_batches: int, n_layers: int, variants: dict, modes: tuple[str, ...], draws: int, val: bool) -> int:
@@ -292,8 +299,7 @@ def _run(model_path, arch, text_file, tokens_file, n_batches, seq_len, batch_siz
 
     saved = (torch.get_num_threads(), get_num_threads())
     modes = ("isolated", "end_to_end") if mode == "both" else (mode,)
-    bar = _Bar(_units(n_batches, len(measured), variants, modes, draws, val_batches > 0),
-               progress, quiet)
+    bar = ProbeProgress(_units(n_batches, len(measured), variants, modes, draws, val_batches > 0), progress, quiet)
     t0 = time.perf_counter()
     try:
         if threads is not None:

@@ -139,13 +139,13 @@ def test_a_fresh_cache_directory_has_every_kernel_uncached_until_one_compiles(tm
 
 
 def test_the_probe_writes_a_line_per_pass_on_a_pipe_and_nothing_when_quiet(monkeypatch):
-    from fpsim_cli.probe_cmd import _Bar
+    from fpsim_cli.probe_cmd import ProbeProgress
 
     for quiet in (False, True):
         rd, wr = os.pipe()
         try:
             monkeypatch.setattr(sys, "stderr", _stream(wr))
-            bar = _Bar(2, False, quiet)  # the unit count is an estimate: here one short
+            bar = ProbeProgress(2, False, quiet)  # the unit count is an estimate: here one short
             for msg in ("fp32 batch 1", "isolated fc1", "end to end recipe"):
                 bar(msg)
             bar.close()

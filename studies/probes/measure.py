@@ -145,10 +145,12 @@ def minilm_data(plan: Plan):
     return model, out[:plan.batches], out[plan.batches:], desc
 
 
-def run(name: str, full: bool, out: Path) -> dict:
+def run(name: str, full: bool, out: Path, quiet: bool = False) -> dict:
+    """One model's probe run into ``out``; its progress on stderr (a bar, or a line per pass; none when quiet)."""
     import torch
 
     from fpsim.torch.probes import default_variants, next_token_loss, probe
+    from fpsim_cli.probe_cmd import probe_progress
     from studies.probes.minilm import mnrl_loss
 
     torch.set_num_threads(2)
@@ -156,11 +158,15 @@ def run(name: str, full: bool, out: Path) -> dict:
     model, batches, val, desc = (smollm2_data if name == "smollm2" else minilm_data)(plan)
     rule = scaled_rule(desc["blocks"])
     variants = {**default_variants("nvfp4_paper"), **extra_variants()}
+    bar = probe_progress(model, plan.layers, plan.batches, variants, plan.modes, plan.draws, bool(val), quiet)
     t0, c0 = time.perf_counter(), time.process_time()
-    res = probe(model, batches, "nvfp4_paper", variants=variants, draws=plan.draws,
-                end_to_end_draws=plan.e2e_draws, loss_fn=next_token_loss if name == "smollm2" else mnrl_loss,
-                val_batches=val or None, layers=plan.layers, modes=plan.modes, keep_bf16=rule,
-                end_to_end_variants=plan.e2e_variants, progress=True)
+    try:
+        res = probe(model, batches, "nvfp4_paper", variants=variants, draws=plan.draws,
+                    end_to_end_draws=plan.e2e_draws, loss_fn=next_token_loss if name == "smollm2" else mnrl_loss,
+                    val_batches=val or None, layers=plan.layers, modes=plan.modes, keep_bf16=rule,
+                    end_to_end_variants=plan.e2e_variants, progress=bar)
+    finally:
+        bar.close()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     out.mkdir(parents=True, exist_ok=True)
     for part in ("summary", "components", "steps", "flags"):
@@ -181,9 +187,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=(*MODELS, "both"), default="both")
     ap.add_argument("--full", action="store_true", help="every layer, more batches and draws (hours)")
     ap.add_argument("--out", type=Path, default=DATA)
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     a = ap.parse_args(argv)
     for name in MODELS if a.model == "both" else (a.model,):
-        meta = run(name, a.full, a.out)
+        meta = run(name, a.full, a.out, a.quiet)
         print(f"{name}: {meta['wall_s']} s wall, {meta['cpu_s']} s CPU", flush=True)
     return 0
 
