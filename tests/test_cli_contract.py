@@ -1,4 +1,4 @@
-"""The ``fpsim`` command-line contract (README "Exit codes", docs/oracle.md) over every command and option: an
+"""The ``fpsim`` command-line contract (docs/analyze.md "Exit codes", docs/oracle.md) over every command and option: an
 unexpected exception is one line and exit 3 (never a traceback or exit 1); an option value or combination that
 would be ignored is refused; a scheme named twice is one row; a closed pipe ends quietly, a full disk is exit 4
 and Ctrl-C exits 130, never read as "different" or "some files unreadable"."""
