@@ -131,7 +131,8 @@ def test_scale_rule_refused_without_e8m0_scales(tmp_path, scheme):
 @pytest.mark.parametrize("args", [["diff", "nothing.npz", "--input", "nothing.npz"],
                                   ["explain", "1.5"], ["vectors", "--scheme", "bf16", "--out", "v"]])
 def test_oracle_errors_use_the_one_prefix(tmp_path, monkeypatch, args):
-    """docs/analyze.md and cli/main.py: every error is one line starting `error:` (the oracle commands wrote `Error:`)."""
+    """docs/analyze.md and cli/main.py: every error is one line starting `error:` (the oracle commands wrote
+    `Error:`)."""
     monkeypatch.chdir(tmp_path)
     r = _run(args)
     assert r.exit_code == 2 and r.stderr.startswith("error: ") and "Error:" not in r.output, r.output
