@@ -32,6 +32,16 @@ def progress_mode(stream, quiet: bool = False) -> str:
     return "lines"
 
 
+def _terminal_size(stream) -> tuple[int, int]:
+    """(columns, lines) of the terminal ``stream`` writes to; 0 where it reports none."""
+    import os
+
+    try:
+        return tuple(os.get_terminal_size(stream.fileno()))
+    except (AttributeError, OSError, ValueError):
+        return (0, 0)
+
+
 def _duration(s: float) -> str:
     s = max(0.0, s)
     if s < 60:
@@ -55,8 +65,10 @@ class Progress:
         if self.mode == "bar" and total > 1:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, file=self.stream, unit=unit, desc=desc, dynamic_ncols=True, leave=False,
-                            mininterval=0.2)
+            size = _terminal_size(self.stream)
+            # a terminal that reports no size (0 × 0: a fresh pty, some containers) gets 80 × 24, not a hidden bar
+            fixed = {"ncols": size[0] or 80, "nrows": size[1] or 24} if 0 in size else {"dynamic_ncols": True}
+            self.bar = tqdm(total=total, file=self.stream, unit=unit, desc=desc, leave=False, mininterval=0.2, **fixed)
 
     def __enter__(self) -> Progress:
         return self

@@ -59,9 +59,10 @@ def _drain(fd: int) -> str:
     return out.decode(errors="replace")
 
 
-def test_a_terminal_gets_a_bar_with_rate_and_eta_and_stdout_only_the_result(monkeypatch, capsys, two_files):
+@pytest.mark.parametrize("size", [(24, 120), (0, 120), (0, 0)])  # a terminal that reports no height or no size too
+def test_a_terminal_gets_a_bar_with_rate_and_eta_and_stdout_only_the_result(monkeypatch, capsys, two_files, size):
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 columns wide
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))  # rows, columns
     try:
         out = _analyze(monkeypatch, capsys, _stream(slave), two_files)
         shown = _drain(master)
