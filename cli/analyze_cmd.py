@@ -110,7 +110,8 @@ def _task(source: str, items: list[tuple[str, str, str | None]], axis: int, kw: 
     from fpsim.io import InputError, open_file
 
     try:
-        refs = {r.name: r for r in open_file(source)[0]}
+        # read leniently: the parent already refused the malformed files that --lenient did not allow
+        refs = {r.name: r for r in open_file(source, strict=False)[0]}
     except InputError as e:
         return [([], f"error: {e}")] * len(items)
     except MemoryError:
@@ -278,10 +279,13 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
 @click.option("--html", "html_page", default=None, metavar="REPORT.html",
               help="Also write one self-contained HTML page: the sortable table with its legend, and per tensor a "
                    "histogram of log2|x| with each format's representable window and its errors.")
+@click.option("--lenient", is_flag=True,
+              help="Read the tensors of a malformed file (one its format's reference reader refuses) whose bytes are "
+                   "still unambiguous; the file's error line names the others. Aliased bytes are never analysed.")
 @click.option("-q", "--quiet", is_flag=True, help="No notes or progress on stderr (error lines are still written).")
 @click.option("-v", "--verbose", is_flag=True, help="A line per tensor on stderr.")
 def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_above, out_format, output, workers,
-            scheduler, reference, convention, quiet, verbose, html_page):
+            scheduler, reference, convention, lenient, quiet, verbose, html_page):
     """Quantize every tensor of PATHS (.npz, .npy, .safetensors, .pt/.pth/.bin; files, directories, globs) under each
     format."""
     from fpsim.io import InputError, OutputError, atomic_write, check_writable, open_tensors, unique_labels
@@ -298,7 +302,7 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
     files: list[str] = []
     try:
         refs = open_tensors(list(paths), on_error=errors.append, on_note=lambda n: note(f"note: skipped {n}"),
-                            on_file=files.append)
+                            on_file=files.append, strict=not lenient)
     except InputError as e:
         note(f"error: {e}")
         sys.exit(EXIT_USAGE)

@@ -38,11 +38,11 @@ def messages_are_lines(r) -> None:
 
 
 def test_names_with_newlines_and_terminal_escapes_stay_on_one_line(tmp_path, good):
-    body = np.random.default_rng(1).standard_normal(16).astype(np.float32).tobytes()
+    body = np.random.default_rng(1).standard_normal(33).astype(np.float32).tobytes()
     p = raw_safetensors(tmp_path / "nl.safetensors", {
         "a\nerror: forged": {"dtype": "I32", "shape": [16], "data_offsets": [0, 64]},  # skipped: a note
-        "b\nx\u2028y": {"dtype": "F32", "shape": [16], "data_offsets": [0, 64]},  # analysed
-        "c\r\x1b]0;title\x07": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},  # 0-d: a note
+        "b\nx\u2028y": {"dtype": "F32", "shape": [16], "data_offsets": [64, 128]},  # analysed
+        "c\r\x1b]0;title\x07": {"dtype": "F32", "shape": [], "data_offsets": [128, 132]},  # 0-d: a note
     }, body)
     r = run(good, p, *FAST)
     assert r.exit_code == 0, r.output
@@ -109,10 +109,14 @@ def test_file_name_that_is_not_utf8_is_written_to_output(tmp_path):
 @pytest.mark.parametrize("dtype", [["F32"], {"a": 1}])
 def test_safetensors_dtype_that_is_not_a_string(tmp_path, good, dtype):
     p = raw_safetensors(tmp_path / "bad.safetensors", {"x": {"dtype": dtype, "shape": [16], "data_offsets": [0, 64]},
-                                                       "y": {"dtype": "F32", "shape": [16], "data_offsets": [0, 64]}},
-                        np.ones(16, np.float32).tobytes())
+                                                       "y": {"dtype": "F32", "shape": [16], "data_offsets": [64, 128]}},
+                        np.ones(32, np.float32).tobytes())
     r = run(good, p, *FAST)  # was: TypeError (unhashable) traceback, nothing reported
-    assert r.exit_code == 1 and "bad.safetensors: tensor 'x': unsupported dtype" in r.stderr, r.output
+    assert r.exit_code == 1 and "bad.safetensors: malformed safetensors: tensor 'x': unsupported dtype" in r.stderr
+    assert "good.npz:w" in r.stdout and "bad.safetensors:y" not in r.stdout
+    messages_are_lines(r)
+    r = run(good, p, *FAST, "--lenient")  # y is still unambiguous
+    assert r.exit_code == 1 and "read leniently: 1 tensor(s) whose bytes are unambiguous, not 'x'" in r.stderr
     assert "good.npz:w" in r.stdout and "bad.safetensors:y" in r.stdout
     messages_are_lines(r)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["InputError", "json_object", "printable"]
+__all__ = ["InputError", "MalformedFile", "json_object", "printable"]
 
 # Control characters (C0, DEL, C1), the Unicode line/paragraph separators and lone surrogates: any of them in a
 # tensor or file name would split a one-line message, move the terminal's cursor or fail to encode as UTF-8.
@@ -23,11 +23,12 @@ def _refuse_constant(c):
     raise ValueError(f"JSON constant {c} is not allowed")
 
 
-def json_object(raw: bytes, what: str, exc: type[Exception] = ValueError) -> dict:
+def json_object(raw: bytes, what: str, exc: type[Exception] = ValueError, **hooks) -> dict:
     """The JSON object in ``raw`` (UTF-8; NaN/Infinity constants refused), or ``exc`` with one line beginning
-    with ``what`` (e.g. "PATH: corrupt safetensors header") that says why."""
+    with ``what`` (e.g. "PATH: corrupt safetensors header") that says why; ``hooks``: ``json.loads``'s
+    ``object_pairs_hook`` / ``parse_int``."""
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant, **hooks)
     except UnicodeDecodeError:
         raise exc(f"{what} (not UTF-8)") from None
     except RecursionError:
@@ -41,3 +42,8 @@ def json_object(raw: bytes, what: str, exc: type[Exception] = ValueError) -> dic
 
 class InputError(Exception):
     """A file or tensor that cannot be read as asked; the message is one line naming the file (and tensor)."""
+
+
+class MalformedFile(InputError):
+    """A file that its format's reference reader refuses (the safetensors library, ``numpy.load``, ``torch.load``);
+    the message is one line: "PATH: malformed FORMAT: what is wrong"."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, MalformedFile
 from .rows import ArrayStorage, FileStorage, Member, temp_file
 
 __all__ = ["npz_members", "read_npy_header", "npy_dtype", "zip_data_offset", "SPILL_BYTES", "MAX_DEFLATE_RATIO"]
@@ -109,9 +109,30 @@ def _member(path: Path, zf: zipfile.ZipFile, fh, info: zipfile.ZipInfo) -> Membe
         # Fortran order: the C-ordered data of the reversed shape; read whole and reorder (rare in practice)
         return Member(name, tuple(shape), dt, _fortran_storage(path, info, head_len, dt, shape), note=note)
     if info.compress_type == zipfile.ZIP_STORED:
-        off = zip_data_offset(fh, info) + head_len
-        return Member(name, tuple(shape), dt, lambda: FileStorage(path, off, dt), note=note)
+        start = zip_data_offset(fh, info)
+        return Member(name, tuple(shape), dt, _stored_storage(path, info, start, head_len, dt), note=note)
     return Member(name, tuple(shape), dt, _inflating_storage(path, info, head_len, dt, need), note=note)
+
+
+def _stored_storage(path, info, start: int, head_len: int, dt):
+    """A stored member read in place, its CRC-32 checked over its bytes at the first read (numpy.load, through
+    zipfile, refuses a member whose CRC does not match; zipfile checks it at the header only for small members)."""
+    checked = []
+
+    def storage():
+        if not checked:
+            crc = 0
+            with open(path, "rb") as f:
+                f.seek(start)
+                for left in range(info.compress_size, 0, -(1 << 22)):
+                    crc = zlib.crc32(f.read(min(left, 1 << 22)), crc)
+            if crc != info.CRC:
+                raise InputError(f"{path}: member {info.filename[:-4]!r} is corrupt: the CRC-32 of its bytes is not "
+                                 "the archive's (numpy.load refuses it)")
+            checked.append(True)
+        return FileStorage(path, start + head_len, dt)
+
+    return storage
 
 
 def _inflate_into(path, info, head_len, sink, need):
@@ -248,19 +269,25 @@ def npz_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
     # NotImplementedError: a corrupt central directory that asks for a zip version zipfile does not know
     except (zipfile.BadZipFile, EOFError, ValueError, struct.error, NotImplementedError) as e:
         raise InputError(f"{p}: not an npz file (bad zip: {type(e).__name__})") from None
-    out, notes, seen = [], [], set()
+    out, notes, copies, dups = [], [], {}, []
     with zf, open(p, "rb") as fh:
-        for info in zf.infolist():
+        magic = fh.read(4)
+        infos = zf.infolist()
+        for info in infos:
+            copies[info.filename] = copies.get(info.filename, 0) + 1
+        for info in infos:
             if info.filename.endswith("/"):  # a directory (ZipInfo.is_dir fails on an empty name: IndexError)
                 continue
             if not info.filename.endswith(".npy"):
                 notes.append(f"{p}: member {info.filename!r} is not a .npy array")
                 continue
             name = info.filename[:-4]
-            if name in seen:
-                out.append(Member(name, error=f"{p}: member {name!r} appears twice in the archive"))
+            if zf.getinfo(info.filename) is not info:  # numpy.load reads the last member of a name: so does fpsim
+                n = copies[info.filename]
+                why = "twice" if n == 2 else f"{n} times"
+                dups.append(Member(name, error=f"{p}: member {name!r} appears {why} in the archive; this earlier copy "
+                                               "is not read (numpy.load reads the last)"))
                 continue
-            seen.add(name)
             try:
                 out.append(_member(p, zf, fh, info))
             except _Refused as e:
@@ -268,6 +295,12 @@ def npz_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
             except _BAD as e:  # numpy's header parser or zipfile/zlib on a damaged member
                 out.append(Member(name, error=f"{p}: member {name!r} is not a valid .npy array or is corrupt "
                                               f"({type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''})"))
+    out += dups  # after the copies read, so that those keep the member's name
     if not out and not notes:
         raise InputError(f"{p}: no arrays in this npz file")
+    if magic not in (b"PK\x03\x04", b"PK\x05\x06"):  # numpy.load tells an npz by these first bytes
+        e = MalformedFile(f"{p}: malformed npz: the file does not begin with a zip header ({len(zf.filelist)} "
+                          "member(s) found after other data; numpy.load refuses it)")
+        e.lenient_members = (out, notes)
+        raise e
     return out, notes

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, printable
+from .errors import InputError, MalformedFile, printable
 from .npz import npy_dtype, npz_members, read_npy_header
 from .rows import ArrayStorage, FileStorage, Member, RowSource
-from .safetensors import SAFETENSORS_DTYPES, read_entry, read_header, write_safetensors
+from .safetensors import SAFETENSORS_DTYPES, check_header, malformed, read_entry, read_raw_header, write_safetensors
 from .torchfile import torch_members
 
 __all__ = ["InputError", "TensorRef", "RowSource", "open_tensors", "open_file", "check_input_file", "unique_labels",
@@ -100,28 +100,50 @@ def _from_members(path: Path, members: list[Member]) -> list[TensorRef]:
                       f"{path}:{m.name}: {m.note}" if m.note else None) for m in members]
 
 
+def lenient(exc: MalformedFile, refs: list[TensorRef], notes: list[str], skipped: list[str]) -> MalformedFile:
+    """``exc`` carrying what a lenient reading keeps: the tensors that are still unambiguous, the notes, and a
+    message naming the tensors left out."""
+    names = ", ".join(repr(printable(n)) for n in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5
+                                                                  else "")
+    why = f"; read leniently: {len(refs)} tensor(s) whose bytes are unambiguous" + (f", not {names}" if names else "")
+    exc.lenient = (refs, notes, f"{exc}{why}")
+    return exc
+
+
 def _safetensors(path: Path) -> tuple[list[TensorRef], list[str]]:
-    entries, _ = read_header(path)
+    raw, size = read_raw_header(path)
+    h = check_header(raw, path, size)
     refs = []
-    for e in entries:
+    for e in h.entries:
         if e.error:
-            refs.append(TensorRef(str(path), e.name, (), np.dtype("u1"), error=e.error))
+            if not h.problems:  # (an entry that cannot be read always makes the file malformed)
+                refs.append(TensorRef(str(path), e.name, (), np.dtype("u1"), error=e.error))
         elif e.bits < 8:  # packed sub-byte elements: unpacked whole (a quarter to a half of a float32 copy)
             refs.append(TensorRef(str(path), e.name, e.shape, e.dtype,
                                   lambda e=e: ArrayStorage(read_entry(path, e))))
         else:
             refs.append(TensorRef(str(path), e.name, e.shape, e.dtype,
                                   lambda e=e: FileStorage(path, e.offset, e.dtype)))
-    return refs, []
+    if h.problems:
+        raise lenient(MalformedFile(malformed(path, h)), refs, h.notes, [e.name for e in h.entries if e.error])
+    return refs, h.notes
 
 
 def _npz(path: Path):
-    members, notes = npz_members(path)
+    try:
+        members, notes = npz_members(path)
+    except MalformedFile as e:
+        members, notes = e.lenient_members[:2]
+        raise lenient(e, _from_members(path, members), notes, []) from None
     return _from_members(path, members), notes
 
 
 def _torch(path: Path):
-    members, notes = torch_members(path)
+    try:
+        members, notes = torch_members(path)
+    except MalformedFile as e:
+        members, notes, skipped = e.lenient_members
+        raise lenient(e, _from_members(path, members), notes, skipped) from None
     return _from_members(path, members), notes
 
 
@@ -268,10 +290,19 @@ def _distinct_names(path: Path, refs: list[TensorRef]) -> list[TensorRef]:
     return refs
 
 
-def open_file(path: str | os.PathLike) -> tuple[list[TensorRef], list[str]]:
+def open_file(path: str | os.PathLike, strict: bool = True) -> tuple[list[TensorRef], list[str]]:
     """The tensors of one file (opened once) and its notes; :class:`InputError` when the file is unreadable.
-    Names are printable and distinct within the file (:func:`_distinct_names`)."""
-    p = Path(path)
+    Names are printable and distinct within the file (:func:`_distinct_names`).
+
+    ``strict``: a file its format's reference reader refuses (:class:`MalformedFile`) raises, with the reason; else
+    only its tensors that are still unambiguous are returned, the one line saying why among the notes (aliased bytes
+    are never read)."""
+    refs, notes, bad = _open(Path(path), strict)
+    return refs, notes + ([bad] if bad else [])
+
+
+def _open(p: Path, strict: bool) -> tuple[list[TensorRef], list[str], str | None]:
+    """:func:`open_file`'s tensors, notes and, read leniently, the line saying why the file is malformed."""
     reader = _READERS.get(p.suffix.lower())
     if reader is None:
         raise InputError(f"{p}: unsupported file type (use {', '.join(SUFFIXES)})")
@@ -281,8 +312,14 @@ def open_file(path: str | os.PathLike) -> tuple[list[TensorRef], list[str]]:
             raise InputError(f"{p}: {_kind(st.st_mode)}, not a regular file; refusing to read it")
         if not os.access(p, os.R_OK):
             raise InputError(f"{p}: not readable (permission denied)")
-        refs, notes = reader(p)
-        return _distinct_names(p, refs), notes
+        try:
+            refs, notes = reader(p)
+            bad = None
+        except MalformedFile as e:
+            if strict or getattr(e, "lenient", None) is None:
+                raise
+            refs, notes, bad = e.lenient
+        return _distinct_names(p, refs), notes, bad
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or type(e).__name__})") from None
     except RecursionError:
@@ -293,13 +330,15 @@ def open_file(path: str | os.PathLike) -> tuple[list[TensorRef], list[str]]:
 
 def open_tensors(paths: list[str] | str, on_error: Callable[[str], None] | None = None,
                  on_note: Callable[[str], None] | None = None,
-                 on_file: Callable[[str], None] | None = None) -> list[TensorRef]:
+                 on_file: Callable[[str], None] | None = None, strict: bool = True) -> list[TensorRef]:
     """All tensors of the given files / directories / globs, unloaded, each file opened once.
 
     A path that names nothing raises :class:`InputError`.  A file that cannot be opened raises
     :class:`InputError`, or is reported to ``on_error`` and skipped when that callback is given; notes on
     skipped entries (non-array members, non-tensor values, files of other types) go to ``on_note``;
     ``on_file`` receives every file the paths name, readable or not (e.g. to protect inputs from an output).
+    ``strict=False``: a malformed file's unambiguous tensors are listed (:func:`open_file`) and the line saying why it
+    is malformed goes to ``on_error`` (to ``on_note`` when ``on_error`` is not given).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [os.fspath(paths)]
@@ -319,10 +358,12 @@ def open_tensors(paths: list[str] | str, on_error: Callable[[str], None] | None 
         if on_file is not None:
             on_file(str(path))
         try:
-            r, n = open_file(path)
+            r, n, bad = _open(path, strict)
         except InputError as e:
             fail(str(e))
             continue
+        if bad:
+            (on_error or notes.append)(bad)
         refs += r
         notes += n
     if on_note is not None:

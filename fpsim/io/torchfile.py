@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, MalformedFile
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
-from .torchpickle import HostileKey, check_keys, legacy_members, pickle_free_members, tree_leaves
+from .torchpickle import HostileKey, check_keys, legacy_members, malformed_torch, pickle_free_members, tree_leaves
 
 __all__ = ["torch_members"]
 
@@ -103,17 +103,19 @@ def _records(path: Path) -> tuple[dict[int, int], bool]:
     return out, little
 
 
-def _in_place(obj, plain) -> bool:
-    """Whether every tensor of a meta-device load is a dense, C-contiguous tensor of a dtype read as is."""
+def _in_place(obj, plain, records: dict[int, int]) -> bool:
+    """Whether every tensor of a meta-device load is a dense, C-contiguous tensor of a dtype read as is, at the
+    start of a stored record (torch computes a meta storage's offset from its own 64-byte alignment: in a zip
+    rewritten by another tool it can point between records)."""
     import torch
 
     if isinstance(obj, torch.Tensor):
         return (obj.is_meta and obj.layout == torch.strided and obj.is_contiguous() and obj.dtype in plain
-                and getattr(obj.untyped_storage(), "_checkpoint_offset", None) is not None)
+                and getattr(obj.untyped_storage(), "_checkpoint_offset", None) in records)
     if isinstance(obj, dict):
-        return all(_in_place(v, plain) for v in obj.values())
+        return all(_in_place(v, plain, records) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return all(_in_place(v, plain) for v in obj)
+        return all(_in_place(v, plain, records) for v in obj)
     return True
 
 
@@ -130,10 +132,11 @@ def _load(path: Path, plain: dict):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:  # mmap=True: nothing is read or touched for a meta load; it also refuses the legacy format fast
-            obj = torch.load(path, map_location="meta", weights_only=True, mmap=True)
             records, little = _records(path)
-            if little and _in_place(obj, plain):
-                return obj, records
+            if little:  # (torch 2.13 ends the process with SIGSEGV on a meta load of a big-endian file)
+                obj = torch.load(path, map_location="meta", weights_only=True, mmap=True)
+                if _in_place(obj, plain, records):
+                    return obj, records
         except Exception:  # noqa: BLE001 - the load below reports what is wrong with the file
             pass
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True), None
@@ -148,10 +151,17 @@ def _file_member(p: Path, name: str, t, dt: np.dtype, records: dict[int, int]) -
     shape = tuple(t.shape)
     if have is None:
         return Member(name, shape, dt, error=f"{p}: tensor {name!r}: its storage is not a stored record of the file")
+    declared = t.untyped_storage().nbytes()
+    if have != declared:  # torch.load refuses the whole file ("record size ... does not match expected size")
+        raise _RecordSize(f"the storage record of tensor {name!r} holds {have} bytes, the pickle declares {declared}")
     if t.numel() and need > have:
         return Member(name, shape, dt, error=f"{p}: tensor {name!r}: shape {list(shape)} of {t.dtype} needs {need} "
                                              f"bytes of its storage, the file holds {have}: truncated or corrupt")
     return Member(name, shape, dt, lambda: FileStorage(p, off + start, dt))
+
+
+class _RecordSize(ValueError):
+    """A storage record whose size is not the one the pickle declares (what makes torch.load refuse the file)."""
 
 
 def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
@@ -168,6 +178,8 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
     if not zipped:  # the legacy format: torch would read it whole (no mmap); read here in place, never unpickled
         try:
             return legacy_members(p, plain, torch)
+        except MalformedFile:
+            raise
         except HostileKey as e:
             raise InputError(f"{p}: cannot read as a torch file: {e}") from None
         except Exception as e:  # noqa: BLE001 - a file that is not one: one line
@@ -189,9 +201,14 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
         raise InputError(f"{p}: cannot read as a weights-only torch file ({first})") from None
     members: list[Member] = []
     notes: list[str] = []
+    problems: list[str] = []
     for name, v in tree_leaves(obj, "" if not isinstance(obj, torch.Tensor) else "tensor", notes, p):
         if isinstance(v, torch.Tensor) and records is not None:
-            members.append(_file_member(p, name, v, plain[v.dtype], records))
+            try:
+                members.append(_file_member(p, name, v, plain[v.dtype], records))
+            except _RecordSize as e:
+                problems.append(str(e))
+                members.append(Member(name, tuple(v.shape), np.dtype("u1"), error=f"{p}: {e}"))
         elif isinstance(v, torch.Tensor):
             try:
                 a = _to_numpy(v, views)
@@ -201,4 +218,7 @@ def torch_members(path: str | os.PathLike) -> tuple[list[Member], list[str]]:
             members.append(Member(name, tuple(a.shape), a.dtype, lambda a=a: ArrayStorage(a)))
         else:
             notes.append(f"{p}: {name or '(top level)'!r} is not a tensor ({type(v).__name__})")
+    if problems:
+        raise malformed_torch(p, problems, members, notes)
     return members, notes
+

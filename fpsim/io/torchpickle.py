@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import MalformedFile
 from .npz import zip_data_offset
 from .rows import ArrayStorage, FileStorage, Member
 
@@ -342,7 +343,7 @@ def legacy_members(p: Path, plain: dict, torch) -> tuple[list[Member], list[str]
         keys = _Unpickler(f, torch).load()
         if not isinstance(keys, list):
             raise pickle.UnpicklingError("corrupt storage list")
-        records, pos = {}, f.tell()
+        records, pos, problems = {}, f.tell(), []
         for key in map(str, keys):
             if key not in up.storage_dtypes:
                 raise pickle.UnpicklingError(f"storage {key[:30]!r} is listed but no tensor uses it")
@@ -354,8 +355,13 @@ def legacy_members(p: Path, plain: dict, torch) -> tuple[list[Member], list[str]
                 raise pickle.UnpicklingError(f"storage {key[:30]!r} has a negative size")
             nbytes = numel * (1 if dt is None else _itemsize(dt, torch))
             records[key] = (pos + 8, max(0, min(nbytes, size - pos - 8)))  # short: its tensors say "truncated"
+            if len(head) < 8 or pos + 8 + nbytes > size:  # torch.load refuses the file ("unexpected EOF")
+                problems.append(f"storage {key[:30]!r} is truncated ({records[key][1]} of {nbytes} bytes)")
             pos += 8 + nbytes
-    return _members_of(p, obj, plain, records)
+    members, notes = _members_of(p, obj, plain, records)
+    if problems:
+        raise malformed_torch(p, problems, members, notes)
+    return members, notes
 
 
 def _itemsize(dtype, torch) -> int:
@@ -400,3 +406,12 @@ def tree_leaves(obj, top: str, notes: list[str], p: Path, depth_limit: int = 64)
             yield name, v
 
     yield from walk(top, obj, 0)
+
+
+def malformed_torch(p: Path, problems: list[str], members: list[Member], notes: list[str]) -> MalformedFile:
+    """The :class:`MalformedFile` of a torch file that ``torch.load(weights_only=True)`` refuses, carrying the
+    members whose bytes are still unambiguous (``lenient_members``)."""
+    more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+    e = MalformedFile(f"{p}: malformed torch file: {'; '.join(problems[:3])}{more} (torch.load refuses it)")
+    e.lenient_members = ([m for m in members if m.error is None], notes, [m.name for m in members if m.error])
+    return e
