@@ -88,14 +88,14 @@ def test_npy_header_claiming_a_huge_shape_is_refused(tmp_path):
     assert code == 2 and len(lines) == 1 and "h.npy" in lines[0] and "truncated" in lines[0], out
 
 
-def _safetensors(path, shape, nbytes_data: int, sparse_size: int | None = None):
+def _safetensors(path, shape, nbytes_data: int, sparse_data: int | None = None):
     h = json.dumps({"x": {"dtype": "F32", "shape": list(shape),
                           "data_offsets": [0, 4 * int(np.prod(shape, dtype=object))]}}).encode()
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"\0" * nbytes_data)
-        if sparse_size is not None:
-            f.truncate(sparse_size)  # a sparse file: the offsets fit, the data is never written
+        if sparse_data is not None:
+            f.truncate(8 + len(h) + sparse_data)  # a sparse file: the offsets fit, the data is never written
 
 
 def test_safetensors_header_claiming_a_huge_shape_is_refused(tmp_path):
@@ -108,7 +108,7 @@ def test_safetensors_header_claiming_a_huge_shape_is_refused(tmp_path):
 def test_safetensors_consistent_but_too_large_is_refused_before_reading(tmp_path, monkeypatch):
     """The offsets fit a (sparse) file, but the tensor needs more than the bound: refused from the header."""
     monkeypatch.setenv(MAX_BYTES_ENV, str(1 << 20))
-    _safetensors(tmp_path / "big.safetensors", (1024, 1024), 0, sparse_size=8 + 4 * 1024 * 1024 + 200)
+    _safetensors(tmp_path / "big.safetensors", (1024, 1024), 0, sparse_data=4 * 1024 * 1024)
     code, lines, out = _diff_cli(tmp_path, tmp_path / "big.safetensors")
     assert code == 2 and len(lines) == 1 and "big.safetensors" in lines[0] and "'x'" in lines[0], out
     assert "4194304 bytes" in lines[0]

@@ -151,7 +151,8 @@ class _Obj(dict):
 def _pairs_hook(pairs):
     obj = _Obj(pairs)
     if len(obj) != len(pairs):
-        obj.dups = tuple(dict.fromkeys(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+        seen: set = set()
+        obj.dups = tuple(dict.fromkeys(k for k, _ in pairs if k in seen or seen.add(k)))
         obj.pairs = tuple(pairs)
     return obj
 
@@ -249,8 +250,8 @@ def _layout(entries: list[Entry], base: int, size: int) -> tuple[list[str], set[
             owner, reach = i, t
         if t > size:
             bad.add(i)
-            problems.append(f"tensor {entries[i].name!r} runs past the end of the file (data offsets end at "
-                            f"{t - base}, the file holds {size - base} data bytes)")
+            problems.append(f"tensor {entries[i].name!r} is truncated: its data offsets end at {t - base}, the file "
+                            f"holds {size - base} data bytes")
         pos, prev = max(pos, t), i
     if pos < size:
         problems.append(f"{size - pos} trailing byte(s) after the last tensor's data")
@@ -301,12 +302,13 @@ def check_header(raw: bytes, path, size: int) -> Header:
         problems.append(f"__metadata__ value of {printable(k)[:40]!r} is not a string")
     base = 8 + len(raw)
     entries = [_entry(path, str(k), v, base) for k, v in header.items()]
-    for k in header.dups:  # the library keeps the last entry of a name, but refuses the file if any of them is bad
-        shown = printable(str(k))
-        if any(_entry(path, str(k), v, base).error for kk, v in header.pairs if kk == k):
-            problems.append(f"tensor {shown!r} is named more than once and an earlier entry is invalid")
-        notes.append(f"{path}: earlier entries of tensor {shown!r} (named more than once in the header): the last "
-                     "is read, as the safetensors library does")
+    if header.dups:  # the library keeps the last entry of a name, but refuses the file if any of them is bad
+        dups = set(header.dups)
+        bad = dict.fromkeys(k for k, v in header.pairs if k in dups and _entry(path, k, v, base).error)
+        problems += [f"tensor {printable(k)!r} is named more than once and one of its entries is invalid" for k in bad]
+        shown = ", ".join(repr(printable(k)) for k in header.dups[:5]) + (" …" if len(header.dups) > 5 else "")
+        notes.append(f"{path}: earlier entries of {len(dups)} tensor name(s) given more than once in the header "
+                     f"({shown}): the last is read, as the safetensors library does")
     problems += [e.error[len(f"{path}: "):] for e in entries if e.error]
     layout, bad = _layout(entries, base, size)
     problems += layout
