@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
-from ._analysis_kernels import block_rows, err_rows, moment_rows
+from ._analysis_sums import ErrorSums as _Acc
+from ._analysis_sums import MomentSums as _MomentSums
 from ._arrays import as_float32
 from .dispatch import quantize, rht
 from .random import stream_width
@@ -132,119 +132,41 @@ def mean_ci95(samples) -> tuple[float, float]:
     return mean, float(stats.t.ppf(0.975, v.size - 1)) * math.sqrt(var) / math.sqrt(v.size)
 
 
-@dataclass
-class _Acc:
-    """Running sums over chunks (float64): errors over the measured elements, element and block counts."""
-
-    measured: int = 0
-    nonfinite_out: int = 0
-    sq: float = 0.0
-    err_sq: float = 0.0
-    max_abs_err: float = 0.0
-    err_sum: float = 0.0
-    n: int = 0
-    nonzero: int = 0
-    flushed: int = 0
-    saturated: int = 0
-    blocks: int = 0
-    small_scale: int = 0
-    dyn_sum: float = 0.0
-    dyn_n: int = 0
-    bound: float | None = None  # the bulk's |x| bound (bulk_rel_error), or None: not measured
-    bulk_sq: float = 0.0
-    bulk_err_sq: float = 0.0
-
-    def add(self, x: np.ndarray, xq: np.ndarray, q: QuantizedTensor | None, errors: bool = True,
-            elements: bool = True) -> None:
-        """Add a chunk: ``errors`` (MSE … bias sums), ``elements`` (flushed/saturated counts and, with ``q``,
-        block statistics).  RHT recipe rows take errors in one basis and elements in the other."""
-        x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
-        q2 = np.ascontiguousarray(xq, np.float32).reshape(x2.shape)
-        f = np.zeros((x2.shape[0], 4), np.float64)
-        k = np.zeros((x2.shape[0], 4), np.int64)
-        if x2.size:
-            err_rows(x2, q2, f, k)
-        if errors:
-            self.measured += int(k[:, 0].sum())
-            self.nonfinite_out += int(k[:, 3].sum())
-            self.sq += float(f[:, 0].sum())
-            self.err_sq += float(f[:, 1].sum())
-            self.err_sum += float(f[:, 2].sum())
-            self.max_abs_err = max(self.max_abs_err, float(f[:, 3].max()) if x2.size else 0.0)
-            if self.bound is not None and x2.size:  # NaN and ±inf fail |x| ≤ bound
-                with np.errstate(invalid="ignore"):
-                    m = (np.abs(x2) <= self.bound) & np.isfinite(q2)
-                xb = x2[m].astype(np.float64)
-                d = xb - q2[m]
-                self.bulk_sq += float(xb @ xb)
-                self.bulk_err_sq += float(d @ d)
-        if elements:
-            self.n += x2.size
-            self.nonzero += int(k[:, 1].sum())
-            self.flushed += int(k[:, 2].sum())
-            if q is not None:
-                self._block_stats(x2, q2, q)
-
-    def _block_stats(self, x2, q2, q):
-        sch = q.scheme
-        el = sch.element
-        codes = np.ascontiguousarray(q.data).reshape(x2.shape[0], -1)
-        bc = sch.block[1] if sch.block is not None and sch.block[0] == 1 else 0
-        f = np.zeros(x2.shape[0])
-        k = np.zeros((x2.shape[0], 2), np.int64)
-        if x2.size:
-            block_rows(x2, q2, codes, el.bits == 4, el.magnitude_mask, el.max_code, bc, f, k)
-        self.saturated += int(k[:, 0].sum())
-        if sch.kind is Kind.TWO_LEVEL:
-            sc = q.scales.reshape(-1)
-            exp_field = sch.scale.magnitude_mask & ~((1 << sch.scale.mbits) - 1)
-            self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
-            self.blocks += sc.size
-        if bc:
-            self.dyn_sum += float(f.sum())
-            self.dyn_n += int(k[:, 1].sum())
-
-
 def _moment_chunks(chunks: Iterator[np.ndarray], mean: float, hist: np.ndarray | None = None):
-    """Sums of :func:`moment_rows` over the chunks (float32 2-D arrays): (Σv, Σd², Σd⁴), counts, amax, min, max
-    (amax 0 and min > max when no value is finite); ``hist`` counts the finite non-zero |x| by their top 16 bits."""
-    tf = np.zeros(3)
-    tk = np.zeros(3, np.int64)
-    lo, hi = math.inf, -math.inf
+    """:meth:`_MomentSums.result` over the chunks (float32 2-D arrays)."""
+    m = _MomentSums(mean, hist)
     for c in chunks:
-        if not c.size:
-            continue
-        c = np.ascontiguousarray(c).reshape(-1, c.shape[-1])
-        f = np.empty((c.shape[0], 5), order="F")  # column-major: numpy sums each column pairwise over the rows
-        k = np.empty((c.shape[0], 3), np.int64)
-        moment_rows(c, np.float64(mean), f, k)
-        if hist is not None:  # |x|'s bits >> 16: bfloat16-wide bins, ordered as the magnitudes are
-            b = c.view(np.uint32) & np.uint32(0x7FFFFFFF)
-            hist += np.bincount((b[(b != 0) & (b < 0x7F800000)] >> 16).astype(np.intp), minlength=hist.size)
-        tf += f[:, :3].sum(axis=0)
-        tk += k.sum(axis=0)
-        lo, hi = min(lo, float(f[:, 3].min())), max(hi, float(f[:, 4].max()))
-    return tf, tk, max(-lo, hi, 0.0), lo, hi
+        m.add(c)
+    return m.result()
 
 
-def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows: int = 0) -> dict:
+def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows: int = 0,
+             also: Callable[[dict, Iterator[np.ndarray]], None] | None = None) -> dict:
     """amax, std, kurtosis (Pearson, 3 for a Gaussian), NaN/inf counts over the finite values: float64 sums,
     two passes (the mean first; then Σ(v − mean)² and Σ(v − mean)⁴, so a tiny spread about a large mean is not
     lost to cancellation as in Σv²/n − mean²).  A constant tensor (min = max) has variance exactly 0.
     ``chunks``: a function giving a fresh iterator of float32 row chunks, or a 2-D array (read in chunks of
     ``chunk_rows`` rows; ``beyond_f32`` then counts, in the first pass, the finite elements of a wider float array
-    that are ±inf as float32)."""
+    that are ±inf as float32; a tensor of one chunk is read once and kept for the second pass).
+    ``also(first, chunks)``: called after the first pass with its results (amax, NaN/inf counts, median|x|) and the
+    second pass's chunks, which it must consume, so other work on the tensor shares the second read."""
     beyond = [0]
     if not callable(chunks):
         arr, cr = chunks, max(chunk_rows, 1)
         wide = np.dtype(arr.dtype).kind == "f" and np.dtype(arr.dtype).itemsize > 4
+        kept: list[np.ndarray] = []
 
         def chunks(count: bool = False) -> Iterator[np.ndarray]:
+            if kept:
+                yield kept[0]
+                return
             for i in range(0, arr.shape[0], cr):
                 c = arr[i : i + cr]
                 c32 = as_float32(c)
                 if count and wide:  # |x| ≥ FLT_MAX + ½ ulp rounds to ±inf: counted where the chunk is read anyway
                     beyond[0] += int(np.count_nonzero(np.isfinite(c) & np.isinf(c32)))
+                if count and arr.shape[0] <= cr:
+                    kept.append(c32)
                 yield c32
 
         first = chunks(True)
@@ -254,15 +176,35 @@ def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows
     (s1, _, _), (n, nan, inf), amax, lo, hi = _moment_chunks(first, 0.0, hist)
     n = int(n)
     mean = s1 / n if n else math.nan
+    second = _MomentSums(mean) if n and lo < hi else None
+    median = _median_bin(hist)
+    if also is not None:
+        def fed() -> Iterator[np.ndarray]:
+            for c in chunks():
+                if second is not None:
+                    second.add(c)
+                yield c
+
+        # the tensor amax as quantize measures it: NaN-propagating (SPEC §9), ±inf where an element is infinite
+        also(_quantize_amax({"amax": amax, "nan_count": nan, "inf_count": inf, "median_abs": median}), fed())
+    elif second is not None:
+        for c in chunks():
+            second.add(c)
     var = s4 = 0.0
-    if n and lo < hi:
-        (_, s2, s4), _, _, _, _ = _moment_chunks(chunks(), mean)
+    if second is not None:
+        (_, s2, s4), _, _, _, _ = second.result()
         var = float(s2) / n
     var = var if n else math.nan
     std = math.sqrt(var) if n else math.nan
     kurt = (float(s4) / n) / (var * var) if n and var > 0 else math.nan
     return {"amax": float(amax), "std": float(std), "kurtosis": float(kurt), "nan_count": int(nan),
-            "inf_count": int(inf), "n": n, "beyond_f32": beyond[0], "median_abs": _median_bin(hist)}
+            "inf_count": int(inf), "n": n, "beyond_f32": beyond[0], "median_abs": median}
+
+
+def _quantize_amax(mom: dict) -> dict:
+    """``mom`` with the tensor amax as quantize measures it: NaN-propagating (SPEC §9), ±inf where an element is
+    infinite, else the largest finite |x| (the moments' amax)."""
+    return dict(mom, amax=math.nan if mom["nan_count"] else math.inf if mom["inf_count"] else float(mom["amax"]))
 
 
 def _median_bin(hist: np.ndarray) -> float:
@@ -420,15 +362,28 @@ def analyze_tensor(
     # along its last axis): equal bit for bit whichever --axis, where the axis-moved rows' order changed the last
     # digits (float64 sums in another order).
     stored = arr.stored_2d() if hasattr(arr, "stored_2d") else x2d
-    mom = _moments(stored, _chunk_rows(stored.shape[1], chunk_bytes))
+    # Every plain scheme row is taken from one read of the tensor: the second pass of the moments where the stored
+    # order is the rows' order (--axis -1), else one read of the rows after the moments.
+    runs: list[_SchemeRun] = []
+
+    def quantize_all(first: dict, chunks: Iterator[np.ndarray]) -> None:
+        bound = BULK_MEDIANS * first["median_abs"] if math.isfinite(first["median_abs"]) else None
+        runs.extend(_SchemeRun(s, first["amax"], bound) for s in schemes)
+        for c in chunks:
+            for run in runs:
+                run.add(c)
+
+    same_order = stored.shape == x2d.shape and getattr(arr, "axis", -1) in (-1, len(arr.orig_shape) - 1) \
+        if hasattr(arr, "stored_2d") else True
+    mom = _moments(stored, _chunk_rows(stored.shape[1], chunk_bytes), also=quantize_all if same_order else None)
+    if not same_order:
+        quantize_all(_quantize_amax(mom), _chunks(x2d, chunk_rows))
     stats0 = dict(_stats(base, mom), median_abs=mom["median_abs"])
     wide = mom["beyond_f32"]
     if wide:  # the analysis runs on float32, where these are ±inf: say so rather than let inf_count mislead
         stats0["notes"]["inf_count"] = (f"includes {wide} finite {np.dtype(arr.dtype).name} elements beyond "
                                         "float32's range, which are ±inf once cast to float32 (as analysed)")
-    out = []
-    for scheme in schemes:
-        out.append(_scheme_row(x2d, chunk_rows, scheme, 0, stats0, role, seeds))
+    out = [_scheme_finish(run, x2d, chunk_rows, stats0, role, seeds) for run in runs]
     if rht_d:
         for scheme in schemes:
             if get_scheme(scheme).kind is Kind.CAST:
@@ -456,31 +411,49 @@ def _chunks(x2d, chunk_rows: int, d: int = 0) -> Iterator[np.ndarray]:
         yield rht(c, d, _rht_signs(d), axis=-1) if d else c
 
 
+def _per_tensor(sch) -> bool:
+    """Whether the scheme scales by the tensor amax (a per-tensor FP8 scale or NVFP4's second level)."""
+    return sch.kind is not Kind.CAST and (sch.block is None or (sch.tensor_scale and not sch.per_row_scale))
+
+
+class _SchemeRun:
+    """One scheme (or scheme+rhtD) quantized chunk by chunk with the global amax (``amax``: the tensor's, used by
+    schemes with a per-tensor scale), its statistics accumulated; ``bound``: the bulk's |x| bound or None."""
+
+    def __init__(self, scheme: str, amax: float, bound: float | None, d: int = 0):
+        self.sch = sch = get_scheme(scheme)
+        self.label, self.d = scheme if not d else f"{scheme}+rht{d}", d
+        self.cast = sch.kind is Kind.CAST
+        per_tensor = _per_tensor(sch)
+        self.amax = amax if per_tensor else None
+        self.kw = {"tensor_amax": amax} if per_tensor else {}
+        self.acc = _Acc(bound=bound)
+        self.nbytes = 4 if per_tensor else 0  # the one FP32 tensor amax / scale
+
+    def add(self, c: np.ndarray) -> None:
+        q = quantize(c, self.sch, **self.kw)
+        self.acc.add(c, q.dequantize(), None if self.cast else q)
+        self.nbytes += q.stored_bytes(tensor_scale=False)
+
+
 def _scheme_row(x2d, chunk_rows: int, scheme: str, d: int, stats: dict, role: str, seeds: int) -> dict:
-    """One scheme (or scheme+rhtD) row: quantize chunk by chunk with the global amax, accumulate."""
-    sch = get_scheme(scheme)
-    rows, cols = x2d.shape
-    label = scheme if not d else f"{scheme}+rht{d}"
-    cast = sch.kind is Kind.CAST
-    amax = None
-    if not cast and (sch.block is None or (sch.tensor_scale and not sch.per_row_scale)):
-        amax = 0.0
-        for c in _chunks(x2d, chunk_rows, d):
-            m = float(np.max(np.abs(c))) if c.size else 0.0
-            # NaN-propagating (SPEC §9): once a chunk's max is NaN the tensor amax stays NaN, whatever follows
-            amax = math.nan if math.isnan(m) or math.isnan(amax) else max(amax, m)
-    kw = {"tensor_amax": amax} if amax is not None else {}
-    med = stats.get("median_abs", math.nan)
-    acc = _Acc(bound=None if d or not math.isfinite(med) else BULK_MEDIANS * med)
-    nbytes = 0
+    """One scheme+rhtD row: the rotated chunks' amax (NaN-propagating, SPEC §9), then quantize and accumulate."""
+    amax = 0.0
+    for c in _chunks(x2d, chunk_rows, d) if _per_tensor(get_scheme(scheme)) else ():
+        m = float(np.max(np.abs(c))) if c.size else 0.0
+        amax = math.nan if math.isnan(m) or math.isnan(amax) else max(amax, m)
+    run = _SchemeRun(scheme, amax, None, d)
     for c in _chunks(x2d, chunk_rows, d):
-        q = quantize(c, sch, **kw)
-        acc.add(c, q.dequantize(), None if cast else q)
-        nbytes += q.stored_bytes(tensor_scale=False)
-    if amax is not None:
-        nbytes += 4  # the one FP32 tensor amax / scale
-    amax_nan = amax is not None and math.isnan(amax)
-    row = _row(acc, stats, label, 8.0 * nbytes / x2d.size, None if cast else sch, amax_nan)
+        run.add(c)
+    return _scheme_finish(run, x2d, chunk_rows, stats, role, seeds)
+
+
+def _scheme_finish(run: _SchemeRun, x2d, chunk_rows: int, stats: dict, role: str, seeds: int) -> dict:
+    """The row of a :class:`_SchemeRun`; a gradient's SR draws (``seeds``) are quantized here, chunk by chunk."""
+    sch, cast, d, kw = run.sch, run.cast, run.d, run.kw
+    cols = x2d.shape[1]
+    amax_nan = run.amax is not None and math.isnan(run.amax)
+    row = _row(run.acc, stats, run.label, 8.0 * run.nbytes / x2d.size, None if cast else sch, amax_nan)
     notes = row["notes"]
     if role != "gradient":
         notes["bias_sr"] = "not a gradient (SR is for gradients)"

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
      "fpsim.formats", "fpsim.random", "fpsim.packing", "fpsim.validate", "fpsim._analysis_kernels"),
     ("fpsim.codecs",),
     ("fpsim.schemes", "fpsim.conventions", "fpsim.plan", "fpsim.tensor", "fpsim._scaling_kernels",
-     "fpsim._row_kernels"),
+     "fpsim._row_kernels", "fpsim._analysis_sums"),
     ("fpsim.scaling",),
     ("fpsim.transforms",),
     ("fpsim.gemm",),

@@ -1,0 +1,117 @@
+"""Running sums of :mod:`fpsim.analysis` over the chunks of a tensor: quantization errors and element/block counts
+(:class:`ErrorSums`) and the moments of the tensor (:class:`MomentSums`).  One kernel pass per chunk gives each
+row's sums (:mod:`fpsim._analysis_kernels`); the rows of a chunk are summed here (numpy's pairwise sum), so
+results do not depend on how the kernels split the work."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._analysis_kernels import abs_hist, moment_rows, scheme_rows
+from ._jit import get_num_threads
+from .schemes import Kind
+from .tensor import QuantizedTensor
+
+__all__ = ["ErrorSums", "MomentSums", "NO_CODES"]
+
+
+@dataclass
+class ErrorSums:
+    """Running sums over chunks (float64): errors over the measured elements, element and block counts."""
+
+    measured: int = 0
+    nonfinite_out: int = 0
+    sq: float = 0.0
+    err_sq: float = 0.0
+    max_abs_err: float = 0.0
+    err_sum: float = 0.0
+    n: int = 0
+    nonzero: int = 0
+    flushed: int = 0
+    saturated: int = 0
+    blocks: int = 0
+    small_scale: int = 0
+    dyn_sum: float = 0.0
+    dyn_n: int = 0
+    bound: float | None = None  # the bulk's |x| bound (bulk_rel_error), or None: not measured
+    bulk_sq: float = 0.0
+    bulk_err_sq: float = 0.0
+
+    def add(self, x: np.ndarray, xq: np.ndarray, q: QuantizedTensor | None, errors: bool = True,
+            elements: bool = True) -> None:
+        """Add a chunk: ``errors`` (MSE … bias sums), ``elements`` (flushed/saturated counts and, with ``q``,
+        block statistics).  RHT recipe rows take errors in one basis and elements in the other.  One kernel pass
+        (:func:`scheme_rows`) gives every per-row sum; the sums of the chunk's rows are added here."""
+        x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
+        q2 = np.ascontiguousarray(xq, np.float32).reshape(x2.shape)
+        f = np.zeros((x2.shape[0], 7), np.float64)
+        k = np.zeros((x2.shape[0], 6), np.int64)
+        blocks = elements and q is not None
+        sch = q.scheme if blocks else None
+        el = sch.element if blocks else None
+        codes = np.ascontiguousarray(q.data).reshape(x2.shape[0], -1) if blocks else NO_CODES
+        bc = sch.block[1] if blocks and sch.block is not None and sch.block[0] == 1 else 0
+        bound = self.bound if errors and self.bound is not None else -1.0  # -1: no element is in a bulk
+        if x2.size:
+            scheme_rows(x2, q2, codes, blocks, blocks and el.bits == 4, el.magnitude_mask if blocks else 0,
+                        el.max_code if blocks else 0, bc, np.float64(bound), f, k)
+        if errors:
+            self.measured += int(k[:, 0].sum())
+            self.nonfinite_out += int(k[:, 3].sum())
+            self.sq += float(f[:, 0].sum())
+            self.err_sq += float(f[:, 1].sum())
+            self.err_sum += float(f[:, 2].sum())
+            self.max_abs_err = max(self.max_abs_err, float(f[:, 3].max()) if x2.size else 0.0)
+            if self.bound is not None:
+                self.bulk_sq += float(f[:, 4].sum())
+                self.bulk_err_sq += float(f[:, 5].sum())
+        if elements:
+            self.n += x2.size
+            self.nonzero += int(k[:, 1].sum())
+            self.flushed += int(k[:, 2].sum())
+        if blocks:
+            self.saturated += int(k[:, 4].sum())
+            if sch.kind is Kind.TWO_LEVEL:
+                sc = q.scales.reshape(-1)
+                exp_field = sch.scale.magnitude_mask & ~((1 << sch.scale.mbits) - 1)
+                self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
+                self.blocks += sc.size
+            if bc:
+                self.dyn_sum += float(f[:, 6].sum())
+                self.dyn_n += int(k[:, 5].sum())
+
+
+NO_CODES = np.zeros((1, 1), np.uint8)
+
+
+class MomentSums:
+    """Running sums of :func:`moment_rows` over float32 2-D chunks: (Σv, Σd², Σd⁴) with d = v − ``mean``, counts
+    (finite, NaN, inf), min and max of the finite values; with ``hist``, the finite non-zero |x| counted by their
+    top 16 bits (:func:`abs_hist`)."""
+
+    def __init__(self, mean: float, hist: np.ndarray | None = None):
+        self.mean, self.hist = mean, hist
+        self.tf, self.tk = np.zeros(3), np.zeros(3, np.int64)
+        self.lo, self.hi = math.inf, -math.inf
+
+    def add(self, c: np.ndarray) -> None:
+        if not c.size:
+            return
+        c = np.ascontiguousarray(c).reshape(-1, c.shape[-1])
+        f = np.empty((c.shape[0], 5), order="F")  # column-major: numpy sums each column pairwise over the rows
+        k = np.empty((c.shape[0], 3), np.int64)
+        moment_rows(c, np.float64(self.mean), f, k)
+        if self.hist is not None:
+            parts = np.zeros((min(get_num_threads(), c.shape[0]), self.hist.size), np.int64)
+            abs_hist(c.view(np.uint32), parts)
+            self.hist += parts.sum(axis=0)
+        self.tf += f[:, :3].sum(axis=0)
+        self.tk += k.sum(axis=0)
+        self.lo, self.hi = min(self.lo, float(f[:, 3].min())), max(self.hi, float(f[:, 4].max()))
+
+    def result(self):
+        """(Σv, Σd², Σd⁴), counts, amax, min, max (amax 0 and min > max when no value is finite)."""
+        return self.tf, self.tk, max(-self.lo, self.hi, 0.0), self.lo, self.hi
