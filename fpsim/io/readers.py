@@ -16,7 +16,9 @@ is refused before it is opened, so nothing hangs or grows without bound).  Direc
 recursively; unreadable directories and files of other types are reported, never silently dropped.
 
 Errors are :class:`InputError` with one line naming the file (and tensor); notes (what was skipped and why) are
-passed to ``on_note``.
+passed to ``on_note``.  A file its format's reference reader refuses (the safetensors library, ``numpy.load``,
+``torch.load(weights_only=True)``) is a :class:`~fpsim.io.errors.MalformedFile` saying why; read with
+``strict=False``, only its tensors whose bytes are unambiguous are listed (docs/analyze.md, "Malformed files").
 """
 
 from __future__ import annotations

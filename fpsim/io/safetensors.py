@@ -269,10 +269,6 @@ class Header:
     problems: list[str]
     notes: list[str]
 
-    def usable(self) -> list[Entry]:
-        """The entries whose bytes are unambiguous (read under --lenient); the others carry ``error``."""
-        return [e for e in self.entries if not e.error]
-
 
 def check_header(raw: bytes, path, size: int) -> Header:
     """Parse and check a header ``raw`` (the JSON bytes) of a file of ``size`` bytes as the safetensors library does.
