@@ -267,7 +267,8 @@ _HELP = __doc__[__doc__.index("Exit codes:"):__doc__.index("Output (``--format``
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Write the results to FILE atomically (never an input; a device or FIFO is written through).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 512),
-              help="Processes analysing tensors in parallel.")
+              help="Processes analysing tensors in parallel.  The kernels of one process already use every core, "
+                   "so workers share the cores: faster only where the work is serial (many small tensors).")
 @click.option("--scheduler", default=None, callback=_scheduler_address,
               help="Address of a Dask distributed scheduler (tcp://host:port).")
 @click.option("--reference", "reference", multiple=True, metavar="ORIGINAL",
@@ -563,6 +564,10 @@ def _run_on(refs, labels, axis, kw, role_of, workers, scheduler, verbose, note, 
         if workers > cores:
             note(f"note: --workers {workers} on {cores} CPU core(s): at most {cores} run at once, so more workers "
                  "only add processes to start (each imports fpsim and loads its compiled kernels)")
+        else:
+            note(f"note: --workers {workers}: one process's kernels already run on all {cores} CPU cores, so the "
+                 f"workers share them ({max(1, cores // workers)} thread(s) each) and are faster only where the work "
+                 "is serial (many small tensors, reading); each worker adds its start-up (reports/bench_analyze.md)")
         tasks = _batches(refs, labels, role_of, 2 * workers)
         threads = max(1, cores // workers)
         # spawn, not fork: a forked child inherits Numba's thread pool in an unusable state
