@@ -70,3 +70,49 @@ def test_gguf_with_a_metadata_key_given_twice_is_a_gguf_error(tmp_path):
     with pytest.raises(GGUFError, match=r"m\.gguf: corrupt GGUF file .*Duplicate general\.architecture") as e:
         read_gguf(p)
     assert "\n" not in str(e.value)
+
+
+def test_gguf_array_counting_past_the_end_of_the_file_is_refused_at_once(tmp_path):
+    """An array field of 2^60 one-byte elements in a 40-byte file: gguf's reads past the end come back empty, so its
+    parser looped for as long as the count said (a hang past the fuzzer's 2 s bound, its list of parts growing)."""
+    pytest.importorskip("gguf")
+    import signal
+
+    from fpsim.torch.model_files import GGUFError, read_gguf
+
+    kv = _gguf_string(b"a") + struct.pack("<IIQ", 9, 0, 1 << 60)  # 9: array, of 0: uint8, 2^60 of them
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv)
+
+    def hang(*_):
+        raise TimeoutError("read_gguf still parsing after 5 s")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(5)
+    try:
+        with pytest.raises(GGUFError, match=r"m\.gguf: .*past the end of the file"):
+            read_gguf(p)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_legacy_pt_bytearray_longer_than_the_file_allocates_nothing(tmp_path):
+    """A 20-byte legacy .pt file whose first pickle opcode is BYTEARRAY8 of 256 MiB: pickle's own loader zero-fills
+    a bytearray of the stated length before reading (a 501-byte fuzzer input took 14 GB and 20 s)."""
+    torch = pytest.importorskip("torch")
+    import tracemalloc
+
+    import ml_dtypes  # noqa: F401  (imported by the reader: not part of what is measured)
+
+    assert torch
+    p = tmp_path / "x.pt"
+    p.write_bytes(b"\x80\x05\x96" + struct.pack("<Q", 256 << 20) + b"\x00" * 8 + b".")
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r"x\.pt: .*BYTEARRAY8 of 268435456 bytes in a stream of 20 bytes"):
+            open_file(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20

@@ -76,13 +76,29 @@ def _expected_shapes(cfg: GGUFConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _bounded_reader():
+    """gguf's GGUFReader whose every read must lie inside the file: gguf's own reads past the end come back empty, so
+    an array field declaring 2^60 elements past the end looped (and grew a list) for as long as its count said; in
+    bounds, each element takes at least a byte, so parsing ends within the file's size."""
+    import gguf
+
+    class BoundedReader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise ValueError(f"a field at byte {offset} runs past the end of the file ({len(self.data)} bytes)")
+            return super()._get(offset, dtype, count, override_order)
+
+    return BoundedReader
+
+
 def _open_gguf(path: Path):
     import gguf
 
     if not path.is_file():
         raise GGUFError(f"{path}: no such file")
     try:
-        reader = gguf.GGUFReader(str(path), "r")
+        reader = _bounded_reader()(str(path), "r")
     except ValueError as e:  # gguf raises ValueError for bad magic, unknown tensor types and short buffers
         raise GGUFError(f"{path}: not a readable GGUF file: truncated, corrupt or an unknown tensor type "
                         f"(gguf: {e})") from None
