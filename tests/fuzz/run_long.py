@@ -56,7 +56,8 @@ def _segment(reader: str, work: Path, runs: int, seconds: int, seed: int, args) 
         kind = ("hang" if "ERROR: libFuzzer: timeout" in log else "rss" if "out-of-memory" in log
                 else "exception" if _EXC.search(log) else f"exit {p.returncode}")
         unit = re.findall(r"Test unit written to (\S+)", log)
-        seg["finding"] = {"kind": kind, "what": (_EXC.search(log).group(1).strip()[:200] if _EXC.search(log) else kind),
+        what = {"hang": f"an input ran past {args.timeout} s", "rss": f"RSS past {args.rss_mb} MB"}.get(kind, kind)
+        seg["finding"] = {"kind": kind, "what": (_EXC.search(log).group(1).strip()[:200] if _EXC.search(log) else what),
                           "input": unit[-1] if unit else None}
     return seg
 
@@ -135,20 +136,21 @@ def render(results: dict, args) -> str:
         "around it (seconds, and its size in bytes).",
         "",
         f"Bounds: hang {args.timeout} s per input (libFuzzer `-timeout`), memory {args.rss_mb} MB RSS "
-        f"(`-rss_limit_mb`).  Goal: {args.runs:,} inputs per reader; budget {args.budget} s of wall time per reader "
-        "on this machine (2 cores shared with other work, the fuzzer at `nice -n 10`, one reader at a time).",
+        f"(`-rss_limit_mb`).  Goal: {args.runs:,} inputs per reader, within a budget of wall time per reader (its "
+        "column) on this machine (2 cores shared with other work, the fuzzer at `nice -n 10`, one reader at a time).",
         "",
-        "| reader | inputs executed | wall time (s) | inputs/s | edges (cov) | features (ft) | corpus | peak RSS (MB) "
-        "| slowest input (s, bytes) | findings |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| reader | inputs executed | budget (s) | wall time (s) | inputs/s | edges (cov) | features (ft) | corpus "
+        "| peak RSS (MB) | slowest input (s, bytes) | findings |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in ORDER:
         x = results.get(r)
         if x is None:
-            lines.append(f"| {r} | not run | | | | | | | | |")
+            lines.append(f"| {r} | not run | | | | | | | | | |")
             continue
         f = "; ".join(f"{d['kind']}: {d['what']}" for d in x["findings"]) or "0"
-        lines.append(f"| {r} | {x['execs']:,} | {x['wall_s']:.0f} | {x['execs'] / max(x['wall_s'], 1e-9):,.0f} | "
+        rate = x["execs"] / max(x["wall_s"], 1e-9)
+        lines.append(f"| {r} | {x['execs']:,} | {x['budget_s']} | {x['wall_s']:.0f} | {rate:,.0f} | "
                      f"{x['cov']} | {x['ft']} | {x['corpus']} | {x['peak_rss_mb']} | {x['slowest_s']:.3f} "
                      f"({x['slowest_bytes']}) | {f} |")
     short = [r for r in ORDER if r in results and results[r]["execs"] < results[r]["target_runs"]]
