@@ -225,7 +225,9 @@ def test_open_tensors_raises_input_error_without_callback(tmp_path):
 def test_workers_give_identical_results():
     a = run(EXAMPLE, *FAST, "--format", "csv")
     b = run(EXAMPLE, *FAST, "--format", "csv", "--workers", "2")
-    assert a.exit_code == b.exit_code == 0 and a.output == b.output
+    assert a.exit_code == b.exit_code == 0 and a.stdout == b.stdout
+    if len(os.sched_getaffinity(0)) >= 2:  # workers within the cores: the note says why they do not make it faster
+        assert "one process's kernels already run on all" in b.stderr and "already run" not in a.stderr
 
 
 def test_dask_cluster_gives_identical_results():
