@@ -109,7 +109,8 @@ def commit_of(src: Path) -> str:
 
 def _dirty() -> bool:
     """Whether this checkout's fpsim/ or cli/ differ from its commit."""
-    r = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "fpsim", "cli"], capture_output=True, text=True)
+    r = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "fpsim", "cli"], capture_output=True,
+                       text=True)
     return bool(r.stdout.strip())
 
 
