@@ -116,3 +116,24 @@ def test_legacy_pt_bytearray_longer_than_the_file_allocates_nothing(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20
+
+
+def test_npy_header_with_a_bytes_key_is_refused_in_one_line(tmp_path):
+    """numpy sorts the header's keys: a bytes key beside str ones raised TypeError out of the reader."""
+    p = tmp_path / "x.npy"
+    p.write_bytes(_npy(b"{b'descr': '<f2', 'fortran_order': False, 'shape': (1,), }", b"\0" * 2))
+    with pytest.raises(InputError, match=r"x\.npy: .*corrupt \.npy header") as e:
+        open_file(p)
+    assert "\n" not in str(e.value)
+
+
+def test_gguf_string_metadata_that_is_not_utf8_is_a_gguf_error(tmp_path):
+    """gguf decodes a string value when asked for it: bytes that are not UTF-8 raised UnicodeDecodeError."""
+    pytest.importorskip("gguf")
+    from fpsim.torch.model_files import GGUFError, read_gguf
+
+    kv = _gguf_string(b"general.architecture") + struct.pack("<I", 8) + _gguf_string(b"ll\xe1ma")
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv)
+    with pytest.raises(GGUFError, match=r"m\.gguf: metadata general\.architecture: .*not UTF-8"):
+        read_gguf(p)

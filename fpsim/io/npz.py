@@ -51,8 +51,9 @@ def read_npy_header(f):
     if read is not None:
         try:
             hdr = read(f)
-        except (tokenize.TokenError, SyntaxError) as e:  # numpy tokenizes the header and evaluates its literals,
-            # the dtype's too (a descr of ",f4" is a comma-string to numpy): an unclosed bracket or a stray comma
+        except (tokenize.TokenError, SyntaxError, TypeError) as e:  # numpy tokenizes the header and evaluates its
+            # literals, the dtype's too (a descr of ",f4" is a comma-string to numpy), and sorts the keys: an unclosed
+            # bracket, a stray comma, a bytes key beside str ones
             raise _Refused(f"has a corrupt .npy header (not a Python literal: {e.args[0]})") from None
     else:  # 3.0 (utf-8 field names) has no public reader; 2.0's differs only in the text encoding
         raise _Refused(f"uses .npy format version {version[0]}.{version[1]}, which fpsim does not read")

@@ -50,7 +50,10 @@ def _field(reader, path: Path, key: str):
     f = reader.fields.get(key)
     if f is None:
         raise GGUFError(f"{path}: metadata key {key} missing (not a llama GGUF?)")
-    return f.contents()
+    try:
+        return f.contents()
+    except UnicodeDecodeError:  # gguf decodes string values (and arrays of them) as UTF-8 when asked for them
+        raise GGUFError(f"{path}: metadata {key}: a string value that is not UTF-8") from None
 
 
 def _count(reader, path: Path, key: str, most: int | None) -> int:
@@ -135,8 +138,7 @@ def _gguf_config(reader, path: Path) -> GGUFConfig:
     except (TypeError, ValueError) as e:
         raise GGUFError(f"{path}: metadata llama.rope.freq_base / layer_norm_rms_epsilon not a number "
                         f"({e})") from None
-    ctx = reader.fields.get("llama.context_length")
-    ctx = ctx.contents() if ctx is not None else 0
+    ctx = _field(reader, path, "llama.context_length") if "llama.context_length" in reader.fields else 0
     ctx = int(ctx) if isinstance(ctx, (int, np.integer)) and not isinstance(ctx, bool) and ctx > 0 else 0
     return GGUFConfig(n_layer=n_layer, d_model=d, d_ff=d_ff, n_head=n_head, n_kv_head=n_kv_head, vocab=len(tokens),
                       rope_base=rope_base, eps=eps, ctx=ctx)

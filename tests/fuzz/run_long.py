@@ -101,6 +101,10 @@ FIXED = [
     ("pt_legacy", "memory: a 501-byte legacy .pt whose pickle holds BYTEARRAY8 of 14 GB made pickle zero-fill 14 GB "
      "(RSS 14 GB, 15-24 s)", "fpsim/io/torchpickle.py _Unpickler.load_bytearray8",
      "test_legacy_pt_bytearray_longer_than_the_file_allocates_nothing"),
+    ("npy", "numpy sorts the header's keys: a bytes key beside str ones raised TypeError",
+     "fpsim/io/npz.py read_npy_header", "test_npy_header_with_a_bytes_key_is_refused_in_one_line"),
+    ("gguf", "a string metadata value that is not UTF-8 raised UnicodeDecodeError when read",
+     "fpsim/torch/model_files.py _field", "test_gguf_string_metadata_that_is_not_utf8_is_a_gguf_error"),
 ]
 
 
