@@ -270,7 +270,7 @@ def test_a_reader_bug_in_a_worker_is_not_called_a_worker_failure(monkeypatch, ex
     import fpsim.io
     from cli import analyze_cmd
 
-    def broken(path):
+    def broken(path, strict=True):
         raise exc
 
     monkeypatch.setattr(fpsim.io, "open_file", broken)
