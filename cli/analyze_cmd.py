@@ -43,8 +43,8 @@ def _analyze_ref(ref, label: str, axis: int, kw: dict, role: str | None) -> tupl
     """Analyse one tensor; (rows, None) or ([], "skip: …" / "error: …") — one line, never a traceback."""
     from fpsim._jit import get_num_threads, set_num_threads
     from fpsim.analysis import TensorSkipped, analyze_tensor, check_analyzable
-    from fpsim.ranking import role_guess
     from fpsim.io import InputError
+    from fpsim.ranking import role_guess
 
     key = f"{label}:{ref.name}"
     threads = get_num_threads()
@@ -368,7 +368,8 @@ def analyze(paths, schemes, recipe, select, roles, axis, rht_d, seeds, keep_abov
     summary = summarize(rows, keep_above)
     extra = {"quantized": recs, "quantized_summary": dict(quantized_summary(recs), set_aside=aside,
                                                           reference=list(reference))} if groups else None
-    # nothing analysed: the table says nothing on stdout (the error line on stderr says why); JSON and CSV stay parseable
+    # nothing analysed: the table says nothing on stdout (the error line on stderr says why); JSON and CSV stay
+    # parseable
     text = render(rows, out_format, summary, extra) if rows or out_format in ("json", "csv") else ""
     section = render_quantized(recs, lead="\n" if rows else "") if out_format in ("table", "markdown") else ""
     text += f"\n```text\n{section.lstrip()}```\n" if section and out_format == "markdown" else section

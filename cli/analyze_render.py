@@ -8,7 +8,8 @@ import io
 import math
 
 _TABLE = (("scheme", "scheme"), ("bits", "bits_per_element"), ("kurtosis", "kurtosis"), ("sqnr_db", "sqnr_db"),
-          ("rel_error", "rel_error"), ("bulk_err", "bulk_rel_error"), ("max_abs_err", "max_abs_error"), ("flushed", "flushed_frac"),
+          ("rel_error", "rel_error"), ("bulk_err", "bulk_rel_error"), ("max_abs_err", "max_abs_error"),
+          ("flushed", "flushed_frac"),
           ("saturated", "saturated_frac"), ("small_scale", "small_scale_block_frac"),
           ("dyn_range", "block_dyn_range_log2"), ("bias_rne", "bias_rne"), ("bias_sr", "bias_sr"),
           ("±ci95", "bias_sr_ci95"))
@@ -159,8 +160,8 @@ def _ranking_lines(summary: dict) -> list[str]:
     if not summary["ranking"] and not summary["unranked"]:
         return ["no tensor to rank"]
     ref = summary["gaussian_bulk_rel_error"]
-    lines = [f"ranking: keep BF16 when bulk_rel_error under {summary['ranking_scheme']} > {_fmt(summary['keep_above'])} × "
-             f"its value on a standard Gaussian ({_fmt(ref)});",
+    lines = [f"ranking: keep BF16 when bulk_rel_error under {summary['ranking_scheme']} > "
+             f"{_fmt(summary['keep_above'])} × its value on a standard Gaussian ({_fmt(ref)});",
              "  bulk = |x| ≤ 8·median|x|, so outliers cannot hide the damage to the other elements (fpsim.ranking). "
              "Highest first:",
              f"  {'rank':>7}  {'bulk/gauss':>10}  {'bulk_err':>8}  {'rel_error':>9}  tensor"]

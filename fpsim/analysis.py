@@ -48,7 +48,8 @@ DEFAULT_SCHEMES = ("nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3", "bf16")
 #: Columns of one result row, in order (each row also has ``notes``: column → why it is nan/null).
 METRIC_COLUMNS = (
     "tensor", "role", "scheme", "shape", "numel", "kurtosis", "amax_over_std", "nan_count", "inf_count",
-    "nonfinite_out_count", "mse", "sqnr_db", "rel_error", "bulk_rel_error", "max_abs_error", "flushed_frac", "saturated_frac",
+    "nonfinite_out_count", "mse", "sqnr_db", "rel_error", "bulk_rel_error", "max_abs_error", "flushed_frac",
+    "saturated_frac",
     "small_scale_block_frac", "block_dyn_range_log2", "bits_per_element", "bias_rne", "bias_sr", "bias_sr_ci95",
 )
 #: What each column measures (denominators, units, when it is empty).
@@ -105,7 +106,8 @@ class TensorSkipped(Exception):
 
 
 def guess_role(name: str, source: str | None = None) -> str:
-    """The role of a tensor from its name (and a Transformer Engine dump's file name): :func:`fpsim.roles.role_guess`."""
+    """The role of a tensor from its name (and a Transformer Engine dump's file name):
+    :func:`fpsim.roles.role_guess`."""
     return _guess_role(name, source)
 
 

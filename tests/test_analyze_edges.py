@@ -99,7 +99,8 @@ def test_npy_is_read_in_place_and_pickles_refused(tmp_path):
     r = run_split(tmp_path, *FAST, "--format", "json")
     assert r.exit_code == 1 and "obj.npy: holds Python objects (a pickle); refusing" in r.stderr
     rows = {x["tensor"]: x for x in strict_json(r.stdout)["rows"]}
-    assert set(rows) == {"fc1.weight.npy:fc1.weight", "f.npy:f"} and rows["fc1.weight.npy:fc1.weight"]["role"] == "weight"
+    assert set(rows) == {"fc1.weight.npy:fc1.weight", "f.npy:f"}
+    assert rows["fc1.weight.npy:fc1.weight"]["role"] == "weight"
     want = fpsim.quantize(w, "nvfp4").dequantize().astype(np.float64)
     assert rows["f.npy:f"]["mse"] == rows["fc1.weight.npy:fc1.weight"]["mse"] == pytest.approx(
         float(np.mean((w - want) ** 2)), rel=1e-12)

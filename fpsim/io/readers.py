@@ -165,7 +165,8 @@ def _npy(path: Path):
     need = math.prod(shape) * dt.itemsize
     if size - offset != need:
         raise InputError(f"{path}: array holds {size - offset} data bytes but its header declares shape {list(shape)} "
-                         f"of {dt} ({need} bytes): {'truncated' if size - offset < need else 'trailing data'} or corrupt")
+                         f"of {dt} ({need} bytes): {'truncated' if size - offset < need else 'trailing data'} "
+                         "or corrupt")
     shape = tuple(shape)
     if fortran and len(shape) > 1:  # the C-ordered data of the reversed shape, transposed (a memory map, not a copy)
         def storage():

@@ -27,9 +27,9 @@ FULL = DATA / "full"
 #: What the records do not say about the machine's state during a run, as observed (``uptime``) while it ran.
 CONDITIONS = {
     ("minilm", "full"): "run on 2026-12-06 beside other jobs on the same 2 cores (load average 4 to 6 while it "
-                        "ran): its wall time is an upper bound, its CPU time inflated by the sharing; made before two fixes of "
-                        "fpsim.torch.probe_stats.row_metrics (identical draws give the one-draw metrics exactly; "
-                        "an all-zero draw has no cosine), which change none of the rows below beyond 1e-16",
+                        "ran): its wall time is an upper bound, its CPU time inflated by the sharing; made before two "
+                        "fixes of fpsim.torch.probe_stats.row_metrics (identical draws give the one-draw metrics "
+                        "exactly; an all-zero draw has no cosine), which change none of the rows below beyond 1e-16",
 }
 
 
