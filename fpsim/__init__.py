@@ -28,7 +28,7 @@ Conventions are NVIDIA's (cuda_fp4/6/8.h, PTX ``cvt``) as written in the specifi
 """
 
 from . import _cache  # noqa: F401, I001  (first: sets Numba's cache directory before numba is imported)
-from . import conventions  # noqa: F401  (fpsim.conventions: the producer conventions, issue 47)
+from . import conventions  # noqa: F401  (fpsim.conventions: the producer conventions)
 from .codecs import Rounding
 from .dispatch import decode, dequantize, encode, fake_quantize, gemm, quantize, rht
 from .formats import ALIASES, FORMATS, FormatSpec, NanStyle, get_format

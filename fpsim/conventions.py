@@ -1,4 +1,4 @@
-"""Producer conventions: the NVFP4 arithmetic of the libraries that write NVFP4 tensors (issue 47; docs/spec.md §4.1).
+"""Producer conventions: the NVFP4 arithmetic of the libraries that write NVFP4 tensors (docs/spec.md §4.1).
 
 Every producer packs the same E2M1 codes into the same bytes and rounds to E2M1 and E4M3 the same way; they
 differ in how the global scale is formed, how a block scale is formed and clamped, how the encode multiplier is

@@ -1,4 +1,4 @@
-"""The public functions that take ``backend=``: one dispatcher over peer backends (docs/spec.md; issue 15).
+"""The public functions that take ``backend=``: one dispatcher over peer backends (docs/spec.md).
 
 :func:`quantize`, :func:`dequantize`, :func:`fake_quantize`, :func:`encode`, :func:`decode`, :func:`rht` and
 :func:`gemm` lower their arguments once (:func:`fpsim.plan.lower`), ask :mod:`fpsim.backends` which

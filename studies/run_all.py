@@ -24,7 +24,7 @@ from fpsim_cli.progress import Progress, announce_compile
 from studies.common import REPORTS
 from studies.report.page import page
 
-#: Studies in report order (issue 7's numbering), after the page that sums them up (issue 46).
+#: Studies in report order (the report's numbering), after the page that sums them up.
 STUDIES = [
     "components",
     "format_error",

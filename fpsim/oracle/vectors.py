@@ -158,8 +158,8 @@ def _element_arrays(fmt) -> tuple[dict, list[tuple[str, dict, int | None, dict]]
                                                               "saturate": [True, False]}, None, enc)]
 
 
-#: Orders of the two-level decode x̂ from code value e, block scale s and tensor amax.  (Until issue 47 the
-#: ``pts_s`` order was called "torchao"; torchao's NVFP4 as a whole is ``convention="torchao"``.)
+#: Orders of the two-level decode x̂ from code value e, block scale s and tensor amax.  (``pts_s`` is the
+#: order fpsim 0.1 called "torchao"; torchao's NVFP4 as a whole is ``convention="torchao"``.)
 DEQUANTIZE_ORDERS = {
     "fpsim": "fl(fl(e·s)·S_dec), S_dec = fl(1/S_enc)  (SPEC §4; fpsim's own order, not Transformer Engine's)",
     "te_cuda": "fl(e·fl(fl(s·amax)·fl(1/2688)))  (Transformer Engine's CUDA dequantize_fp4_kernel)",

@@ -217,7 +217,7 @@ def gemm_blackwell(a: TorchQuantized, b: TorchQuantized):
 
 
 def gemm(a: TorchQuantized, b: TorchQuantized, accumulator: str = "fp32"):
-    """``A · Bᵀ`` of two quantized operands on their device, dispatched by capability (issue 8).
+    """``A · Bᵀ`` of two quantized operands on their device, dispatched by capability.
 
     ``"fp32"``: :func:`gemm_fp32_model`, bit-identical to the reference on every device.
     ``"blas"`` (fast; FP32 summation order is the hardware's): on Blackwell (10.x) NVFP4/MX go to

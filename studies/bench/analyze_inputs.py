@@ -1,4 +1,4 @@
-"""Benchmark of `fpsim analyze` on hostile and many-tensor inputs (issue 17 items 4 and 5): wall time, peak RSS.
+"""Benchmark of `fpsim analyze` on hostile and many-tensor inputs: wall time, peak RSS.
 
 Each case writes its input to a temporary directory and runs ``python -m fpsim analyze`` on it as a
 subprocess (``--formats nvfp4 --seeds 0 --format csv``, one worker); the peak RSS is the child's

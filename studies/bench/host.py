@@ -1,4 +1,4 @@
-"""Host time of the training layer's fast path per operand copy and per GEMM, without a GPU (issue 18).
+"""Host time of the training layer's fast path per operand copy and per GEMM, without a GPU.
 
 An eager training step under an emulated recipe is host-bound on the H200 (``reports/bench_training.md``): what
 bounds it is the Python work of each copy (deriving its SR seed, looking its plan up, building the launch) and

@@ -1,4 +1,4 @@
-"""Instructions per element of the training fast path's fused quantizer, compiled for sm_90 without a GPU (issue 18).
+"""Instructions per element of the training fast path's fused quantizer, compiled for sm_90 without a GPU.
 
 The H200 profiles (``reports/profile_training.md``) put 8.10 ms (2026-12-02, tree 91b549a) and 6.63 ms (2026-12-04,
 tree 25aa72d) of the every-block NVFP4 step in ``two_level_quant_kernel``, two to three times what its bytes take

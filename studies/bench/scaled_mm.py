@@ -1,4 +1,4 @@
-"""The scaled × scaled GEMMs of one training step, timed per tiling of the fused Triton GEMM (issue 18).
+"""The scaled × scaled GEMMs of one training step, timed per tiling of the fused Triton GEMM.
 
 For every GEMM shape of the ``studies.bench.training`` model (Fprop, Dgrad and Wgrad of the four block linears)
 this times, on the same BF16 copies (exact e · s_b values with their tensor amax):

@@ -1,4 +1,4 @@
-"""Training-step speed and memory of fpsim.torch against plain BF16, in one process on one GPU (issue 18).
+"""Training-step speed and memory of fpsim.torch against plain BF16, in one process on one GPU.
 
 A GPT-style decoder (pre-norm, causal attention through ``scaled_dot_product_attention``, GELU MLP, untied
 head) under bf16 autocast, AdamW.  Arms, each timed in the same process after warm-up steps:

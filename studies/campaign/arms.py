@@ -1,4 +1,4 @@
-"""The campaign's arms (issue 20): which recipe each block linear runs, which blocks stay BF16, and the paper's
+"""The campaign's arms: which recipe each block linear runs, which blocks stay BF16, and the paper's
 late switch to BF16.  Every arm converts the same model with :func:`fpsim.torch.convert` (``gemm="blas"``); the
 BF16 arm runs the ``"bf16"`` recipe through the same layer (BF16 copies, FP32 accumulation), so arms differ only
 by their recipe.

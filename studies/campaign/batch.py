@@ -1,4 +1,4 @@
-"""Run a batch of campaign runs side by side on one GPU and keep the manifest of what is done (issue 20).
+"""Run a batch of campaign runs side by side on one GPU and keep the manifest of what is done.
 
     python -m studies.campaign.batch --plan main --runs 0:4 --work /tmp/campaign --out $OUT/campaign \\
         --max-seconds 540 --parallel 4

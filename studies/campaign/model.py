@@ -1,4 +1,4 @@
-"""The campaign's model: a Llama-style byte-level decoder (RMSNorm, RoPE, SwiGLU, no biases; issue 20's protocol).
+"""The campaign's model: a Llama-style byte-level decoder (RMSNorm, RoPE, SwiGLU, no biases; the campaign's protocol).
 
 The block linears (``attn.qkv``, ``attn.proj``, ``mlp.gate_up``, ``mlp.down``) are the only modules an arm
 quantizes (through :func:`fpsim.torch.convert`); the embedding, the LM head (untied), the norms and the attention

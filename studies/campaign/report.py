@@ -1,4 +1,4 @@
-"""Study 8's campaign section, rendered from the committed run CSVs and JSONs (no GPU; issue 20).
+"""Study 8's campaign section, rendered from the committed run CSVs and JSONs (no GPU).
 
 For each size and budget: the final validation loss of every arm and seed, the paired gap to BF16 (mean over
 seeds of arm − BF16, nats per byte) with its 95 % t-interval, each recipe component's gap with the paper's claim

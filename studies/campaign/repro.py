@@ -1,4 +1,4 @@
-"""Bit-reproducibility of campaign runs across processes (issue 50): the same short run, trained in separate fresh
+"""Bit-reproducibility of campaign runs across processes: the same short run, trained in separate fresh
 Python processes, must write byte-identical curves (CSV) and final weights.
 
     python -m studies.campaign.repro --arm nvfp4 --size tiny --steps 8 --device cpu [--cuda-graph] [--out DIR]

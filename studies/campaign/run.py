@@ -1,4 +1,4 @@
-"""One campaign run: (arm, seed, size, token budget) → a CSV of the curve and a JSON of the run (issue 20).
+"""One campaign run: (arm, seed, size, token budget) → a CSV of the curve and a JSON of the run.
 
     python -m studies.campaign.run --arm nvfp4 --seed 0 --size s10m --tokens 265e6 --lr 3e-3 --out DIR \\
         [--max-seconds 540] [--batch 32]

@@ -1,4 +1,4 @@
-"""Study 8's account of the campaign's device time (issue 20): the plans and the GPU time they still need at the
+"""Study 8's account of the campaign's device time: the plans and the GPU time they still need at the
 measured rates, and the ledger of device commands (``studies/data/campaign/sessions.json``) with its summed wall
 time.  :mod:`studies.campaign.report` renders these blocks into the section.
 

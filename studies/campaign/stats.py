@@ -1,4 +1,4 @@
-"""Paired-seed statistics of the campaign: each arm against BF16 on the same seeds (issue 20's protocol).
+"""Paired-seed statistics of the campaign: each arm against BF16 on the same seeds.
 
 A seed fixes the initial weights and the data order, so arm and baseline differ only by the recipe (and, on a GPU,
 by whatever the GPU does not repeat); the reported number is the mean over seeds of the per-seed difference (arm −

@@ -1,4 +1,4 @@
-"""What each component buys: one table over the tensor, gradient and training levels (issue 46, item 5).
+"""What each component buys: one table over the tensor, gradient and training levels.
 
 A row per component of the NVFP4 recipe (two-level scaling and the tensor scale, 16×16 weight tiles, RHT, SR,
 four-over-six, BF16 layers, the late BF16 switch) and per format comparison (NVFP4 vs MXFP4, NVFP4 vs FP8, the

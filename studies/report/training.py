@@ -1,4 +1,4 @@
-"""Study 8 — training-scale evidence: the paired-seed campaign (issue 20) and the earlier small-LM runs (issue 9).
+"""Study 8 — training-scale evidence: the paired-seed campaign and the earlier small-LM runs.
 
 The section's measured and verdict lines come from the campaign's committed runs (studies/data/campaign/, rendered
 by :mod:`studies.campaign.report`: paired gaps to BF16 with t-intervals, the recipe components' verdicts, curves,
