@@ -168,7 +168,7 @@ def main() -> None:
         "| run | commit | big file wall (s) | MB/s | MB/s start-up excluded | × NumPy pass (start-up excluded) "
         "| tiny file wall (s) | peak RSS big (GB) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
-        f"| NumPy read + max|x| | – | {stat(wall['numpy'])} | {size / npx / 1e6:.0f} | – | 1 | – | – |",
+        f"| NumPy read + max\\|x\\| | – | {stat(wall['numpy'])} | {size / npx / 1e6:.0f} | – | 1 | – | – |",
     ]
     for t in trees:
         b, s = wall[f"{t} big"], wall[f"{t} tiny"]
