@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._analysis_kernels import abs_hist, moment_rows, scheme_rows
+from ._analysis_kernels import abs_hist, dyn_rows, moment_rows, scheme_rows, scheme_rows_decoded
 from ._jit import get_num_threads
+from .scaling import row_decoder
 from .schemes import Kind
 from .tensor import QuantizedTensor
 
-__all__ = ["ErrorSums", "MomentSums", "NO_CODES"]
+__all__ = ["BlockRanges", "ErrorSums", "MomentSums", "NO_CODES"]
 
 
 @dataclass
@@ -40,15 +41,23 @@ class ErrorSums:
     bulk_sq: float = 0.0
     bulk_err_sq: float = 0.0
 
-    def add(self, x: np.ndarray, xq: np.ndarray, q: QuantizedTensor | None, errors: bool = True,
-            elements: bool = True) -> None:
+    def add(self, x: np.ndarray, xq: np.ndarray | None, q: QuantizedTensor | None, errors: bool = True,
+            elements: bool = True, ranges: BlockRanges | None = None) -> None:
         """Add a chunk: ``errors`` (MSE … bias sums), ``elements`` (flushed/saturated counts and, with ``q``,
         block statistics).  RHT recipe rows take errors in one basis and elements in the other.  One kernel pass
-        (:func:`scheme_rows`) gives every per-row sum; the sums of the chunk's rows are added here."""
+        (:func:`scheme_rows`) gives every per-row sum; the sums of the chunk's rows are added here.  ``xq`` None:
+        x̂ is ``q`` (quantized from ``x`` along its last axis) decoded row by row inside the kernel where
+        :func:`fpsim.scaling.row_decoder` covers it (:func:`scheme_rows_decoded`), else by ``q.dequantize()``.
+        ``ranges``: the chunk's :class:`BlockRanges`, shared by the schemes of one block width (made here when
+        None)."""
         x2 = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
-        q2 = np.ascontiguousarray(xq, np.float32).reshape(x2.shape)
-        f = np.zeros((x2.shape[0], 7), np.float64)
-        k = np.zeros((x2.shape[0], 6), np.int64)
+        rd = row_decoder(q) if xq is None and q is not None and elements else None
+        if xq is None and rd is None:
+            assert q is not None, "xq or q"
+            xq = q.dequantize()
+        q2 = None if rd is not None else np.ascontiguousarray(xq, np.float32).reshape(x2.shape)
+        f = np.zeros((x2.shape[0], 6), np.float64)
+        k = np.zeros((x2.shape[0], 5), np.int64)
         blocks = elements and q is not None
         sch = q.scheme if blocks else None
         el = sch.element if blocks else None
@@ -56,8 +65,13 @@ class ErrorSums:
         bc = sch.block[1] if blocks and sch.block is not None and sch.block[0] == 1 else 0
         bound = self.bound if errors and self.bound is not None else -1.0  # -1: no element is in a bulk
         if x2.size:
-            scheme_rows(x2, q2, codes, blocks, blocks and el.bits == 4, el.magnitude_mask if blocks else 0,
-                        el.max_code if blocks else 0, bc, np.float64(bound), f, k)
+            mode = (1 if el.bits == 4 else 2) if blocks else 0  # codes two per byte, one per byte, none
+            top = (el.magnitude_mask, el.max_code) if blocks else (0, 0)
+            if rd is not None:
+                scheme_rows_decoded(x2, rd.codes, rd.scales, rd.BC, rd.svtable, rd.s_dec, rd.two, rd.etable,
+                                    rd.packed, rd.e2m1, mode, *top, np.float64(bound), f, k)
+            else:
+                scheme_rows(x2, q2, codes, mode, *top, np.float64(bound), f, k)
         if errors:
             self.measured += int(k[:, 0].sum())
             self.nonfinite_out += int(k[:, 3].sum())
@@ -80,11 +94,31 @@ class ErrorSums:
                 self.small_scale += int(((sc & exp_field) == 0).sum())  # subnormal or zero scale
                 self.blocks += sc.size
             if bc:
-                self.dyn_sum += float(f[:, 6].sum())
-                self.dyn_n += int(k[:, 5].sum())
+                dyn, n = (ranges if ranges is not None else BlockRanges(x2))(bc)
+                self.dyn_sum += dyn
+                self.dyn_n += n
 
 
 NO_CODES = np.zeros((1, 1), np.uint8)
+
+
+class BlockRanges:
+    """The block dynamic range of a float32 chunk (rows × last axis), per block width: (Σ over its rows of
+    :func:`dyn_rows`'s row sums, numpy's pairwise sum; the number of blocks counted), each width computed once
+    however many schemes ask (NVFP4's 16, MXFP4's and MXFP8's 32)."""
+
+    def __init__(self, x: np.ndarray):
+        self.x = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
+        self.memo: dict[int, tuple[float, int]] = {}
+
+    def __call__(self, bc: int) -> tuple[float, int]:
+        if bc not in self.memo:
+            f = np.zeros(self.x.shape[0])
+            k = np.zeros(self.x.shape[0], np.int64)
+            if self.x.size:
+                dyn_rows(self.x.view(np.uint32), bc, f, k)
+            self.memo[bc] = float(f.sum()), int(k.sum())
+        return self.memo[bc]
 
 
 class MomentSums:

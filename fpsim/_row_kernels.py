@@ -469,13 +469,6 @@ def _row_dec_n(buf, n, sval, e2m1, etable, sd, two, orow):
         _seg_dec(buf, full * n, C - full * n, e2m1, etable, sval[full], sd, two, orow)
 
 
-@njit
-def _row_decode(buf, BC, sval, e2m1, etable, sd, two, out, r):
-    """Row r of the output from its unpacked codes and per-block scale values: the general row decoder,
-    for what the vector rows (:func:`_row_decode_e2m1`, :func:`_row_decode_bytes`) do not cover."""
-    _row_dec_n(buf, BC, sval, e2m1, etable, sd, two, out[r])
-
-
 @njit(inline="always")
 def _blocks_e2m1_dec(crow, BC, full, sval, sd, orow):
     for j in range(full):
@@ -485,14 +478,13 @@ def _blocks_e2m1_dec(crow, BC, full, sval, sd, orow):
 
 
 @njit
-def _row_decode_e2m1(codes, r, BC, sval, sd, out):
-    """out[r, c] = fl(fl(e(code) · sval[c // BC]) · sd) for packed E2M1 codes and blocks of a multiple of 16.
+def _decode_e2m1_into(crow, BC, sval, sd, orow):
+    """orow[c] = fl(fl(e(code) · sval[c // BC]) · sd) for a row of packed E2M1 codes ``crow`` and blocks of a
+    multiple of 16.
 
     Whole blocks go through the vector decoder of :mod:`fpsim._simd`; the ragged last block takes the
-    scalar :func:`e2m1_value`.  Equal to :func:`_unpack_row` + :func:`_row_decode` (tested).
+    scalar :func:`e2m1_value`.  Equal to :func:`_unpack_row` + :func:`_row_dec_n` (tested).
     """
-    crow = codes[r]
-    orow = out[r]
     C = orow.size
     full = C // BC
     if BC == 16:
@@ -517,15 +509,13 @@ def _blocks_table_dec(crow, BC, full, etable, sval, sd, orow):
 
 
 @njit
-def _row_decode_bytes(codes, r, BC, etable, sval, sd, out):
-    """out[r, c] = fl(fl(e(code) · sval[c // BC]) · sd) for one-code-per-byte rows (FP8/FP6 elements).
+def _decode_bytes_into(crow, BC, etable, sval, sd, orow):
+    """orow[c] = fl(fl(e(code) · sval[c // BC]) · sd) for a row of one-code-per-byte ``crow`` (FP8/FP6 elements).
 
     Whole blocks (a multiple of 16) through the gathering decoder of :mod:`fpsim._simd`; the ragged last
     block through scalar table loads; ``etable`` covers all 256 byte values (:func:`fpsim.scaling.byte_table`).
-    Equal to :func:`_unpack_row` + :func:`_row_decode` (tested).
+    Equal to :func:`_unpack_row` + :func:`_row_dec_n` (tested).
     """
-    crow = codes[r]
-    orow = out[r]
     C = orow.size
     full = C // BC
     if BC == 32:
@@ -539,17 +529,18 @@ def _row_decode_bytes(codes, r, BC, etable, sval, sd, out):
 
 
 @njit
-def _decode_row(codes, r, BC, sval, e2m1, packed, etable, sd, two, buf, out):
-    """Row r of the output: the vector rows where they apply (packed E2M1 or one-byte codes, blocks of a
-    multiple of 16), else unpacking into ``buf`` and the general decoder.  MX passes sd = 1 (two = False):
-    fl(fl(e · 2^k) · 1) = fl(e · 2^k), its one rounding."""
+def decode_row_into(codes, r, BC, sval, e2m1, packed, etable, sd, two, buf, orow):
+    """Row r of ``codes`` decoded into the float32 row ``orow``: the vector rows where they apply (packed E2M1 or
+    one-byte codes, blocks of a multiple of 16), else unpacking into ``buf`` and the general decoder.  MX passes
+    sd = 1 (two = False): fl(fl(e · 2^k) · 1) = fl(e · 2^k), its one rounding.  ``sval``: the row's block scale
+    values.  The decoder of :func:`dequantize_blocks_fast` and of the analysis' fused error sums."""
     if BC % 16 == 0 and e2m1 and packed:
-        _row_decode_e2m1(codes, r, BC, sval, sd, out)
+        _decode_e2m1_into(codes[r], BC, sval, sd, orow)
     elif BC % 16 == 0 and not packed:
-        _row_decode_bytes(codes, r, BC, etable, sval, sd, out)
+        _decode_bytes_into(codes[r], BC, etable, sval, sd, orow)
     else:
-        _unpack_row(codes, r, packed, out.shape[1], buf)
-        _row_decode(buf, BC, sval, e2m1, etable, sd, two, out, r)
+        _unpack_row(codes, r, packed, orow.size, buf)
+        _row_dec_n(buf, BC, sval, e2m1, etable, sd, two, orow)
 
 
 @pjit
@@ -565,4 +556,4 @@ def dequantize_blocks_fast(codes, scales, BC, svtable, s_dec, two, etable, packe
         for r in range(ci * ROWS, min(R, ci * ROWS + ROWS)):
             for j in range(nb):
                 sval[j] = svtable[scales[r, j]]
-            _decode_row(codes, r, BC, sval, e2m1, packed, etable, s_dec[r], two, buf, out)
+            decode_row_into(codes, r, BC, sval, e2m1, packed, etable, s_dec[r], two, buf, out[r])

@@ -1,4 +1,5 @@
-"""Hand-written vector code for the hottest blocks of 16 elements (NVFP4, MX, the RHT).  Private.
+"""Hand-written vector code for the hottest blocks of 16 elements (NVFP4, MX, the RHT) and for the lanes of the
+analysis' sums.  Private.
 
 Each function here is a Numba intrinsic that emits LLVM's generic vector IR
 (``<16 x i32>``, ``<16 x float>``, ``llvm.vector.reduce.umax``, ``shufflevector``,
@@ -23,7 +24,9 @@ changes (tests/conftest.py keys the test cache on all of fpsim's sources).
 
 Contract for callers (not checked, like any raw load): the arrays are 1-D and
 C-contiguous (enforced by the typing) and the 16 elements (8 packed bytes)
-starting at the given index lie inside them.
+starting at the given index lie inside them; the row intrinsics (``err_row16``,
+``moment_row16``) read 16·n elements of their rows and 16 × their lane groups
+of the accumulator arrays.
 """
 
 from __future__ import annotations
@@ -338,3 +341,189 @@ def rht16(typingctx, src, i, signs, scale, flags, dst, o):
         return context.get_dummy_value()
 
     return types.void(src, i, signs, scale, flags, dst, o), codegen
+
+
+# ---------------------------------------------------------------------------
+# Lanes of float64 and int64 sums for fpsim.analysis (the error and moment sums of fpsim._analysis_kernels):
+# element c of a row goes to lane c mod 16, each lane adds in element order (so the sums are the same on every
+# machine), the accumulators stay in registers for the whole row (allocas that LLVM promotes), where Numba's
+# auto-vectoriser leaves an in-order float64 sum scalar, one element per addition latency.
+
+#: float64 lane groups of ``facc`` (16 lanes each): Σx², Σd², Σd, max|d|, bulk Σx², bulk Σd².
+F_LANES = 6
+#: int64 lane groups of ``kacc`` (16 lanes each): measured, measured non-zero, flushed, x finite with x̂ not,
+#: saturated.
+K_LANES = 5
+
+_F64 = ir.DoubleType()
+_I64 = ir.IntType(64)
+_V16D = ir.VectorType(_F64, 16)
+
+
+def _dbcast(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """<16 x double> with every lane ``x``."""
+    v = builder.insert_element(ir.Constant(_V16D, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, ir.Constant(_V16D, ir.Undefined), _splat(_V16I, 0))
+
+
+def _codes16(context, builder, aty, ary, i, packed: bool) -> ir.Value:
+    """<16 x i32>: the codes of elements 16i … 16i + 15 (two per byte, element 2j in the low nibble, or one per
+    byte)."""
+    if packed:
+        w = builder.zext(builder.load(_vptr(context, builder, aty, ary, builder.mul(i, ir.Constant(i.type, 8)),
+                                            _V8B), align=1), _V8I)
+        lo = builder.and_(w, _splat(_V8I, 15))
+        hi = builder.lshr(w, _splat(_V8I, 4))
+        return builder.shuffle_vector(lo, hi, ir.Constant(_V16I, [k for j in range(8) for k in (j, j + 8)]))
+    b = builder.load(_vptr(context, builder, aty, ary, builder.mul(i, ir.Constant(i.type, 16)), _V16B), align=1)
+    return builder.zext(b, _V16I)
+
+
+def _lane_loop(context, builder, n, fty, fa, ka, nf: int, nk: int, body) -> None:
+    """Load ``nf`` <16 x double> and ``nk`` <16 x i64> accumulators from the arrays ``fa`` (type ``fty[0]``) and
+    ``ka`` (``fty[1]``), run ``body(i, f, k)`` → (f, k) for i in [0, n) with them in registers (allocas that LLVM
+    promotes), store them back."""
+    fptr = [_vptr(context, builder, fty[0], fa, ir.Constant(_I64, 16 * j), _V16D) for j in range(nf)]
+    kptr = [_vptr(context, builder, fty[1], ka, ir.Constant(_I64, 16 * j), _V16L) for j in range(nk)]
+    slots = [cgutils.alloca_once(builder, _V16D) for _ in range(nf)] + [cgutils.alloca_once(builder, _V16L)
+                                                                         for _ in range(nk)]
+    for src, dst in zip(fptr + kptr, slots):
+        builder.store(builder.load(src, align=8), dst)
+    with cgutils.for_range(builder, n) as loop:
+        vals = [builder.load(p) for p in slots]
+        f, k = body(loop.index, vals[:nf], vals[nf:])
+        for v, p in zip(list(f) + list(k), slots):
+            builder.store(v, p)
+    for src, dst in zip(slots, fptr + kptr):
+        builder.store(builder.load(src), dst, align=8)
+
+
+def _typer(codes_mode: int):
+    """The typer of an intrinsic (x, xq, codes, n, bound, mag_mask, max_code, facc, kacc); ``codes_mode`` 0: no
+    codes (saturated lanes untouched), 1: packed nibbles, 2: one code per byte."""
+
+    def typer(typingctx, x, xq, codes, n, bound, mag, mx, facc, kacc):
+        if not (_row(x, types.float32) and _row(xq, types.float32) and _row(codes, types.uint8)
+                and isinstance(n, types.Integer) and bound == types.float64 and isinstance(mag, types.Integer)
+                and isinstance(mx, types.Integer) and _row(facc, types.float64) and _row(kacc, types.int64)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            xa, qa, ca, n_v, bnd, mag_v, mx_v, fa, ka = args
+            at = sig.args
+            fabs_d = _fn(builder, "llvm.fabs.v16f64", _V16D, [_V16D])
+            fabs_f = _fn(builder, "llvm.fabs.v16f32", _V16F, [_V16F])
+            inf_d, zero_d = _splat(_V16D, float("inf")), _splat(_V16D, 0.0)
+            inf_f, zero_f = _splat(_V16F, float("inf")), _splat(_V16F, 0.0)
+            bound_v = _dbcast(builder, bnd)
+
+            def body(i, f, k):
+                off = builder.mul(i, ir.Constant(i.type, 16))
+                xv = builder.load(_vptr(context, builder, at[0], xa, off, _V16F), align=4)
+                qv = builder.load(_vptr(context, builder, at[1], qa, off, _V16F), align=4)
+                a, b = builder.fpext(xv, _V16D), builder.fpext(qv, _V16D)
+                fin_a = builder.fcmp_ordered("<", builder.call(fabs_d, [a]), inf_d)
+                m = builder.and_(fin_a, builder.fcmp_ordered("<", builder.call(fabs_d, [b]), inf_d))
+                am = builder.select(m, a, zero_d)
+                d = builder.select(m, builder.fsub(a, b), zero_d)
+                nonzero = builder.and_(m, builder.fcmp_ordered("!=", a, zero_d))
+                a2, d2 = builder.fmul(am, am), builder.fmul(d, d)
+                ad = builder.call(fabs_d, [d])
+                inb = builder.fcmp_ordered("<=", builder.call(fabs_d, [am]), bound_v)
+                f = [builder.fadd(f[0], a2), builder.fadd(f[1], d2), builder.fadd(f[2], d),
+                     builder.select(builder.fcmp_ordered(">", ad, f[3]), ad, f[3]),
+                     builder.fadd(f[4], builder.select(inb, a2, zero_d)),
+                     builder.fadd(f[5], builder.select(inb, d2, zero_d))]
+                counts = [m, nonzero, builder.and_(nonzero, builder.fcmp_ordered("==", b, zero_d)),
+                          builder.and_(fin_a, builder.not_(m))]
+                if codes_mode:
+                    c = _codes16(context, builder, at[2], ca, i, codes_mode == 1)
+                    v = builder.call(fabs_f, [qv])
+                    top = builder.icmp_signed("==", builder.and_(c, _ibcast(builder, mag_v)), _ibcast(builder, mx_v))
+                    sat = builder.and_(builder.and_(top, builder.fcmp_ordered(">", v, zero_f)),
+                                       builder.and_(builder.fcmp_ordered("<", v, inf_f),
+                                                    builder.fcmp_ordered(">", builder.call(fabs_f, [xv]), v)))
+                    counts.append(sat)
+                k = [builder.add(old, builder.zext(t, _V16L)) for old, t in zip(k, counts)] + k[len(counts):]
+                return f, k
+
+            _lane_loop(context, builder, n_v, (at[7], at[8]), fa, ka, F_LANES, K_LANES, body)
+            return context.get_dummy_value()
+
+        return types.void(x, xq, codes, n, bound, mag, mx, facc, kacc), codegen
+
+    return typer
+
+
+@intrinsic
+def moment_row16(typingctx, x, n, mean, facc, kacc):
+    """Add elements 0 … 16·n − 1 of the float32 row ``x`` to the lanes of ``facc`` (5 × 16 float64: Σv, Σd², Σd⁴
+    with d = v − ``mean``, min v, max v over the finite v) and ``kacc`` (3 × 16 int64: #finite, #NaN, #±inf).
+    A non-finite element adds +0.0 and leaves min and max as they are."""
+    if not (_row(x, types.float32) and isinstance(n, types.Integer) and mean == types.float64
+            and _row(facc, types.float64) and _row(kacc, types.int64)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        xa, n_v, mean_v, fa, ka = args
+        at = sig.args
+        fabs_d = _fn(builder, "llvm.fabs.v16f64", _V16D, [_V16D])
+        inf_d, zero_d = _splat(_V16D, float("inf")), _splat(_V16D, 0.0)
+        mean_b = _dbcast(builder, mean_v)
+
+        def body(i, f, k):
+            off = builder.mul(i, ir.Constant(i.type, 16))
+            v = builder.fpext(builder.load(_vptr(context, builder, at[0], xa, off, _V16F), align=4), _V16D)
+            fin = builder.fcmp_ordered("<", builder.call(fabs_d, [v]), inf_d)
+            nan = builder.fcmp_unordered("uno", v, v)
+            vm = builder.select(fin, v, zero_d)
+            dv = builder.fsub(v, mean_b)
+            d2 = builder.select(fin, builder.fmul(dv, dv), zero_d)
+            f = [builder.fadd(f[0], vm), builder.fadd(f[1], d2), builder.fadd(f[2], builder.fmul(d2, d2)),
+                 builder.select(builder.and_(fin, builder.fcmp_ordered("<", v, f[3])), v, f[3]),
+                 builder.select(builder.and_(fin, builder.fcmp_ordered(">", v, f[4])), v, f[4])]
+            inf = builder.and_(builder.not_(fin), builder.not_(nan))
+            k = [builder.add(old, builder.zext(t, _V16L)) for old, t in zip(k, (fin, nan, inf))]
+            return f, k
+
+        _lane_loop(context, builder, n_v, (at[3], at[4]), fa, ka, 5, 3, body)
+        return context.get_dummy_value()
+
+    return types.void(x, n, mean, facc, kacc), codegen
+
+
+@intrinsic
+def err_row16(typingctx, x, xq, codes, n, bound, mag, mx, facc, kacc):
+    """Add elements 0 … 16·n − 1 of the float32 rows ``x`` and ``xq`` (x̂) to the lanes of ``facc`` (F_LANES × 16
+    float64) and ``kacc`` (the first four of K_LANES × 16 int64); ``codes``, ``mag``, ``mx`` are not read."""
+    return _typer(0)(typingctx, x, xq, codes, n, bound, mag, mx, facc, kacc)
+
+
+@intrinsic
+def err_row16_nibbles(typingctx, x, xq, codes, n, bound, mag, mx, facc, kacc):
+    """As :func:`err_row16`, and the saturated lanes: (code & ``mag``) == ``mx`` with x̂ finite and non-zero and
+    |x| > |x̂|, the codes two per byte of ``codes`` (element 2j in the low nibble)."""
+    return _typer(1)(typingctx, x, xq, codes, n, bound, mag, mx, facc, kacc)
+
+
+@intrinsic
+def err_row16_bytes(typingctx, x, xq, codes, n, bound, mag, mx, facc, kacc):
+    """As :func:`err_row16_nibbles`, one code per byte."""
+    return _typer(2)(typingctx, x, xq, codes, n, bound, mag, mx, facc, kacc)
+
+
+@intrinsic
+def absmin_nonzero16(typingctx, xr, i):
+    """Bits of the smallest non-zero |x| over the float32 bit patterns xr[i:i+16] (an unsigned min of the bits with
+    the sign cleared, zeros left out): 0xFFFFFFFF when all 16 are ±0; a NaN (bits above +inf) is the result only
+    when every other element is zero."""
+    if not (_row(xr, types.uint32) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(_vptr(context, builder, sig.args[0], args[0], args[1], _V16I), align=4)
+        a = builder.and_(v, _splat(_V16I, 0x7FFFFFFF))
+        a = builder.select(builder.icmp_unsigned("==", a, _splat(_V16I, 0)), _splat(_V16I, -1), a)
+        return builder.call(_fn(builder, "llvm.vector.reduce.umin.v16i32", ir.IntType(32), [_V16I]), [a])
+
+    return types.uint32(xr, i), codegen

@@ -13,7 +13,8 @@ beside a ``notes`` object); a zero is never a placeholder.  Zeros are written +0
 
 Tensors are viewed as 2-D (rows × last axis; blocks run along the last axis) and processed in chunks of
 whole rows with the tensor's global amax (``quantize(..., tensor_amax=)``), so results equal those of
-quantizing the tensor whole while memory stays bounded by the chunk size.  Recipe rows
+quantizing the tensor whole while memory stays bounded: by the chunk size, and by ``keep_bytes`` for a tensor
+held between its two passes.  Recipe rows
 ("nvfp4_paper:fprop_w" …) quantize the copies a linear layer's GEMMs would use (SPEC §8; the tensor
 as rows × last axis, whole in memory, up to ``recipe_max_bytes``).
 
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ._analysis_sums import BlockRanges as _BlockRanges
 from ._analysis_sums import ErrorSums as _Acc
 from ._analysis_sums import MomentSums as _MomentSums
 from ._arrays import as_float32
@@ -96,7 +98,12 @@ LEGEND = {
     "bias_sr_ci95": "half-width of the 95 % t-interval of bias_sr (t·s/√seeds, t the 97.5 % quantile of Student's t "
                     "with seeds − 1 degrees of freedom); empty with one draw",
 }
-_CHUNK_BYTES = 64 << 20
+#: Chunks of about 16 MB: small enough for numpy's buffers to be reused from the heap rather than mapped afresh
+#: (and zero-filled by the kernel) for every chunk and scheme, large enough that the calls per chunk cost little.
+_CHUNK_BYTES = 16 << 20
+#: A tensor of up to this many bytes as float32 is read once: the moments' first pass keeps its chunks for the
+#: second (every plain scheme row shares that one); larger tensors are read twice, holding one chunk at a time.
+_KEEP_BYTES = 256 << 20
 #: The bulk of bulk_rel_error: |x| ≤ BULK_MEDIANS · median|x| (a Gaussian's is 5.4 σ: all but 7e-8 of it).
 BULK_MEDIANS = 8.0
 
@@ -143,13 +150,14 @@ def _moment_chunks(chunks: Iterator[np.ndarray], mean: float, hist: np.ndarray |
 
 
 def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows: int = 0,
-             also: Callable[[dict, Iterator[np.ndarray]], None] | None = None) -> dict:
+             also: Callable[[dict, Iterator[np.ndarray]], None] | None = None, keep_bytes: int = 0) -> dict:
     """amax, std, kurtosis (Pearson, 3 for a Gaussian), NaN/inf counts over the finite values: float64 sums,
     two passes (the mean first; then Σ(v − mean)² and Σ(v − mean)⁴, so a tiny spread about a large mean is not
     lost to cancellation as in Σv²/n − mean²).  A constant tensor (min = max) has variance exactly 0.
     ``chunks``: a function giving a fresh iterator of float32 row chunks, or a 2-D array (read in chunks of
     ``chunk_rows`` rows; ``beyond_f32`` then counts, in the first pass, the finite elements of a wider float array
-    that are ±inf as float32; a tensor of one chunk is read once and kept for the second pass).
+    that are ±inf as float32; a tensor of one chunk, or of at most ``keep_bytes`` as float32, is read once and its
+    chunks kept for the second pass).
     ``also(first, chunks)``: called after the first pass with its results (amax, NaN/inf counts, median|x|) and the
     second pass's chunks, which it must consume, so other work on the tensor shares the second read."""
     beyond = [0]
@@ -158,16 +166,18 @@ def _moments(chunks: Callable[[], Iterator[np.ndarray]] | np.ndarray, chunk_rows
         wide = np.dtype(arr.dtype).kind == "f" and np.dtype(arr.dtype).itemsize > 4
         kept: list[np.ndarray] = []
 
+        keep = arr.shape[0] <= cr or 4 * arr.shape[0] * (arr.shape[1] if arr.ndim > 1 else 1) <= keep_bytes
+
         def chunks(count: bool = False) -> Iterator[np.ndarray]:
             if kept:
-                yield kept[0]
+                yield from kept
                 return
             for i in range(0, arr.shape[0], cr):
                 c = arr[i : i + cr]
                 c32 = as_float32(c)
                 if count and wide:  # |x| ≥ FLT_MAX + ½ ulp rounds to ±inf: counted where the chunk is read anyway
                     beyond[0] += int(np.count_nonzero(np.isfinite(c) & np.isinf(c32)))
-                if count and arr.shape[0] <= cr:
+                if count and keep:
                     kept.append(c32)
                 yield c32
 
@@ -347,10 +357,12 @@ def analyze_tensor(
     recipe: str | None = None,
     chunk_bytes: int = _CHUNK_BYTES,
     recipe_max_bytes: int = 256 << 20,
+    keep_bytes: int = _KEEP_BYTES,
 ) -> list[dict]:
     """Metrics of one tensor under each scheme (columns: :data:`METRIC_COLUMNS`, meanings: :data:`LEGEND`).
 
-    ``arr``: an array, a memmap, or a :class:`fpsim.io.RowSource` (read in row chunks, bounded memory).
+    ``arr``: an array, a memmap, or a :class:`fpsim.io.RowSource` (read in row chunks of about ``chunk_bytes``,
+    bounded memory; a tensor of at most ``keep_bytes`` as float32 is read once and held, larger ones twice).
     Each row has the columns plus ``notes`` (column → why that value is nan).  Raises
     :class:`TensorSkipped` for tensors not analysed by design (non-float, 0-d, empty).
     """
@@ -372,12 +384,14 @@ def analyze_tensor(
         bound = BULK_MEDIANS * first["median_abs"] if math.isfinite(first["median_abs"]) else None
         runs.extend(_SchemeRun(s, first["amax"], bound) for s in schemes)
         for c in chunks:
+            ranges = _BlockRanges(c)  # NVFP4's and MX's block ranges, once per block width
             for run in runs:
-                run.add(c)
+                run.add(c, ranges)
 
     same_order = stored.shape == x2d.shape and getattr(arr, "axis", -1) in (-1, len(arr.orig_shape) - 1) \
         if hasattr(arr, "stored_2d") else True
-    mom = _moments(stored, _chunk_rows(stored.shape[1], chunk_bytes), also=quantize_all if same_order else None)
+    mom = _moments(stored, _chunk_rows(stored.shape[1], chunk_bytes), also=quantize_all if same_order else None,
+                   keep_bytes=keep_bytes)
     if not same_order:
         quantize_all(_quantize_amax(mom), _chunks(x2d, chunk_rows))
     stats0 = dict(_stats(base, mom), median_abs=mom["median_abs"])
@@ -432,9 +446,10 @@ class _SchemeRun:
         self.acc = _Acc(bound=bound)
         self.nbytes = 4 if per_tensor else 0  # the one FP32 tensor amax / scale
 
-    def add(self, c: np.ndarray) -> None:
+    def add(self, c: np.ndarray, ranges: _BlockRanges | None = None) -> None:
         q = quantize(c, self.sch, **self.kw)
-        self.acc.add(c, q.dequantize(), None if self.cast else q)
+        # block and per-tensor schemes: x̂ decoded inside the error kernel, a row at a time (never written out)
+        self.acc.add(c, q.dequantize() if self.cast else None, None if self.cast else q, ranges=ranges)
         self.nbytes += q.stored_bytes(tensor_scale=False)
 
 

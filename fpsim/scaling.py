@@ -31,7 +31,7 @@ quantizing ``W.T`` gives exactly the transposed codes and scales of quantizing `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,6 +55,8 @@ __all__ = [
     "unswizzle_scales",
     "s_enc_dec",
     "byte_table",
+    "row_decoder",
+    "RowDecode",
     "POW2_POS",
     "POW2_NEG",
 ]
@@ -413,7 +415,9 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None, convention: s
         return into(out, decode(qt.data, el).reshape(qt.shape))
     if plan.block is None:
         with np.errstate(all="ignore"):
-            return into(out, (decode(qt.data, el) * F32(qt.scales)).astype(F32).reshape(qt.shape))
+            v = decode(qt.data, el)  # a fresh float32 array: scaled in place, fl(e · d) as the product would be
+            np.multiply(v, F32(qt.scales), out=v)
+            return into(out, v.reshape(qt.shape))
     moved, R, C = moved_2d(tuple(qt.shape), qt.axis)
     BC = plan.block[1]
     # explicit widths, not -1: a tensor with no rows (R = 0) has no size to infer them from
@@ -429,23 +433,69 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None, convention: s
                 and out.flags.c_contiguous and out.flags.writeable):
             raise ValueError(f"out must be a C-contiguous writeable float32 array of shape {tuple(qt.shape)}")
         out = out.reshape(R, C)
+    if plan.kind in (Kind.TWO_LEVEL, Kind.POW2):
+        d = _block_rows(qt, plan, codes, scales, R)
+        RK.dequantize_blocks_fast(d.codes, d.scales, d.BC, d.svtable, d.s_dec, d.two, d.etable, d.packed, out,
+                                  d.e2m1)
+    else:
+        SK.dequantize_fp32_scaled(codes, scales, BC, byte_table(el) if not plan.packed else el.decode_table(),
+                                  plan.packed, out)
+    if user_out is not None:
+        return user_out
+    return np.moveaxis(out.reshape(moved), -1, qt.axis)
+
+
+class RowDecode(NamedTuple):
+    """What :func:`fpsim._row_kernels.decode_row_into` decodes a quantized tensor with, row r of its 2-D view at a
+    time: x̂ = fl(fl(e(code) · svtable[scales[r, c // BC]]) · s_dec[r])."""
+
+    codes: np.ndarray  #: (R, code bytes per row)
+    scales: np.ndarray  #: (R, blocks per row) scale bytes
+    BC: int  #: block width
+    svtable: np.ndarray  #: float32 value of each scale byte
+    s_dec: np.ndarray  #: (R,) float32 second-level decode scale (1 where there is none)
+    two: bool  #: a second level is applied
+    etable: np.ndarray  #: element decode table (all 256 byte values for one-byte codes)
+    packed: bool  #: two codes per byte
+    e2m1: bool  #: E2M1 elements (decoded from their bits)
+
+
+def _block_rows(qt: QuantizedTensor, plan: Plan, codes: np.ndarray, scales: np.ndarray, R: int) -> RowDecode:
+    """The :class:`RowDecode` of a two-level or MX tensor (``codes``, ``scales``: its 2-D views)."""
+    assert plan.block is not None
+    el = plan.element
     etable = el.decode_table() if plan.packed else byte_table(el)
-    e2m1 = is_e2m1(el)
     if plan.kind is Kind.TWO_LEVEL:
         assert plan.two_level is not None and plan.scale is not None
         amax = np.asarray(qt.amax, F32)
         amax_rows = amax.reshape(R) if plan.two_level.per_row else np.broadcast_to(amax.reshape(()), (R,))
         _, s_dec = s_enc_dec(plan, amax_rows)
-        RK.dequantize_blocks_fast(codes, scales, BC, plan.scale.decode_table(), s_dec, True, etable, plan.packed,
-                                  out, e2m1)
-    elif plan.kind is Kind.POW2:
-        RK.dequantize_blocks_fast(codes, scales, BC, POW2_POS, np.ones(R, F32), False, etable, plan.packed, out,
-                                  e2m1)
-    else:
-        SK.dequantize_fp32_scaled(codes, scales, BC, etable, plan.packed, out)
-    if user_out is not None:
-        return user_out
-    return np.moveaxis(out.reshape(moved), -1, qt.axis)
+        return RowDecode(codes, scales, plan.block[1], plan.scale.decode_table(), s_dec, True, etable, plan.packed,
+                         is_e2m1(el))
+    return RowDecode(codes, scales, plan.block[1], POW2_POS, np.ones(R, F32), False, etable, plan.packed,
+                     is_e2m1(el))
+
+
+def row_decoder(qt: QuantizedTensor) -> RowDecode | None:
+    """The :class:`RowDecode` of ``qt`` (rows of its 2-D view along its quantized axis) that gives
+    :func:`dequantize`'s bits: two-level and MX block scales, and a per-tensor FP32 scale d over one-byte codes
+    quantized along the last axis (one
+    block of the whole row, svtable = [d], s_dec = 1: fl(fl(e · d) · 1) = fl(e · d), the product
+    :func:`dequantize` takes); None for the others (casts, FP32 block scales, 16-bit codes, a producer's decode)."""
+    conv = CV.get_convention(qt.convention)
+    if not CV.decodes_native(conv):
+        return None
+    plan = lower(qt.scheme)
+    _, R, C = moved_2d(tuple(qt.shape), qt.axis)
+    if plan.kind in (Kind.TWO_LEVEL, Kind.POW2):
+        codes = np.ascontiguousarray(qt.data).reshape(R, qt.data.shape[-1])
+        return _block_rows(qt, plan, codes, np.ascontiguousarray(qt.scales).reshape(R, qt.scales.shape[-1]), R)
+    if (plan.kind is Kind.CAST or plan.block is not None or qt.data.dtype != np.uint8 or plan.packed
+            or qt.axis != len(qt.shape) - 1):  # per-tensor codes keep the input's layout: rows of its last axis
+        return None
+    one = np.ones(R, F32)
+    return RowDecode(np.ascontiguousarray(qt.data).reshape(R, C), np.zeros((R, 1), np.uint8), max(C, 1),
+                     np.asarray(qt.scales, F32).reshape(1), one, False, byte_table(plan.element), False, False)
 
 
 def fake_quantize(x: np.typing.ArrayLike, scheme: str | BlockScheme | Plan = "nvfp4", **kwargs) -> np.ndarray:

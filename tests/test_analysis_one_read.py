@@ -43,13 +43,25 @@ def _same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+@pytest.mark.parametrize("keep_bytes", [0, 300 * 64 * 4])
 @pytest.mark.parametrize("chunk_rows", [384, 128])  # chunks are multiples of 128 rows
-def test_the_five_default_schemes_read_the_tensor_twice_at_most(chunk_rows):
+def test_the_five_default_schemes_read_the_tensor_twice_at_most(chunk_rows, keep_bytes):
     x = _tensor(300)
     src = CountingRows(x)
-    analyze_tensor("t", src, chunk_bytes=chunk_rows * 64 * 4)
-    # one chunk: read once and kept; several: the moments' first pass, then one pass for everything else
-    assert src.read == (x.size if chunk_rows >= x.shape[0] else 2 * x.size)
+    analyze_tensor("t", src, chunk_bytes=chunk_rows * 64 * 4, keep_bytes=keep_bytes)
+    # one chunk, or a tensor within keep_bytes: read once and kept; else the moments' first pass, then one pass
+    # for everything else
+    once = chunk_rows >= x.shape[0] or x.nbytes <= keep_bytes
+    assert src.read == (x.size if once else 2 * x.size)
+
+
+def test_a_kept_tensor_gives_the_rows_of_a_tensor_read_twice():
+    x = _tensor(300)
+    kw = {"chunk_bytes": 128 * 64 * 4, "role": "gradient", "seeds": 2}
+    once, twice = analyze_tensor("t", x, keep_bytes=x.nbytes, **kw), analyze_tensor("t", x, keep_bytes=0, **kw)
+    assert len(once) == len(twice) == 5
+    for a, b in zip(once, twice):
+        assert a.keys() == b.keys() and all(_same(a[c], b[c]) for c in a), a["scheme"]
 
 
 def test_each_scheme_row_equals_that_scheme_analysed_alone():

@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Lowest first.  The torch modules are a backend: a peer of the Numba reference below the dispatcher.
 LAYERS: list[tuple[str, ...]] = [
     ("fpsim._cache", "fpsim._hashing", "fpsim._jit", "fpsim._arrays", "fpsim._simd", "fpsim._kernels",
-     "fpsim.formats", "fpsim.random", "fpsim.packing", "fpsim.validate", "fpsim._analysis_kernels"),
+     "fpsim.formats", "fpsim.random", "fpsim.packing", "fpsim.validate"),
     ("fpsim.codecs",),
     ("fpsim.schemes", "fpsim.conventions", "fpsim.plan", "fpsim.tensor", "fpsim._scaling_kernels",
-     "fpsim._row_kernels", "fpsim._analysis_sums"),
+     "fpsim._row_kernels", "fpsim._analysis_kernels"),
     ("fpsim.scaling",),
+    ("fpsim._analysis_sums",),
     ("fpsim.transforms",),
     ("fpsim.gemm",),
     ("fpsim.torch",),  # the torch backend: codecs, quantize, rht, gemm, Triton kernels, container

@@ -316,6 +316,8 @@ class RowSource:
         copy = self._row_copy(j - i) if j - i < self.rows else None
         if copy is not None:
             return copy.read(i * K, (j - i) * K).reshape(j - i, K)
+        if B == 1:  # rows along the stored last axis: one contiguous run, read into its own array (no copy)
+            return self.storage.read_runs(i * K, 1, 0, (j - i) * K).reshape(j - i, K)
         out = np.empty((j - i, K), self.dtype)
         st = self.storage
         isz = self.dtype.itemsize
