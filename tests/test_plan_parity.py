@@ -213,11 +213,24 @@ def _triton_sample():
     taken = [(i, c) for i, c in enumerate(PLANS) if triton_unsupported(c[1]) is None]
     rng = random.Random(15)
     out = []
-    for kind in {c[1].kind for _, c in taken}:
+    for kind in sorted({c[1].kind for _, c in taken}, key=lambda k: k.name):  # a set's order follows the hash seed
         group = [t for t in taken if t[1][1].kind is kind]
         n = max(4, TRITON_SAMPLE * len(group) // len(taken))
         out += rng.sample(group, min(n, len(group)))
     return sorted(out, key=lambda t: t[0])
+
+
+def test_the_triton_sample_is_the_same_in_every_process():
+    """The seeded sample must not depend on Python's string-hash seed (the kinds were taken in a set's order, so a
+    given FPSIM_TRITON_PLANS gave up to six different samples)."""
+    import subprocess
+    import sys
+
+    code = "from tests import test_plan_parity as t; print([i for i, _ in t._triton_sample()])"
+    env = dict(os.environ, FPSIM_TRITON_PLANS="4")
+    got = {subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONHASHSEED=str(seed)), check=True,
+                          capture_output=True, text=True).stdout for seed in (0, 1, 2, 3)}
+    assert len(got) == 1, got
 
 
 @pytest.mark.skipif(not triton_available(), reason="Triton cannot run here")
