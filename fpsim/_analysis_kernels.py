@@ -11,8 +11,16 @@ import numpy as np
 from ._jit import njit, pjit, prange
 from ._kernels import bits_f32
 from ._row_kernels import decode_row_into
-from ._simd import (F_LANES, K_LANES, absmax16, absmin_nonzero16, err_row16, err_row16_bytes, err_row16_nibbles,
-                    moment_row16)
+from ._simd import (
+    F_LANES,
+    K_LANES,
+    absmax16,
+    absmin_nonzero16,
+    err_row16,
+    err_row16_bytes,
+    err_row16_nibbles,
+    moment_row16,
+)
 
 #: Rows per parallel task of :func:`scheme_rows` and :func:`moment_rows` (each allocates its lanes once).
 _ROWS = 16
@@ -127,17 +135,16 @@ def _row_sums(xr, qr, codes, r, mode, mag_mask, max_code, bound, facc, kacc, f, 
 
 
 @pjit
-def dyn_rows(bits, bc, f, k):
-    """f[r] = Σ log2(amax / min non-zero |x|) (float64, in block order) and k[r] = their number, over the 1 × ``bc``
-    blocks of row r (float32 ``bits``) whose amax is finite and positive and that hold no NaN: the block dynamic
-    range.  Blocks of a multiple of 16 take their max and min bits 16 at a time (:func:`fpsim._simd.absmax16`,
-    :func:`fpsim._simd.absmin_nonzero16`: exact, so the per-block values are those of the scalar loop)."""
+def block_ratios(bits, bc, q):
+    """q[r, b] = amax / (min non-zero |x|) in float64 over block b (1 × ``bc``) of row r (float32 ``bits``) where
+    the amax is finite and positive and the block holds no NaN, else NaN: the block dynamic range before its log2.
+    Blocks of a multiple of 16 take their max and min bits 16 at a time (:func:`fpsim._simd.absmax16`,
+    :func:`fpsim._simd.absmin_nonzero16`: exact, so q is that of a scalar loop)."""
     R, C = bits.shape
     for r in prange(R):
         row = bits[r]
-        dyn = 0.0
-        nb = 0
-        for c0 in range(0, C, bc):
+        for b in range(q.shape[1]):
+            c0 = b * bc
             hi = np.uint32(0)
             lo = np.uint32(0xFFFFFFFF)
             if bc % 16 == 0 and c0 + bc <= C:
@@ -150,11 +157,24 @@ def dyn_rows(bits, bc, f, k):
                     hi = max(hi, a)
                     lo = a if (a != 0) & (a < lo) else lo
             # hi ≤ +inf's bits: no NaN; hi < +inf's: finite amax, so lo is a finite non-zero |x|
-            if np.uint32(0) < hi and hi < np.uint32(0x7F800000):
-                dyn += np.log2(np.float64(bits_f32(hi)) / np.float64(bits_f32(lo)))
-                nb += 1
-        f[r] = dyn
-        k[r] = nb
+            ok = np.uint32(0) < hi and hi < np.uint32(0x7F800000)
+            q[r, b] = np.float64(bits_f32(hi)) / np.float64(bits_f32(lo)) if ok else np.nan
+
+
+@pjit
+def row_sums_skipping_nan(v, f, k):
+    """f[r] = the non-NaN v[r, :] added in order (float64, from +0.0) and k[r] = their number."""
+    R, B = v.shape
+    for r in prange(R):
+        s = 0.0
+        n = 0
+        for b in range(B):
+            t = v[r, b]
+            if t == t:
+                s += t
+                n += 1
+        f[r] = s
+        k[r] = n
 
 
 @pjit

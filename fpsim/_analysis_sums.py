@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._analysis_kernels import abs_hist, dyn_rows, moment_rows, scheme_rows, scheme_rows_decoded
+from ._analysis_kernels import (
+    abs_hist,
+    block_ratios,
+    moment_rows,
+    row_sums_skipping_nan,
+    scheme_rows,
+    scheme_rows_decoded,
+)
 from ._jit import get_num_threads
 from .scaling import row_decoder
 from .schemes import Kind
@@ -103,9 +110,10 @@ NO_CODES = np.zeros((1, 1), np.uint8)
 
 
 class BlockRanges:
-    """The block dynamic range of a float32 chunk (rows × last axis), per block width: (Σ over its rows of
-    :func:`dyn_rows`'s row sums, numpy's pairwise sum; the number of blocks counted), each width computed once
-    however many schemes ask (NVFP4's 16, MXFP4's and MXFP8's 32)."""
+    """The block dynamic range of a float32 chunk (rows × last axis), per block width: (Σ over its rows of the row's
+    sum of log2(amax / min non-zero |x|) over its counted blocks, in block order (:func:`block_ratios`, numpy's
+    log2, :func:`row_sums_skipping_nan`), the rows by numpy's pairwise sum; the number of blocks counted), each
+    width computed once however many schemes ask (NVFP4's 16, MXFP4's and MXFP8's 32)."""
 
     def __init__(self, x: np.ndarray):
         self.x = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1] if x.ndim else 1)
@@ -113,10 +121,16 @@ class BlockRanges:
 
     def __call__(self, bc: int) -> tuple[float, int]:
         if bc not in self.memo:
-            f = np.zeros(self.x.shape[0])
-            k = np.zeros(self.x.shape[0], np.int64)
+            R, C = self.x.shape
+            f = np.zeros(R)
+            k = np.zeros(R, np.int64)
             if self.x.size:
-                dyn_rows(self.x.view(np.uint32), bc, f, k)
+                q = np.empty((R, -(-C // bc)))
+                block_ratios(self.x.view(np.uint32), bc, q)
+                # numpy's log2 (its vector code: ten times libm's, one call per block), NaN kept for the blocks
+                # left out
+                np.log2(q, out=q)
+                row_sums_skipping_nan(q, f, k)
             self.memo[bc] = float(f.sum()), int(k.sum())
         return self.memo[bc]
 

@@ -1,7 +1,7 @@
 """The per-row kernels of fpsim.analysis against NumPy references of their documented order, bit for bit.
 
-scheme_rows and moment_rows (fpsim/_analysis_kernels.py): element c of a row adds to lane c mod 16 of each float64 sum, each lane in
-element order, the 16 lanes then added in lane order; max|d| and the counts are exact in any order.  The reference
+scheme_rows and moment_rows (fpsim/_analysis_kernels.py): element c of a row adds to lane c mod 16 of each float64
+sum, each lane in element order, the 16 lanes then added in lane order; max|d| and the counts are exact in any order.  The reference
 below builds each lane with np.add.accumulate (strictly sequential), so it is independent of the vector code of
 fpsim._simd.py and of the kernel's scalar tail.  dyn_rows: one log2(amax / min non-zero |x|) per block, added
 in block order, against a plain Python loop."""
@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from fpsim._analysis_kernels import dyn_rows, moment_rows, scheme_rows
-from fpsim._analysis_sums import NO_CODES
+from fpsim._analysis_kernels import block_ratios, moment_rows, row_sums_skipping_nan, scheme_rows
+from fpsim._analysis_sums import NO_CODES, BlockRanges
 from fpsim.dispatch import quantize
 
 
@@ -101,22 +101,26 @@ def _dyn_reference(x: np.ndarray, bc: int):
             amax = blk.max()
             nz = blk[blk > 0]
             if 0 < amax < np.inf:
-                f[r] += math.log2(float(amax) / float(nz.min()))
+                f[r] += np.log2(np.float64(amax) / np.float64(nz.min()))  # numpy's log2, as BlockRanges takes
                 k[r] += 1
     return f, k
 
 
 @pytest.mark.parametrize("bc", [8, 16, 32])
 @pytest.mark.parametrize("cols", [16, 40, 96, 100])
-def test_dyn_rows_equals_a_plain_loop_bit_for_bit(bc, cols):
+def test_block_ranges_equal_a_plain_loop_bit_for_bit(bc, cols):
     x = _data(9, cols, seed=bc + cols)
     x[1, :] = 0.0  # blocks of zeros only: left out
     x[2, : min(bc, cols)] = np.float32(2.0 ** -140)  # a block of equal subnormals: log2 = 0, counted
     f, k = np.full(x.shape[0], np.nan), np.zeros(x.shape[0], np.int64)
-    dyn_rows(x.view(np.uint32), bc, f, k)
+    q = np.empty((x.shape[0], -(-cols // bc)))
+    block_ratios(x.view(np.uint32), bc, q)
+    np.log2(q, out=q)
+    row_sums_skipping_nan(q, f, k)
     rf, rk = _dyn_reference(x, bc)
     np.testing.assert_array_equal(k, rk)
     assert f.tobytes() == rf.tobytes()
+    assert BlockRanges(x)(bc) == (float(rf.sum()), int(rk.sum()))
 
 
 @pytest.mark.parametrize("cols", [1, 15, 16, 33, 256, 1000])

@@ -55,9 +55,12 @@ def tree_rss(pid: int) -> int:
 
 
 def run(cmd: list[str], env: dict) -> tuple[float, int]:
-    """Wall seconds and peak RSS of the process tree (sampled every 20 ms); raises if the command fails."""
+    """Wall seconds and peak RSS of the process tree (sampled every 20 ms); raises if the command fails.  Run in
+    the file's directory, not here: ``python -m`` puts the working directory first on the path, ahead of
+    PYTHONPATH, so from the repository every tree would run the repository's fpsim."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            cwd=Path(cmd[4]).parent)
     peak = 0
     while proc.poll() is None:
         peak = max(peak, tree_rss(proc.pid))
@@ -143,6 +146,12 @@ def main() -> None:
                 for what, path, extra in (("big", big, []), ("tiny", tiny, []))}
         for w in sorted({1, ncores} | {2 ** i for i in range(1, ncores.bit_length()) if 2 ** i < ncores}):
             jobs[f"after workers {w}"] = (trees["after"], cmd[:4] + [str(many)] + cmd[4:] + ["--workers", str(w)])
+        for t, env in trees.items():  # each tree must run its own fpsim (a check the first version lacked)
+            src = (args.before.resolve() if t == "before" else ROOT) / "fpsim"
+            got = subprocess.run([sys.executable, "-c", "import fpsim; print(fpsim.__file__)"], env=env, cwd=tmp,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+            if Path(got).resolve().parent != src.resolve():
+                raise SystemExit(f"tree {t!r} imports {got}, not {src}")
         for env, c in jobs.values():  # warm each tree's Numba cache (and the page cache)
             run(c, env)
         load0 = os.getloadavg()[0]
