@@ -1,10 +1,10 @@
 """The per-row kernels of fpsim.analysis against NumPy references of their documented order, bit for bit.
 
 scheme_rows and moment_rows (fpsim/_analysis_kernels.py): element c of a row adds to lane c mod 16 of each float64
-sum, each lane in element order, the 16 lanes then added in lane order; max|d| and the counts are exact in any order.  The reference
-below builds each lane with np.add.accumulate (strictly sequential), so it is independent of the vector code of
-fpsim._simd.py and of the kernel's scalar tail.  dyn_rows: one log2(amax / min non-zero |x|) per block, added
-in block order, against a plain Python loop."""
+sum, each lane in element order, the 16 lanes then added in lane order; max|d| and the counts are exact in any
+order.  The reference below builds each lane with np.add.accumulate (strictly sequential), so it is independent of
+the vector code of fpsim/_simd.py and of the kernels' scalar tails.  The block dynamic range: one
+log2(amax / min non-zero |x|) per block (numpy's log2), added in block order, against a plain loop."""
 
 from __future__ import annotations
 
