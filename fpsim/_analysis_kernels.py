@@ -178,33 +178,29 @@ def row_sums_skipping_nan(v, f, k):
 
 
 @pjit
-def abs_hist(bits, parts):
-    """parts[t, b >> 16] += 1 for the finite non-zero |x| (bits ``b`` of |x|, float32 viewed as uint32) of the t-th
-    of ``len(parts)`` row ranges: bfloat16-wide bins, ordered as the magnitudes are (one table per range, so the
-    ranges run in parallel; the caller sums them)."""
-    R, C = bits.shape
-    T = parts.shape[0]
-    for t in prange(T):
-        for r in range(t * R // T, (t + 1) * R // T):
-            for c in range(C):
-                b = bits[r, c] & np.uint32(0x7FFFFFFF)
-                if b != 0 and b < np.uint32(0x7F800000):
-                    parts[t, b >> np.uint32(16)] += 1
-
-
-@pjit
-def moment_rows(x, mean, f, k):
+def moment_rows(x, mean, f, k, parts):
     """Per row over the finite values: f = (Σv, Σd², Σd⁴, min v, max v) in float64 with d = v − mean,
     k = (#finite, #NaN, #inf).  min and max give max|v| and tell a constant tensor exactly (its rounded mean
     leaves d ≠ 0).  Sum order as :func:`scheme_rows`: 16 lanes (element c in lane c mod 16, each in element
-    order; :func:`fpsim._simd.moment_row16`, then the tail one element at a time), added in lane order."""
+    order; :func:`fpsim._simd.moment_row16`, then the tail one element at a time), added in lane order.
+
+    With ``parts`` of more than one column, the |x| histogram in the same read: parts[t, b >> 16] += 1 for the
+    finite non-zero |x| (bits b) of the t-th of ``len(parts)`` row ranges (bfloat16-wide bins ordered as the
+    magnitudes are; one table per range, so the ranges run in parallel; the caller sums them)."""
     R, C = x.shape
     n16 = C // 16
-    groups = -(-R // _ROWS)
-    for g in prange(groups):
+    hist = parts.shape[1] > 1
+    T = parts.shape[0] if hist else -(-R // _ROWS)
+    for t in prange(T):
         facc = np.empty(16 * 5)
         kacc = np.empty(16 * 3, np.int64)
-        for r in range(g * _ROWS, min(R, g * _ROWS + _ROWS)):
+        for r in range(t * R // T, (t + 1) * R // T):
+            if hist:
+                bits = x[r].view(np.uint32)
+                for c in range(C):
+                    bb = bits[c] & np.uint32(0x7FFFFFFF)
+                    if bb != 0 and bb < np.uint32(0x7F800000):
+                        parts[t, bb >> np.uint32(16)] += 1
             facc[:48] = 0.0
             facc[48:64] = np.inf
             facc[64:] = -np.inf
@@ -227,10 +223,10 @@ def moment_rows(x, mean, f, k):
                     facc[48 + j] = v if v < facc[48 + j] else facc[48 + j]
                     facc[64 + j] = v if v > facc[64 + j] else facc[64 + j]
             for i in range(3):
-                t = facc[16 * i]
+                s = facc[16 * i]
                 for j in range(1, 16):
-                    t += facc[16 * i + j]
-                f[r, i] = t
+                    s += facc[16 * i + j]
+                f[r, i] = s
             f[r, 3] = facc[48:64].min()
             f[r, 4] = facc[64:80].max()
             for i in range(3):

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._analysis_kernels import (
-    abs_hist,
     block_ratios,
     moment_rows,
     row_sums_skipping_nan,
@@ -138,7 +137,7 @@ class BlockRanges:
 class MomentSums:
     """Running sums of :func:`moment_rows` over float32 2-D chunks: (Σv, Σd², Σd⁴) with d = v − ``mean``, counts
     (finite, NaN, inf), min and max of the finite values; with ``hist``, the finite non-zero |x| counted by their
-    top 16 bits (:func:`abs_hist`)."""
+    top 16 bits (in the same kernel)."""
 
     def __init__(self, mean: float, hist: np.ndarray | None = None):
         self.mean, self.hist = mean, hist
@@ -151,10 +150,10 @@ class MomentSums:
         c = np.ascontiguousarray(c).reshape(-1, c.shape[-1])
         f = np.empty((c.shape[0], 5), order="F")  # column-major: numpy sums each column pairwise over the rows
         k = np.empty((c.shape[0], 3), np.int64)
-        moment_rows(c, np.float64(self.mean), f, k)
+        parts = np.zeros((min(get_num_threads(), c.shape[0]), self.hist.size) if self.hist is not None else (1, 1),
+                         np.int64)
+        moment_rows(c, np.float64(self.mean), f, k, parts)
         if self.hist is not None:
-            parts = np.zeros((min(get_num_threads(), c.shape[0]), self.hist.size), np.int64)
-            abs_hist(c.view(np.uint32), parts)
             self.hist += parts.sum(axis=0)
         self.tf += f[:, :3].sum(axis=0)
         self.tk += k.sum(axis=0)

@@ -371,6 +371,18 @@ def encode_array_lut(x, out, lut, shift):
         out[i] = lut[key]
 
 
+@pjit
+def encode_array_lut_div(x, d, out, lut, shift):
+    """:func:`encode_array_lut` of fl(x[i] / d), the float32 quotient (IEEE division, as numpy's ``x / d`` of a
+    float32 array by a float32 scalar) taken in the same pass: FP8 with a per-tensor scale without the quotient's
+    array."""
+    low = (np.uint32(1) << np.uint32(shift)) - np.uint32(1)
+    for i in prange(x.size):
+        u = f32_bits(x[i] / d)
+        key = ((u >> np.uint32(shift)) << np.uint32(1)) | np.uint32((u & low) != 0)
+        out[i] = lut[key]
+
+
 @njit
 def build_lut(p, mode, sat, shift, lut):
     """Fill ``lut`` (size 2**(33 - shift)) with the code of each key's representative."""

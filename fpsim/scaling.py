@@ -35,11 +35,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _kernels as K
 from . import _row_kernels as RK
 from . import _scaling_kernels as SK
 from . import conventions as CV
 from ._arrays import as_float32
-from .codecs import Rounding, decode, encode, encode_lut
+from .codecs import Rounding, decode, default_saturate, encode, encode_lut
 from .packing import pack_fp4, unpack_fp4
 from .plan import Plan, is_e2m1, lower
 from .random import seed_key
@@ -322,9 +323,18 @@ def quantize(
             SK.row_absmax_bits(X, plan.ignore_nan, row_bits)
             amax = _tensor_amax(row_bits)
         d = SK.fp32_block_scale(F32(amax), F32(plan.element.max))
-        with np.errstate(all="ignore"):
-            y = x32 / d
-        codes = encode(y, plan.element, plan.rounding, **sr_kw)
+        el = plan.element
+        if not plan.is_sr and el.bits <= 8 and not el.is_passthrough:
+            # encode(x / d)'s table in the pass that divides (tests/test_scaling.py checks the bits against it)
+            xc = np.ascontiguousarray(x32)
+            codes = np.empty(xc.shape, el.code_dtype)
+            mode = Rounding.parse(plan.rounding)
+            K.encode_array_lut_div(xc.reshape(-1), F32(d), codes.reshape(-1),
+                                   encode_lut(el, mode.kernel_id, default_saturate(el)), 21 - el.mbits)
+        else:
+            with np.errstate(all="ignore"):
+                y = x32 / d
+            codes = encode(y, el, plan.rounding, **sr_kw)
         return QuantizedTensor(codes, np.array(d, F32), np.array(amax), sch, shape, dtype, ax)
     conv = plan.convention
     if not CV.is_native(conv):

@@ -129,7 +129,13 @@ def test_moment_rows_equals_the_lane_order_reference_bit_for_bit(cols, mean):
     x = _data(6, cols, seed=cols + 1)
     x[3] = np.nan  # a row with no finite value: min > max
     f, k = np.zeros((x.shape[0], 5)), np.zeros((x.shape[0], 3), np.int64)
-    moment_rows(x, np.float64(mean), f, k)
+    parts = np.zeros((2, 0x7F80), np.int64)
+    moment_rows(x, np.float64(mean), f, k, parts)
+    a = np.abs(x[np.isfinite(x) & (x != 0)]).view(np.uint32) >> 16
+    np.testing.assert_array_equal(parts.sum(0), np.bincount(a, minlength=0x7F80))
+    f2, k2 = np.zeros_like(f), np.zeros_like(k)
+    moment_rows(x, np.float64(mean), f2, k2, np.zeros((1, 1), np.int64))  # no histogram: the same sums
+    assert f2.tobytes() == f.tobytes() and (k2 == k).all()
     v = x.astype(np.float64)
     fin = np.isfinite(v)
     with np.errstate(invalid="ignore"):

@@ -676,3 +676,22 @@ def test_every_deterministic_rounding_mode_through_the_fast_row_kernels(mode, sh
     qm = quantize(x, "mxfp4", rounding=mode)
     rc, rs, _ = ref_mx(x, rounding=mode)[:3]
     assert np.array_equal(qm.scales, rs) and np.array_equal(codes_2d(qm), rc), mode
+
+
+@pytest.mark.parametrize("scheme", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("rounding", ["rne", "rtz", "rna"])
+def test_per_tensor_fp8_codes_are_those_of_encoding_the_ieee_quotient(scheme, rounding):
+    """The per-tensor FP8 path divides and encodes in one pass (fpsim._kernels.encode_array_lut_div): its codes are
+    encode(x / d) of numpy's float32 quotient, over random bit patterns (NaN, ±inf, subnormals) and amaxes that
+    make d tiny, huge or subnormal."""
+    from fpsim.codecs import encode
+    from fpsim.scaling import quantize as ref_quantize
+
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32).reshape(400, 500)
+    for amax in (1.0, 3.4e38, 1e-30, 1e-42, 448.0):
+        q = ref_quantize(x, scheme, rounding=rounding, tensor_amax=amax)
+        d = np.float32(q.scales)
+        with np.errstate(all="ignore"):
+            want = encode(x / d, q.scheme.element, rounding)
+        np.testing.assert_array_equal(q.data, want)
