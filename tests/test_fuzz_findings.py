@@ -15,27 +15,28 @@ def _npy(header: bytes, data: bytes = b"") -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + data
 
 
+def _assert_npy_refused(tmp_path, raw: bytes) -> None:
+    """``raw`` as x.npy is refused with one line naming the file and a corrupt header."""
+    p = tmp_path / "x.npy"
+    p.write_bytes(raw)
+    with pytest.raises(InputError, match=r"x\.npy: .*corrupt \.npy header") as e:
+        open_file(p)
+    assert "\n" not in str(e.value)
+
+
 #: numpy's header parser tokenizes the text when it is no Python literal: an unclosed bracket raised
 #: tokenize.TokenError (not a ValueError) out of the reader
 UNCLOSED_SHAPE = _npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (3,", b"\0" * 12)
 
 
 def test_npy_header_with_an_unclosed_bracket_is_refused_in_one_line(tmp_path):
-    p = tmp_path / "x.npy"
-    p.write_bytes(UNCLOSED_SHAPE)
-    with pytest.raises(InputError, match=r"x\.npy: .*corrupt \.npy header") as e:
-        open_file(p)
-    assert "\n" not in str(e.value)
+    _assert_npy_refused(tmp_path, UNCLOSED_SHAPE)
 
 
 def test_npy_dtype_descr_numpy_reads_as_a_comma_string_is_refused_in_one_line(tmp_path):
     """numpy.dtype(",f4") parses the text as a comma-separated record description with ast.literal_eval and raised
     SyntaxError out of the reader."""
-    p = tmp_path / "x.npy"
-    p.write_bytes(_npy(b"{'descr': ',f4', 'fortran_order': False, 'shape': (1,), }", b"\0" * 4))
-    with pytest.raises(InputError, match=r"x\.npy: .*corrupt \.npy header") as e:
-        open_file(p)
-    assert "\n" not in str(e.value)
+    _assert_npy_refused(tmp_path, _npy(b"{'descr': ',f4', 'fortran_order': False, 'shape': (1,), }", b"\0" * 4))
 
 
 def test_npz_member_with_an_unclosed_bracket_is_refused_in_one_line(tmp_path):
@@ -120,11 +121,7 @@ def test_legacy_pt_bytearray_longer_than_the_file_allocates_nothing(tmp_path):
 
 def test_npy_header_with_a_bytes_key_is_refused_in_one_line(tmp_path):
     """numpy sorts the header's keys: a bytes key beside str ones raised TypeError out of the reader."""
-    p = tmp_path / "x.npy"
-    p.write_bytes(_npy(b"{b'descr': '<f2', 'fortran_order': False, 'shape': (1,), }", b"\0" * 2))
-    with pytest.raises(InputError, match=r"x\.npy: .*corrupt \.npy header") as e:
-        open_file(p)
-    assert "\n" not in str(e.value)
+    _assert_npy_refused(tmp_path, _npy(b"{b'descr': '<f2', 'fortran_order': False, 'shape': (1,), }", b"\0" * 2))
 
 
 def test_gguf_string_metadata_that_is_not_utf8_is_a_gguf_error(tmp_path):
