@@ -56,6 +56,15 @@ def _lane_add(a, b, code_top, bound, facc, kacc, j):
     kacc[64 + j] += code_top & (v > 0) & (v < np.inf) & (abs(a) > v)
 
 
+@njit(inline="always")
+def _lane_total(acc, i):
+    """Lanes 16i … 16i + 15 of ``acc`` added in lane order: the last step of every lane sum's order."""
+    s = acc[16 * i]
+    for j in range(1, 16):
+        s += acc[16 * i + j]
+    return s
+
+
 @pjit
 def scheme_rows(x, xq, codes, mode, mag_mask, max_code, bound, f, k):
     """Per row of float32 ``x`` and its decoded ``xq``, in one pass (the row stays in cache), with d = x − x̂ in
@@ -122,14 +131,7 @@ def _row_sums(xr, qr, codes, r, mode, mag_mask, max_code, bound, facc, kacc, f, 
             top = (codes[r, c] & mag_mask) == max_code
         _lane_add(xr[c], qr[c], top, bound, facc, kacc, c - 16 * n16)
     for i in range(F_LANES):
-        s = facc[16 * i]
-        for j in range(1, 16):
-            v = facc[16 * i + j]
-            if i == 3:
-                s = v if v > s else s
-            else:
-                s += v
-        f[r, i] = s
+        f[r, i] = facc[48:64].max() if i == 3 else _lane_total(facc, i)  # a max is exact in any order
     for i in range(K_LANES):
         k[r, i] = kacc[16 * i : 16 * i + 16].sum()
 
@@ -223,10 +225,7 @@ def moment_rows(x, mean, f, k, parts):
                     facc[48 + j] = v if v < facc[48 + j] else facc[48 + j]
                     facc[64 + j] = v if v > facc[64 + j] else facc[64 + j]
             for i in range(3):
-                s = facc[16 * i]
-                for j in range(1, 16):
-                    s += facc[16 * i + j]
-                f[r, i] = s
+                f[r, i] = _lane_total(facc, i)
             f[r, 3] = facc[48:64].min()
             f[r, 4] = facc[64:80].max()
             for i in range(3):

@@ -35,7 +35,7 @@ from ._arrays import as_codes, as_float32
 from .formats import FormatSpec, get_format
 from .random import seed_key, stream_width
 
-__all__ = ["Rounding", "encode", "decode", "default_saturate", "encode_lut", "SR_EXACT_BITS"]
+__all__ = ["Rounding", "encode", "encode_quotient", "decode", "default_saturate", "encode_lut", "SR_EXACT_BITS"]
 
 
 class Rounding(str, enum.Enum):
@@ -227,6 +227,25 @@ def encode(
             raise ValueError(f"rbits must lie in [0, 2**{kbits})")
         K.encode_array_sr(bits, r, kbits, flat, spec.traits)
     return out
+
+
+def encode_quotient(x32: np.ndarray, d: np.float32, fmt: str | FormatSpec, rounding: str | Rounding = "rne",
+                    **sr_kw) -> np.ndarray:
+    """``encode(x32 / d, fmt, rounding, **sr_kw)`` for a float32 array and a float32 scalar ``d`` (numpy's IEEE
+    quotient): on the table path of :func:`encode` (≤ 8-bit formats, not SR) the division is taken in the encode pass,
+    with no quotient array (:func:`fpsim._kernels.encode_array_lut_div`); otherwise the quotient, then
+    :func:`encode`."""
+    spec = get_format(fmt)
+    mode = Rounding.parse(rounding)
+    if mode is not Rounding.SR and spec.bits <= 8:
+        xc = np.ascontiguousarray(x32, np.float32)
+        out = np.empty(xc.shape, spec.code_dtype)
+        K.encode_array_lut_div(xc.reshape(-1), np.float32(d), out.reshape(-1),
+                               encode_lut(spec, mode.kernel_id, default_saturate(spec)), 21 - spec.mbits)
+        return out
+    with np.errstate(all="ignore"):
+        y = x32 / d
+    return encode(y, spec, mode, **sr_kw)
 
 
 def decode(codes: np.typing.ArrayLike, fmt: str | FormatSpec, out: np.ndarray | None = None) -> np.ndarray:

@@ -35,12 +35,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _kernels as K
 from . import _row_kernels as RK
 from . import _scaling_kernels as SK
 from . import conventions as CV
 from ._arrays import as_float32
-from .codecs import Rounding, decode, default_saturate, encode, encode_lut
+from .codecs import Rounding, decode, encode, encode_lut, encode_quotient
 from .packing import pack_fp4, unpack_fp4
 from .plan import Plan, is_e2m1, lower
 from .random import seed_key
@@ -323,18 +322,7 @@ def quantize(
             SK.row_absmax_bits(X, plan.ignore_nan, row_bits)
             amax = _tensor_amax(row_bits)
         d = SK.fp32_block_scale(F32(amax), F32(plan.element.max))
-        el = plan.element
-        if not plan.is_sr and el.bits <= 8 and not el.is_passthrough:
-            # encode(x / d)'s table in the pass that divides (tests/test_scaling.py checks the bits against it)
-            xc = np.ascontiguousarray(x32)
-            codes = np.empty(xc.shape, el.code_dtype)
-            mode = Rounding.parse(plan.rounding)
-            K.encode_array_lut_div(xc.reshape(-1), F32(d), codes.reshape(-1),
-                                   encode_lut(el, mode.kernel_id, default_saturate(el)), 21 - el.mbits)
-        else:
-            with np.errstate(all="ignore"):
-                y = x32 / d
-            codes = encode(y, el, plan.rounding, **sr_kw)
+        codes = encode_quotient(x32, F32(d), plan.element, plan.rounding, **sr_kw)
         return QuantizedTensor(codes, np.array(d, F32), np.array(amax), sch, shape, dtype, ax)
     conv = plan.convention
     if not CV.is_native(conv):
@@ -448,8 +436,7 @@ def dequantize(qt: QuantizedTensor, out: np.ndarray | None = None, convention: s
         RK.dequantize_blocks_fast(d.codes, d.scales, d.BC, d.svtable, d.s_dec, d.two, d.etable, d.packed, out,
                                   d.e2m1)
     else:
-        SK.dequantize_fp32_scaled(codes, scales, BC, byte_table(el) if not plan.packed else el.decode_table(),
-                                  plan.packed, out)
+        SK.dequantize_fp32_scaled(codes, scales, BC, _element_table(plan), plan.packed, out)
     if user_out is not None:
         return user_out
     return np.moveaxis(out.reshape(moved), -1, qt.axis)
@@ -470,11 +457,17 @@ class RowDecode(NamedTuple):
     e2m1: bool  #: E2M1 elements (decoded from their bits)
 
 
+def _element_table(plan: Plan) -> np.ndarray:
+    """The element decode table the block decoders index: the format's own for packed codes, all 256 byte values
+    (:func:`byte_table`) for one code per byte."""
+    return plan.element.decode_table() if plan.packed else byte_table(plan.element)
+
+
 def _block_rows(qt: QuantizedTensor, plan: Plan, codes: np.ndarray, scales: np.ndarray, R: int) -> RowDecode:
     """The :class:`RowDecode` of a two-level or MX tensor (``codes``, ``scales``: its 2-D views)."""
     assert plan.block is not None
     el = plan.element
-    etable = el.decode_table() if plan.packed else byte_table(el)
+    etable = _element_table(plan)
     if plan.kind is Kind.TWO_LEVEL:
         assert plan.two_level is not None and plan.scale is not None
         amax = np.asarray(qt.amax, F32)
